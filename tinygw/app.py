@@ -1,0 +1,223 @@
+"""The ASGI application: lifespan, routes, and the checks made before any attempt.
+
+Pure ASGI: `app(scope, receive, send)`. The lifespan builds the Gateway from the
+environment and puts it in the lifespan state, which Granian hands to every request;
+a bad configuration fails the startup, which stops the worker. Per-request state is
+kept in locals only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import anyio
+import msgspec
+
+from tinygw import config, logs, proxy
+from tinygw.errors import ConfigError
+from tinygw.gateway import Gateway
+from tinygw.routing import ROUTES, resolve
+from tinygw.wire import JSON_HEADERS, BadBody, error_body, header, read_head
+
+_encode = msgspec.json.Encoder()
+
+# The status logged and counted for a request whose client left before its answer
+# (nginx's convention; never sent, there is nobody to send it to).
+CLIENT_CLOSED = 499
+
+
+class ClientLeft(Exception):
+    """The client disconnected while the gateway was still reading its request."""
+
+
+async def app(scope, receive, send) -> None:
+    kind = scope["type"]
+    if kind == "http":
+        await handle(scope["state"]["gateway"], scope, receive, send)
+    elif kind == "lifespan":
+        await lifespan(scope, receive, send)
+
+
+async def lifespan(scope, receive, send) -> None:
+    message = await receive()
+    assert message["type"] == "lifespan.startup"
+    try:
+        settings = config.from_environ()
+    except ConfigError as e:
+        print(f"tinygw: configuration error: {e}", file=sys.stderr, flush=True)
+        await send({"type": "lifespan.startup.failed", "message": str(e)})
+        return
+    logs.configure(settings.log_level)
+    gateway = Gateway(settings)
+    scope["state"]["gateway"] = gateway
+    if settings.routing.debug:
+        logs.log(logging.WARNING, "routing.debug is on: responses carry x-tinygw-* debug headers")
+    logs.log(logging.INFO, "worker started", pid=os.getpid(), config_sha256=settings.config_sha256())
+    await send({"type": "lifespan.startup.complete"})
+    message = await receive()
+    await gateway.aclose()
+    await send({"type": "lifespan.shutdown.complete"})
+
+
+# ---- requests ------------------------------------------------------------------------
+
+
+async def handle(gateway: Gateway, scope, receive, send) -> None:
+    path = scope["path"]
+    method = scope["method"]
+    route = ROUTES.get(path)
+    if route is not None:
+        if method != "POST":
+            await _error(send, 405, f"{path} takes POST", "invalid_request_error", "method_not_allowed")
+            return
+        await _proxy(gateway, route, scope, receive, send)
+    elif path in _PAGES:
+        if method not in ("GET", "HEAD"):
+            await _error(send, 405, f"{path} takes GET", "invalid_request_error", "method_not_allowed")
+            return
+        await _PAGES[path](gateway, scope, send)
+    else:
+        await _error(send, 404, f"no route {path}", "invalid_request_error", "not_found")
+
+
+async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
+    started = anyio.current_time()
+    headers = scope["headers"]
+    model = "unknown"
+    status = 500
+    result = None
+    try:
+        if not gateway.auth.allows(headers):
+            status = await _error(send, 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key")
+            return
+        body = await _read_body(receive, headers, gateway.settings.max_body_bytes)
+        if body is None:
+            limit = gateway.settings.max_body_bytes
+            status = await _error(
+                send, 413, f"request body over {limit} bytes", "invalid_request_error", "request_too_large"
+            )
+            return
+        try:
+            head = read_head(body)
+        except BadBody as e:
+            status = await _error(send, 400, str(e), "invalid_request_error", "invalid_body")
+            return
+        resolution = resolve(gateway.settings, route, head.model)
+        if resolution is None:
+            status = await _error(
+                send,
+                404,
+                f"the model {head.model!r} does not exist on {route.path}",
+                "invalid_request_error",
+                "model_not_found",
+            )
+            return
+        model = resolution.model
+        inbound = proxy.Inbound(
+            route=route,
+            model=head.model,
+            stream=bool(head.stream),
+            body=body,
+            headers=headers,
+            query=scope.get("query_string", b""),
+        )
+        async with anyio.create_task_group() as group:
+            group.start_soon(_cancel_when_client_leaves, receive, group.cancel_scope)
+            result = await proxy.forward(gateway, inbound, resolution, send)
+            group.cancel_scope.cancel()
+        status = result.status if result is not None else CLIENT_CLOSED
+    except ClientLeft:
+        status = CLIENT_CLOSED
+    except Exception:
+        logs._logger.exception("request failed inside the gateway", extra={"fields": {"route": route.path}})
+        status = await _error(send, 500, "internal gateway error", "internal_error", "internal_error")
+    finally:
+        gateway.metrics.count_request(route.path, model, status)
+        logs.log(
+            logging.INFO,
+            "request",
+            route=route.path,
+            model=model,
+            status=status,
+            target=str(result.target) if result is not None and result.target else None,
+            attempts=",".join(result.attempts) if result is not None else "",
+            cut=bool(result is not None and result.cut),
+            duration_ms=round((anyio.current_time() - started) * 1000, 1),
+        )
+
+
+async def _cancel_when_client_leaves(receive, scope: anyio.CancelScope) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
+
+
+async def _read_body(receive, headers, limit: int) -> bytes | None:
+    """The whole request body, or None when it is over `limit` bytes."""
+    declared = header(headers, b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return None
+    parts = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientLeft
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(parts) if len(parts) != 1 else parts[0]
+
+
+async def _error(send, status: int, message: str, type_: str, code: str | None = None) -> int:
+    await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS})
+    await send({"type": "http.response.body", "body": error_body(message, type_, code)})
+    return status
+
+
+# ---- pages ----------------------------------------------------------------------------
+
+
+async def _send_json(send, value, status: int = 200) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS})
+    await send({"type": "http.response.body", "body": _encode.encode(value)})
+
+
+async def _healthz(gateway: Gateway, scope, send) -> None:
+    await _send_json(send, {"status": "ok"})
+
+
+async def _models(gateway: Gateway, scope, send) -> None:
+    if not gateway.auth.allows(scope["headers"]):
+        await _error(send, 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key")
+        return
+    data = [
+        {
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "tinygw",
+            "availability": {"available": True, "retry_after": None},
+        }
+        for name in sorted(gateway.settings.models)
+    ]
+    await _send_json(send, {"object": "list", "data": data})
+
+
+async def _metrics(gateway: Gateway, scope, send) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")],
+        }
+    )
+    await send({"type": "http.response.body", "body": gateway.metrics.render()})
+
+
+_PAGES = {"/healthz": _healthz, "/v1/models": _models, "/metrics": _metrics}

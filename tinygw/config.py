@@ -1,0 +1,396 @@
+"""Configuration: read from the environment once, at start, into frozen Structs.
+
+This is the only module that reads `os.environ` (through `from_environ`, which takes
+the mapping as an argument so that tests pass their own). Every bad value raises
+`ConfigError` naming the variable or JSON path and the reason; the caller turns that
+into exit code 2. Secrets are held in `Secret`, whose repr never shows the value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import os
+import re
+from collections.abc import Mapping
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+import msgspec
+from msgspec import Meta, Struct
+
+from tinygw.errors import ConfigError
+
+# A request body above this many bytes is refused with 413 (SPEC section 3).
+DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
+
+
+class Secret:
+    """A key or token. Shown as `***` everywhere; `reveal()` is the one way out."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "***"
+
+    __str__ = __repr__
+
+    def __reduce__(self):  # never pickled into a log or a worker's argv
+        raise TypeError("a Secret is not picklable")
+
+
+# ---- the JSON document (TINYGW_CONFIG) -------------------------------------------
+
+Seconds = Annotated[float, Meta(gt=0)]
+
+
+class ProviderDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    base_url: str
+    api: Literal["openai", "anthropic"]
+    api_key_env: str | list[str] | None = None
+    headers: dict[str, str] = {}
+    weight: Annotated[int, Meta(ge=1)] = 1
+    connect_timeout_s: Seconds = 10.0
+    first_byte_timeout_s: Seconds = 120.0
+    timeout_s: Seconds = 600.0
+    max_connections: Annotated[int, Meta(ge=1, le=65536)] = 64
+    listing: bool = True
+    health_path: str | None = None
+
+
+class ModelDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    targets: Annotated[list[str], Meta(min_length=1)]
+    strategy: Literal["failover", "round_robin", "weighted", "shuffle"] = "failover"
+
+
+class RoutingDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    debug: bool = False
+    max_attempts: Annotated[int, Meta(ge=1, le=16)] = 2
+
+
+class ConfigDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    # Entries are decoded one by one, so that an error's path names the entry.
+    providers: dict[str, msgspec.Raw] = {}
+    models: dict[str, msgspec.Raw] = {}
+    routing: RoutingDoc = RoutingDoc()
+
+
+_DECODERS = {t: msgspec.json.Decoder(t) for t in (ConfigDoc, ProviderDoc, ModelDoc)}
+
+# ---- the effective configuration ---------------------------------------------------
+
+
+class Origin(Struct, frozen=True):
+    """Where a provider lives: what the upstream pool connects to."""
+
+    scheme: Literal["http", "https"]
+    host: str
+    port: int
+    path: str  # the base_url's path, without a trailing slash ("" or "/v1")
+
+
+class Target(Struct, frozen=True):
+    """One `provider:upstream_model` entry of a model's targets."""
+
+    provider: str
+    upstream_model: str
+
+    def __str__(self) -> str:
+        return f"{self.provider}:{self.upstream_model}"
+
+
+class Provider(Struct, frozen=True, kw_only=True):
+    name: str
+    doc: ProviderDoc
+    origin: Origin
+    keys: tuple[Secret, ...]
+    key_env: tuple[str, ...]
+
+
+class Model(Struct, frozen=True, kw_only=True):
+    name: str
+    targets: tuple[Target, ...]
+    strategy: str
+
+
+class Breaker(Struct, frozen=True, kw_only=True):
+    failures: int = 5  # 0 turns breakers off
+    open_seconds: float = 30.0
+    max_open_seconds: float = 300.0
+    half_open_probes: int = 1
+
+
+class Settings(Struct, frozen=True, kw_only=True):
+    host: str = "127.0.0.1"
+    port: int = 8080
+    workers: int = 1
+    log_level: str = "info"
+    drain_seconds: float = 30.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    api_keys: tuple[Secret, ...] = ()
+    providers: dict[str, Provider] = {}
+    models: dict[str, Model] = {}
+    routing: RoutingDoc = RoutingDoc()
+    breaker: Breaker = Breaker()
+    retry_fast_failures: bool = True
+    health_check_seconds: float = 10.0
+    listing_seconds: float = 60.0
+
+    def effective(self) -> dict:
+        """The non-secret configuration, as `tinygw check` prints and hashes it."""
+        return {
+            "providers": {
+                name: {
+                    **msgspec.to_builtins(p.doc),
+                    "api_key_env": list(p.key_env),
+                }
+                for name, p in sorted(self.providers.items())
+            },
+            "models": {
+                name: {"targets": [str(t) for t in m.targets], "strategy": m.strategy}
+                for name, m in sorted(self.models.items())
+            },
+            "routing": msgspec.to_builtins(self.routing),
+            "breaker": msgspec.to_builtins(self.breaker),
+            "retry_fast_failures": self.retry_fast_failures,
+            "health_check_seconds": self.health_check_seconds,
+            "listing_seconds": self.listing_seconds,
+            "gateway": {
+                "max_body_bytes": self.max_body_bytes,
+                "drain_seconds": self.drain_seconds,
+                "inbound_auth": bool(self.api_keys),
+            },
+        }
+
+    def config_sha256(self) -> str:
+        """sha256 of the canonical JSON (sorted keys, no spaces) of `effective()`."""
+        return hashlib.sha256(canonical_json(self.effective())).hexdigest()
+
+
+def canonical_json(value: object) -> bytes:
+    return msgspec.json.encode(value, order="sorted")
+
+
+# ---- reading the environment -------------------------------------------------------
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+_LOG_LEVELS = ("debug", "info", "warning", "error")
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an HTTP header name (RFC 9110)
+
+
+def _number(env: Mapping[str, str], name: str, default, *, kind=float, low=None, high=None):
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = kind(raw.strip())
+    except ValueError:
+        raise ConfigError(name, f"not {'an integer' if kind is int else 'a number'}: {raw!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ConfigError(name, f"not a finite number: {raw!r}")
+    if low is not None and value < low:
+        raise ConfigError(name, f"must be at least {low}, got {raw.strip()}")
+    if high is not None and value > high:
+        raise ConfigError(name, f"must be at most {high}, got {raw.strip()}")
+    return value
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    word = raw.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise ConfigError(name, f"not a boolean (true/false): {raw!r}")
+
+
+def _read_file(name: str, path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise ConfigError(name, f"cannot read {path!r}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(name, f"{path!r} is not UTF-8 text") from None
+
+
+def _secret(env: Mapping[str, str], name: str) -> Secret:
+    """A key held in `NAME`, or in the file that `NAME_FILE` names (SPEC section 2)."""
+    value, file_path = env.get(name), env.get(f"{name}_FILE")
+    if value is not None and file_path is not None:
+        raise ConfigError(name, f"both {name} and {name}_FILE are set; set one")
+    if file_path is not None:
+        value = _read_file(f"{name}_FILE", file_path)
+        if value.endswith("\n"):
+            value = value[:-1]
+            if value.endswith("\r"):
+                value = value[:-1]
+    if value is None:
+        raise ConfigError(name, f"unset (neither {name} nor {name}_FILE is set)")
+    if value.strip() == "":
+        raise ConfigError(name, "empty")
+    if any(c in value for c in "\r\n\0"):
+        raise ConfigError(name, "holds a line break or NUL, which cannot go in a header")
+    return Secret(value)
+
+
+def _inbound_keys(env: Mapping[str, str]) -> tuple[Secret, ...]:
+    inline, file_path = env.get("TINYGW_API_KEYS"), env.get("TINYGW_API_KEYS_FILE")
+    if inline is not None and file_path is not None:
+        raise ConfigError("TINYGW_API_KEYS", "both TINYGW_API_KEYS and TINYGW_API_KEYS_FILE are set; set one")
+    if file_path is not None:
+        words = _read_file("TINYGW_API_KEYS_FILE", file_path).splitlines()
+    elif inline is not None:
+        words = inline.split(",")
+    else:
+        return ()
+    keys = tuple(Secret(w.strip()) for w in words if w.strip())
+    if not keys:
+        raise ConfigError("TINYGW_API_KEYS_FILE" if file_path else "TINYGW_API_KEYS", "set but holds no key")
+    return keys
+
+
+def _config_document(env: Mapping[str, str]) -> tuple[str, bytes]:
+    inline, file_path = env.get("TINYGW_CONFIG"), env.get("TINYGW_CONFIG_FILE")
+    if inline is not None and file_path is not None:
+        raise ConfigError("TINYGW_CONFIG", "both TINYGW_CONFIG and TINYGW_CONFIG_FILE are set; set one")
+    if file_path is not None:
+        return "TINYGW_CONFIG_FILE", _read_file("TINYGW_CONFIG_FILE", file_path).encode()
+    if inline is not None:
+        return "TINYGW_CONFIG", inline.encode()
+    raise ConfigError("TINYGW_CONFIG", "unset: give the JSON configuration in TINYGW_CONFIG or a path in TINYGW_CONFIG_FILE")
+
+
+def _decode(where: str, raw: bytes, kind: type, prefix: str = "$"):
+    try:
+        return _DECODERS[kind].decode(raw)
+    except msgspec.ValidationError as e:
+        message, _, path = str(e).partition(" - at `")
+        path = prefix + path.rstrip("`").removeprefix("$")
+        raise ConfigError(f"{where} {path}", message) from None
+    except msgspec.DecodeError as e:
+        raise ConfigError(where, f"malformed JSON: {e}") from None
+
+
+def parse_base_url(where: str, url: str) -> Origin:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise ConfigError(where, f"must start with http:// or https://, got {url!r}")
+    if not parts.hostname:
+        raise ConfigError(where, f"has no host: {url!r}")
+    if parts.query or parts.fragment or parts.username or parts.password:
+        raise ConfigError(where, "must not carry a query, fragment or credentials")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise ConfigError(where, f"has a bad port: {url!r}") from None
+    return Origin(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
+
+
+def _provider(env: Mapping[str, str], where: str, name: str, doc: ProviderDoc) -> Provider:
+    path = f"{where} $.providers.{name}"
+    if not name or "/" in name or ":" in name:
+        raise ConfigError(path, "a provider name must be non-empty and hold no '/' or ':'")
+    origin = parse_base_url(f"{path}.base_url", doc.base_url)
+    names = [doc.api_key_env] if isinstance(doc.api_key_env, str) else list(doc.api_key_env or [])
+    for key_name in names:
+        if not key_name or not key_name.replace("_", "a").isalnum():
+            raise ConfigError(f"{path}.api_key_env", f"not an environment variable name: {key_name!r}")
+    keys = tuple(_secret(env, key_name) for key_name in names)
+    for header, value in doc.headers.items():
+        if not _TOKEN.fullmatch(header) or any(c in value for c in "\r\n\0"):
+            raise ConfigError(f"{path}.headers.{header}", "not a valid header name or value")
+        if header.lower() in ("authorization", "x-api-key", "host", "content-length"):
+            raise ConfigError(f"{path}.headers.{header}", "set by the gateway; keys belong in api_key_env")
+    if doc.health_path is not None and not doc.health_path.startswith("/"):
+        raise ConfigError(f"{path}.health_path", "must start with '/'")
+    return Provider(name=name, doc=doc, origin=origin, keys=keys, key_env=tuple(names))
+
+
+def _model(where: str, name: str, doc: ModelDoc, providers: Mapping[str, Provider]) -> Model:
+    path = f"{where} $.models.{name}"
+    if not name:
+        raise ConfigError(path, "a model name must be non-empty")
+    targets = []
+    for i, entry in enumerate(doc.targets):
+        provider, sep, upstream = entry.partition(":")
+        if not sep or not provider or not upstream:
+            raise ConfigError(f"{path}.targets[{i}]", f"must be provider:upstream_model, got {entry!r}")
+        if provider not in providers:
+            raise ConfigError(f"{path}.targets[{i}]", f"unknown provider {provider!r}")
+        targets.append(Target(provider, upstream))
+    return Model(name=name, targets=tuple(targets), strategy=doc.strategy)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def from_environ(env: Mapping[str, str] | None = None) -> Settings:
+    """Build the effective Settings from an environment, or raise ConfigError."""
+    env = os.environ if env is None else env
+    where, raw = _config_document(env)
+    doc = _decode(where, raw, ConfigDoc)
+    providers = {
+        name: _provider(env, where, name, _decode(where, p, ProviderDoc, f"$.providers.{name}"))
+        for name, p in doc.providers.items()
+    }
+    models = {
+        name: _model(where, name, _decode(where, m, ModelDoc, f"$.models.{name}"), providers)
+        for name, m in doc.models.items()
+    }
+
+    breaker = Breaker(
+        failures=_number(env, "PROVIDER_BREAKER_FAILURES", 5, kind=int, low=0, high=1_000_000),
+        open_seconds=_number(env, "PROVIDER_BREAKER_OPEN_SECONDS", 30.0, low=0.001, high=86400 * 7),
+        max_open_seconds=_number(env, "PROVIDER_BREAKER_MAX_OPEN_SECONDS", 300.0, low=0.001, high=86400 * 7),
+        half_open_probes=_number(env, "PROVIDER_BREAKER_HALF_OPEN_PROBES", 1, kind=int, low=1, high=1000),
+    )
+    if breaker.max_open_seconds < breaker.open_seconds:
+        raise ConfigError(
+            "PROVIDER_BREAKER_MAX_OPEN_SECONDS",
+            f"must be at least PROVIDER_BREAKER_OPEN_SECONDS ({breaker.open_seconds:g})",
+        )
+
+    host = env.get("TINYGW_HOST", "127.0.0.1").strip() or "127.0.0.1"
+    log_level = env.get("TINYGW_LOG_LEVEL", "info").strip().lower() or "info"
+    if log_level not in _LOG_LEVELS:
+        raise ConfigError("TINYGW_LOG_LEVEL", f"must be one of {', '.join(_LOG_LEVELS)}, got {log_level!r}")
+    api_keys = _inbound_keys(env)
+    if not api_keys and not _is_loopback(host):
+        raise ConfigError(
+            "TINYGW_API_KEYS",
+            f"no inbound keys are configured, so the gateway serves only on a loopback address, not {host!r}",
+        )
+
+    return Settings(
+        host=host,
+        port=_number(env, "TINYGW_PORT", 8080, kind=int, low=0, high=65535),
+        workers=_number(env, "TINYGW_WORKERS", 1, kind=int, low=1, high=256),
+        log_level=log_level,
+        drain_seconds=_number(env, "TINYGW_DRAIN_SECONDS", 30.0, low=0, high=3600),
+        max_body_bytes=_number(env, "TINYGW_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, kind=int, low=1, high=2**31),
+        api_keys=api_keys,
+        providers=providers,
+        models=models,
+        routing=doc.routing,
+        breaker=breaker,
+        retry_fast_failures=_flag(env, "PROVIDER_RETRY_FAST_FAILURES", True),
+        health_check_seconds=_number(env, "PROVIDER_HEALTH_CHECK_SECONDS", 10.0, low=0, high=86400),
+        listing_seconds=_number(env, "PROVIDER_LISTING_SECONDS", 60.0, low=0, high=86400),
+    )

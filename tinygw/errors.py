@@ -1,0 +1,66 @@
+"""Every exception tinygw raises, grouped by what the caller should do.
+
+Foreign exceptions (OSError, ssl.SSLError, h11's errors, anyio's) are translated
+once, at the upstream client's boundary (`tinygw.upstream`), into the `UpstreamError`
+family below. Nothing above that layer catches a foreign exception.
+"""
+
+
+class ConfigError(Exception):
+    """A configuration value is wrong. Stops the start with exit code 2.
+
+    `where` names the environment variable or the JSON path at fault; `reason` says
+    what is wrong with it. Neither ever holds a secret value.
+    """
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"{where}: {reason}")
+        self.where = where
+        self.reason = reason
+
+
+class UpstreamError(Exception):
+    """An attempt at a provider failed before a complete answer arrived."""
+
+    #: what SPEC section 3 calls the cause, in the 502/504 error body
+    cause = "connect_error"
+
+
+class ConnectError(UpstreamError):
+    """Refused, reset, unreachable, DNS or TLS failure while connecting."""
+
+
+class ConnectTimeout(UpstreamError):
+    """No connection (TCP and TLS) within the provider's `connect_timeout_s`."""
+
+    cause = "timeout"
+
+
+class FirstByteTimeout(UpstreamError):
+    """The request was sent, but no response head arrived within `first_byte_timeout_s`."""
+
+    cause = "timeout"
+
+
+class TotalTimeout(UpstreamError):
+    """The whole exchange outlived the provider's `timeout_s`."""
+
+    cause = "timeout"
+
+
+class WriteError(UpstreamError):
+    """The connection broke while the request was being sent."""
+
+
+class ReadError(UpstreamError):
+    """The connection broke, or was closed early, while the response was being read."""
+
+
+class RemoteProtocolError(UpstreamError):
+    """The provider spoke HTTP/1.1 wrongly. Its fault, not ours."""
+
+
+class PoolTimeout(UpstreamError):
+    """Every one of the provider's `max_connections` stayed busy until the deadline."""
+
+    cause = "timeout"

@@ -1,0 +1,246 @@
+"""A fake provider that speaks just enough OpenAI and Anthropic, and misbehaves on cue.
+
+Used by `tinygw demo`, the tests and the benchmark. It answers in one write when it
+can (a plain `http.server` adds tens of milliseconds), keeps connections alive, and
+records every request it got. What it answers is decided per request by a `script`:
+a function from the request to a `Reply`, so a test can refuse, hang, answer 502 fast,
+cut a stream or answer 429 with Retry-After exactly when it wants.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable
+
+from msgspec import Struct, field
+
+
+class FakeRequest(Struct):
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self):
+        return json.loads(self.body) if self.body else None
+
+
+class Reply(Struct):
+    """What to answer. `action`: answer | hang (never answer) | close (no answer) |
+    cut (send the head and `chunks`, then close without ending the body)."""
+
+    status: int = 200
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    body: bytes = b""
+    chunks: list[tuple[float, bytes]] | None = None  # (delay_seconds, data): a chunked body
+    action: str = "answer"
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 429: "Too Many Requests",
+            500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout",
+            529: "Overloaded"}
+
+
+def json_reply(status: int, value, headers: list[tuple[str, str]] | None = None) -> Reply:
+    return Reply(status=status, headers=[("content-type", "application/json"), *(headers or [])],
+                 body=json.dumps(value).encode())
+
+
+def sse_reply(events: list[bytes], delay_seconds: float = 0.0, cut: bool = False) -> Reply:
+    return Reply(headers=[("content-type", "text/event-stream")],
+                 chunks=[(delay_seconds, e) for e in events], action="cut" if cut else "answer")
+
+
+def _openai_chunk(model: str, content: str | None, finish: str | None = None, role: bool = False) -> bytes:
+    delta = {"role": "assistant"} if role else ({"content": content} if content is not None else {})
+    chunk = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model,
+             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+def openai_stream_events(model: str, words: list[str]) -> list[bytes]:
+    events = [_openai_chunk(model, None, role=True)]
+    events += [_openai_chunk(model, w) for w in words]
+    events += [_openai_chunk(model, None, finish="stop"), b"data: [DONE]\n\n"]
+    return events
+
+
+def anthropic_stream_events(model: str, words: list[str]) -> list[bytes]:
+    def event(kind: str, data: dict) -> bytes:
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
+
+    usage = {"input_tokens": 3, "output_tokens": len(words)}
+    message = {"id": "msg_fake", "type": "message", "role": "assistant", "model": model, "content": [],
+               "stop_reason": None, "stop_sequence": None, "usage": usage}
+    events = [event("message_start", {"message": message}),
+              event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+              event("ping", {})]
+    events += [event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": w}}) for w in words]
+    events += [event("content_block_stop", {"index": 0}),
+               event("message_delta", {"delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                                       "usage": {"output_tokens": len(words)}}),
+               event("message_stop", {})]
+    return events
+
+
+def well_behaved(name: str = "fake", words: list[str] | None = None, delay_seconds: float = 0.0) -> Callable:
+    """A script that answers like a healthy provider: chat, completions, embeddings,
+    messages and model listings; streams when asked, `delay_seconds` between events."""
+    words = words or ["Hello", " from", f" {name}", "."]
+
+    def script(request: FakeRequest) -> Reply:
+        if request.method == "GET" and request.path.endswith("/models"):
+            return json_reply(200, {"object": "list", "data": [{"id": f"{name}-model", "object": "model"}]})
+        body = request.json() or {}
+        model = body.get("model", "unknown")
+        if request.path.endswith("/messages"):
+            if body.get("stream"):
+                return sse_reply(anthropic_stream_events(model, words), delay_seconds)
+            return json_reply(200, {"id": "msg_fake", "type": "message", "role": "assistant", "model": model,
+                                    "content": [{"type": "text", "text": "".join(words)}],
+                                    "stop_reason": "end_turn", "stop_sequence": None,
+                                    "usage": {"input_tokens": 3, "output_tokens": len(words)}})
+        if request.path.endswith("/embeddings"):
+            return json_reply(200, {"object": "list", "model": model, "usage": {"prompt_tokens": 1, "total_tokens": 1},
+                                    "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2, 0.3]}]})
+        if body.get("stream"):
+            return sse_reply(openai_stream_events(model, words), delay_seconds)
+        if request.path.endswith("/completions") and not request.path.endswith("/chat/completions"):
+            return json_reply(200, {"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": model,
+                                    "choices": [{"index": 0, "text": "".join(words), "finish_reason": "stop",
+                                                 "logprobs": None}]})
+        return json_reply(200, {"id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "model": model,
+                                "choices": [{"index": 0, "finish_reason": "stop",
+                                             "message": {"role": "assistant", "content": "".join(words)}}],
+                                "usage": {"prompt_tokens": 3, "completion_tokens": len(words), "total_tokens": 7}})
+
+    return script
+
+
+class FakeUpstream:
+    """An HTTP/1.1 server on 127.0.0.1. `script` may be replaced at any time."""
+
+    def __init__(self, script: Callable[[FakeRequest], Reply] | None = None, port: int = 0,
+                 record: bool = True) -> None:
+        self.script = script or well_behaved()
+        self.requests: list[FakeRequest] = []
+        self.record = record
+        self.port = port
+        self.open_connections = 0
+        self._server: asyncio.AbstractServer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port, backlog=1024)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    def start_in_thread(self) -> FakeUpstream:
+        """Serve on an event loop of its own, in a daemon thread; returns self."""
+        ready = threading.Event()
+
+        def run() -> None:
+            self._loop = asyncio.new_event_loop()
+            self._loop.run_until_complete(self.start())
+            ready.set()
+            self._loop.run_forever()
+
+        threading.Thread(target=run, daemon=True, name=f"fake-upstream-{id(self)}").start()
+        if not ready.wait(10):
+            raise RuntimeError("the fake upstream did not start")
+        return self
+
+    def stop_thread(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.open_connections += 1
+        try:
+            while True:
+                request = await _read_request(reader)
+                if request is None:
+                    return
+                if self.record:
+                    self.requests.append(request)
+                reply = self.script(request)
+                if not await _write_reply(writer, reply):
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            return
+        finally:
+            self.open_connections -= 1
+            writer.close()
+
+
+async def _read_request(reader: asyncio.StreamReader) -> FakeRequest | None:
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError:
+        return None
+    lines = head.decode("latin-1").split("\r\n")
+    method, path, _ = lines[0].split(" ", 2)
+    headers = {}
+    for line in lines[1:]:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", "0"))
+    body = await reader.readexactly(length) if length else b""
+    return FakeRequest(method, path, headers, body)
+
+
+async def _write_reply(writer: asyncio.StreamWriter, reply: Reply) -> bool:
+    """Write `reply`; False when the connection must end after it."""
+    if reply.action == "hang":
+        await asyncio.Event().wait()
+    if reply.action == "close":
+        return False
+    head = [f"HTTP/1.1 {reply.status} {_REASONS.get(reply.status, 'Status')}"]
+    head += [f"{k}: {v}" for k, v in reply.headers]
+    if reply.chunks is None:
+        head.append(f"content-length: {len(reply.body)}")
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + reply.body)
+        await writer.drain()
+        return True
+    head.append("transfer-encoding: chunked")
+    writer.write(("\r\n".join(head) + "\r\n\r\n").encode())
+    for delay, data in reply.chunks:
+        if delay:
+            await writer.drain()
+            await asyncio.sleep(delay)
+        writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+    await writer.drain()
+    if reply.action == "cut":
+        return False
+    writer.write(b"0\r\n\r\n")
+    await writer.drain()
+    return True
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m tinygw.fake_upstream PORT`: a well-behaved fake provider (benchmarks)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    upstream = FakeUpstream(port=int(args[0]) if args else 0, record=False)
+
+    async def run() -> None:
+        await upstream.start()
+        print(upstream.port, flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()

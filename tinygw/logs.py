@@ -1,0 +1,66 @@
+"""JSON lines on stderr. A log record carries named fields, never a key or a body.
+
+Call sites pass their fields through `extra={"fields": {...}}`; `log()` is the short
+form. Granian's own loggers are routed through the same formatter.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import msgspec
+
+LOGGER_NAME = "tinygw"
+
+_encode = msgspec.json.Encoder()
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "ts": round(record.created, 3),  # wall clock, for people reading the log
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if fields:
+            line.update(fields)
+        if record.exc_info and record.exc_info[0] is not None:
+            # The type only: an exception's message may quote a request.
+            line["exception"] = record.exc_info[0].__name__
+        return _encode.encode(line).decode()
+
+
+def configure(level: str) -> None:
+    """Route tinygw's and Granian's loggers to stderr as JSON lines."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    for name in (LOGGER_NAME, "_granian", "granian", "granian.access"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.propagate = False
+        logger.setLevel(level.upper())
+
+
+def granian_log_config(level: str) -> dict:
+    """Granian's `log_dictconfig`, so that its own lines are JSON too."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": JsonFormatter}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}},
+        "loggers": {
+            "_granian": {"handlers": ["stderr"], "level": level.upper(), "propagate": False},
+            "granian.access": {"handlers": ["stderr"], "level": level.upper(), "propagate": False},
+        },
+    }
+
+
+_logger = logging.getLogger(LOGGER_NAME)
+
+
+def log(level: int, message: str, **fields: object) -> None:
+    if _logger.isEnabledFor(level):
+        _logger.log(level, message, extra={"fields": fields})

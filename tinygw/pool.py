@@ -1,0 +1,161 @@
+"""A keep-alive connection pool per provider, and the streamed response it hands out.
+
+Which connection serves a request is decided synchronously (`_take_idle`); waits are
+bounded by the provider's connect, first-byte and total timeouts. A response holds
+its connection until it is read to the end (the connection goes back to the pool) or
+closed early (the connection is discarded: a partial read, an error or a client that
+left never leaves a half-read connection behind).
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections import deque
+
+import anyio
+import certifi
+from msgspec import Struct
+
+from tinygw import errors
+from tinygw.config import Origin
+from tinygw.connection import Connection, open_connection
+
+# A connection idle longer than this is closed instead of reused. Servers close idle
+# keep-alive connections on their own clock (uvicorn, which vLLM and many OpenAI-
+# compatible servers run on, after 5 s); staying under that keeps us from sending a
+# request on a connection the provider is closing at the same moment.
+IDLE_SECONDS = 4.0
+
+
+class Timeouts(Struct, frozen=True):
+    connect_seconds: float
+    first_byte_seconds: float
+    total_seconds: float
+
+
+def tls_context() -> ssl.SSLContext:
+    """Verify providers against the CA bundle shipped with tinygw, never the host's."""
+    context = ssl.create_default_context(cafile=certifi.where())
+    context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
+class Pool:
+    def __init__(
+        self,
+        origin: Origin,
+        *,
+        max_connections: int,
+        timeouts: Timeouts,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.origin = origin
+        self.timeouts = timeouts
+        self._ssl = ssl_context if origin.scheme == "https" else None
+        default_port = 443 if origin.scheme == "https" else 80
+        host = f"[{origin.host}]" if ":" in origin.host else origin.host
+        self._host_header = (host if origin.port == default_port else f"{host}:{origin.port}").encode()
+        self._slots = anyio.Semaphore(max_connections)
+        self._idle: deque[Connection] = deque()
+
+    def _take_idle(self, now: float) -> tuple[Connection | None, list[Connection]]:
+        """The most recently used connection that may still carry a request, and the
+        idle ones found expired or closed by the provider on the way (to be closed)."""
+        stale = []
+        while self._idle and now - self._idle[0].idle_since > IDLE_SECONDS:
+            stale.append(self._idle.popleft())
+        while self._idle:
+            connection = self._idle.pop()
+            if connection.is_idle():
+                return connection, stale
+            stale.append(connection)
+        return None, stale
+
+    async def request(
+        self, method: bytes, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> Response:
+        """Send one request and wait for the response head; the body is read later."""
+        t = self.timeouts
+        deadline = anyio.current_time() + t.total_seconds
+        with anyio.CancelScope(deadline=deadline) as scope:
+            await self._slots.acquire()
+        if scope.cancelled_caught:
+            raise errors.PoolTimeout(f"all {self._slots.initial_value} connections stayed busy")
+        connection = None
+        try:
+            now = anyio.current_time()
+            connection, stale = self._take_idle(now)
+            for old in stale:
+                await old.aclose()
+            if connection is None:
+                connection = await open_connection(
+                    self.origin.host, self.origin.port, self._ssl, min(t.connect_seconds, deadline - now)
+                )
+            head = [(b"host", self._host_header), (b"content-length", b"%d" % len(body)), *headers]
+            await connection.send_request(method, path, head, body, deadline)
+            first_byte = anyio.current_time() + t.first_byte_seconds
+            if first_byte < deadline:
+                status, response_headers = await connection.receive_head(first_byte, errors.FirstByteTimeout)
+            else:
+                status, response_headers = await connection.receive_head(deadline, errors.TotalTimeout)
+        except BaseException:
+            if connection is not None:
+                await connection.aclose()
+            self._slots.release()
+            raise
+        return Response(self, connection, status, response_headers, deadline)
+
+    async def _give_back(self, connection: Connection, reusable: bool) -> None:
+        if reusable and connection.is_idle():
+            connection.idle_since = anyio.current_time()
+            self._idle.append(connection)
+        else:
+            await connection.aclose()
+        self._slots.release()
+
+    async def aclose(self) -> None:
+        while self._idle:
+            await self._idle.pop().aclose()
+
+
+class Response:
+    """A response whose head has arrived. Read its body, or close it: both free the slot."""
+
+    __slots__ = ("status", "headers", "_pool", "_connection", "_deadline", "_done")
+
+    def __init__(
+        self, pool: Pool, connection: Connection, status: int, headers: list[tuple[bytes, bytes]], deadline: float
+    ) -> None:
+        self.status = status
+        self.headers = headers
+        self._pool = pool
+        self._connection = connection
+        self._deadline = deadline
+        self._done = False
+
+    async def next_chunk(self) -> bytes | None:
+        """The next piece of the body as it arrives, or None once it has ended."""
+        if self._done:
+            return None
+        try:
+            data = await self._connection.receive_data(self._deadline, errors.TotalTimeout)
+        except BaseException:
+            await self.aclose()
+            raise
+        if data is None:
+            self._done = True
+            await self._pool._give_back(self._connection, reusable=True)
+        return data
+
+    async def read(self) -> bytes:
+        parts = []
+        while (chunk := await self.next_chunk()) is not None:
+            parts.append(chunk)
+        return b"".join(parts)
+
+    async def aclose(self) -> None:
+        """Drop the response. An unfinished body discards its connection. Safe twice."""
+        if self._done:
+            return
+        self._done = True
+        await self._pool._give_back(self._connection, reusable=False)

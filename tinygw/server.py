@@ -1,0 +1,32 @@
+"""Serving the ASGI app on Granian, with the Settings already validated."""
+
+from __future__ import annotations
+
+from granian import Granian
+from granian.constants import HTTPModes, Interfaces
+from granian.http import HTTP1Settings
+from granian.log import LogLevels
+
+from tinygw import logs
+from tinygw.config import Settings
+
+APP_TARGET = "tinygw.app:app"
+
+
+def serve(settings: Settings) -> None:
+    """Run until SIGTERM or SIGINT; in-flight requests get `drain_seconds` to end."""
+    server = Granian(
+        APP_TARGET,
+        address=settings.host,
+        port=settings.port,
+        interface=Interfaces.ASGI,
+        workers=settings.workers,
+        http=HTTPModes.http1,
+        websockets=False,
+        http1_settings=HTTP1Settings(keep_alive=True),
+        log_level=LogLevels(settings.log_level),
+        log_dictconfig=logs.granian_log_config(settings.log_level),
+        # Granian reads 0 as "wait forever"; a zero drain means stop at once.
+        workers_kill_timeout=settings.drain_seconds or 0.001,
+    )
+    server.serve()

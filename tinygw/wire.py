@@ -1,0 +1,119 @@
+"""What goes over the wire: request-body fields, the model rewrite, headers, errors.
+
+A request body is decoded only for the two fields the gateway needs (`model`,
+`stream`); the prompt is never decoded into Python objects. The model is rewritten by
+replacing its bytes in place when that is unambiguous, and by re-encoding otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+
+class RequestHead(msgspec.Struct):
+    """The only fields of a client's request body that the gateway reads."""
+
+    model: str | None = None
+    stream: bool | None = None
+
+
+_decode_head = msgspec.json.Decoder(RequestHead)
+_decode_any = msgspec.json.Decoder()
+_encode = msgspec.json.Encoder()
+
+
+class BadBody(ValueError):
+    """The client's body is not a JSON object with a string `model`."""
+
+
+def read_head(body: bytes) -> RequestHead:
+    try:
+        head = _decode_head.decode(body)
+    except msgspec.ValidationError as e:
+        raise BadBody(f"invalid request body: {e}") from None
+    except msgspec.DecodeError:
+        raise BadBody("the request body is not valid JSON") from None
+    if not head.model:
+        raise BadBody("the request body has no 'model'")
+    return head
+
+
+# `"model"` as a key, at any depth, followed by its string value. Inside a JSON string
+# every quote is escaped, so an unescaped match is always real JSON structure.
+_MODEL_PAIR = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.)*)"')
+
+
+def rewrite_model(body: bytes, requested: str, upstream: str) -> bytes:
+    """`body` with its top-level model set to `upstream`, the rest left as it was."""
+    if requested == upstream:
+        return body
+    if body.count(b'"model"') == 1 and (match := _MODEL_PAIR.search(body)) is not None:
+        spliced = body[: match.start(1)] + _encode.encode(upstream)[1:-1] + body[match.end(1) :]
+        if _decode_head.decode(spliced).model == upstream:
+            return spliced
+    # Ambiguous (a nested "model" key, escapes): re-encode the whole document.
+    document = _decode_any.decode(body)
+    document["model"] = upstream
+    return _encode.encode(document)
+
+
+# ---- headers --------------------------------------------------------------------------
+
+# Hop-by-hop headers (RFC 9110 section 7.6.1) and the ones the gateway sets itself.
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+_NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length", b"authorization", b"x-api-key", b"accept-encoding", b"expect"}
+_NOT_RELAYED = HOP_BY_HOP | {b"content-length", b"content-encoding", b"date", b"server"}
+
+
+def _named_by_connection(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    names = [v for k, v in headers if k == b"connection"]
+    return frozenset(n.strip().lower() for v in names for n in v.split(b",")) if names else frozenset()
+
+
+def forward_headers(client_headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The client's headers that go on to a provider: never its credentials."""
+    drop = _NOT_FORWARDED | _named_by_connection(client_headers)
+    return [(k, v) for k, v in client_headers if k not in drop]
+
+
+def relay_headers(upstream_headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The provider's headers that go back to the client."""
+    drop = _NOT_RELAYED | _named_by_connection(upstream_headers)
+    return [(k, v) for k, v in upstream_headers if k not in drop]
+
+
+def header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    for k, v in headers:
+        if k == name:
+            return v
+    return None
+
+
+# ---- errors -----------------------------------------------------------------------------
+
+
+def error_body(message: str, type_: str, code: str | None = None, **extra: object) -> bytes:
+    """An OpenAI-shaped error: {"error": {"message", "type", "code", ...}}."""
+    return _encode.encode({"error": {"message": message, "type": type_, "code": code, **extra}})
+
+
+def sse_error_event(message: str, type_: str, **extra: object) -> bytes:
+    """The event that ends a client's stream when the provider failed after output."""
+    return b"event: error\ndata: " + error_body(message, type_, None, **extra) + b"\n\n"
+
+
+JSON_HEADERS = [(b"content-type", b"application/json")]
