@@ -8,11 +8,11 @@ kept in locals only.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
 
-import anyio
 import msgspec
 
 from tinygw import config, logs, proxy
@@ -83,7 +83,8 @@ async def handle(gateway: Gateway, scope, receive, send) -> None:
 
 
 async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
-    started = anyio.current_time()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
     headers = scope["headers"]
     model = "unknown"
     status = 500
@@ -123,10 +124,19 @@ async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
             headers=headers,
             query=scope.get("query_string", b""),
         )
-        async with anyio.create_task_group() as group:
-            group.start_soon(_cancel_when_client_leaves, receive, group.cancel_scope)
+        # The client leaving cancels this task, and with it the attempt: its upstream
+        # connection is closed at once.
+        task = asyncio.current_task()
+        client_left: list[bool] = []
+        watcher = loop.create_task(_cancel_when_client_leaves(receive, task, client_left))
+        try:
             result = await proxy.forward(gateway, inbound, resolution, send)
-            group.cancel_scope.cancel()
+        except asyncio.CancelledError:
+            if not client_left:
+                raise
+            task.uncancel()
+        finally:
+            watcher.cancel()
         status = result.status if result is not None else CLIENT_CLOSED
     except ClientLeft:
         status = CLIENT_CLOSED
@@ -144,14 +154,15 @@ async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
             target=str(result.target) if result is not None and result.target else None,
             attempts=",".join(result.attempts) if result is not None else "",
             cut=bool(result is not None and result.cut),
-            duration_ms=round((anyio.current_time() - started) * 1000, 1),
+            duration_ms=round((loop.time() - started) * 1000, 1),
         )
 
 
-async def _cancel_when_client_leaves(receive, scope: anyio.CancelScope) -> None:
+async def _cancel_when_client_leaves(receive, task: asyncio.Task, client_left: list[bool]) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
-    scope.cancel()
+    client_left.append(True)
+    task.cancel()
 
 
 async def _read_body(receive, headers, limit: int) -> bytes | None:

@@ -29,12 +29,15 @@ class FakeRequest(Struct):
 
 class Reply(Struct):
     """What to answer. `action`: answer | hang (never answer) | close (no answer) |
-    cut (send the head and `chunks`, then close without ending the body)."""
+    cut (send the head and `chunks`, then close without ending the body) |
+    answer_close (answer in full, keep-alive, then close the idle connection)."""
 
     status: int = 200
     headers: list[tuple[str, str]] = field(default_factory=list)
     body: bytes = b""
-    chunks: list[tuple[float, bytes]] | None = None  # (delay_seconds, data): a chunked body
+    # A chunked body: (wait, data) pairs, where wait is seconds to sleep or a
+    # threading.Event to wait for (a test's gate) before sending data.
+    chunks: list[tuple[object, bytes]] | None = None
     action: str = "answer"
 
 
@@ -129,6 +132,8 @@ class FakeUpstream:
         self.record = record
         self.port = port
         self.open_connections = 0
+        self.accepted = 0  # connections accepted, ever
+        self.peer_closed = 0  # streams the peer closed while this fake was still sending
         self._server: asyncio.AbstractServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -165,6 +170,7 @@ class FakeUpstream:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.open_connections += 1
+        self.accepted += 1
         try:
             while True:
                 request = await _read_request(reader)
@@ -173,13 +179,17 @@ class FakeUpstream:
                 if self.record:
                     self.requests.append(request)
                 reply = self.script(request)
-                if not await _write_reply(writer, reply):
+                if not await _write_reply(reader, writer, reply, self) or reply.action == "answer_close":
                     return
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             return
         finally:
-            self.open_connections -= 1
             writer.close()
+            try:
+                await writer.wait_closed()  # the FIN is out before the count drops
+            except (ConnectionError, OSError):
+                pass
+            self.open_connections -= 1
 
 
 async def _read_request(reader: asyncio.StreamReader) -> FakeRequest | None:
@@ -199,10 +209,36 @@ async def _read_request(reader: asyncio.StreamReader) -> FakeRequest | None:
     return FakeRequest(method, path, headers, body)
 
 
-async def _write_reply(writer: asyncio.StreamWriter, reply: Reply) -> bool:
+async def _wait(reader: asyncio.StreamReader, wait) -> bool:
+    """Sleep or wait for a gate, watching the connection; False if the peer closed it."""
+    if isinstance(wait, threading.Event):
+        waiting = asyncio.ensure_future(asyncio.get_running_loop().run_in_executor(None, wait.wait, 60))
+    else:
+        waiting = asyncio.ensure_future(asyncio.sleep(wait))
+    eof = asyncio.ensure_future(reader.read(1))
+    done, _ = await asyncio.wait([waiting, eof], return_when=asyncio.FIRST_COMPLETED)
+    if eof in done:
+        waiting.cancel()
+        return False
+    eof.cancel()
+    await asyncio.gather(eof, return_exceptions=True)  # the reader takes no second waiter
+    return True
+
+
+async def _write_reply(reader, writer: asyncio.StreamWriter, reply: Reply, upstream: FakeUpstream) -> bool:
     """Write `reply`; False when the connection must end after it."""
+    try:
+        return await _write(reader, writer, reply, upstream)
+    except ConnectionError:
+        upstream.peer_closed += 1
+        return False
+
+
+async def _write(reader, writer: asyncio.StreamWriter, reply: Reply, upstream: FakeUpstream) -> bool:
     if reply.action == "hang":
-        await asyncio.Event().wait()
+        if not await _wait(reader, 3600):
+            upstream.peer_closed += 1
+        return False
     if reply.action == "close":
         return False
     head = [f"HTTP/1.1 {reply.status} {_REASONS.get(reply.status, 'Status')}"]
@@ -214,10 +250,12 @@ async def _write_reply(writer: asyncio.StreamWriter, reply: Reply) -> bool:
         return True
     head.append("transfer-encoding: chunked")
     writer.write(("\r\n".join(head) + "\r\n\r\n").encode())
-    for delay, data in reply.chunks:
-        if delay:
+    for wait, data in reply.chunks:
+        if wait:
             await writer.drain()
-            await asyncio.sleep(delay)
+            if not await _wait(reader, wait):
+                upstream.peer_closed += 1
+                return False
         writer.write(b"%x\r\n%s\r\n" % (len(data), data))
     await writer.drain()
     if reply.action == "cut":

@@ -9,10 +9,10 @@ left never leaves a half-read connection behind).
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections import deque
 
-import anyio
 import certifi
 from msgspec import Struct
 
@@ -55,7 +55,8 @@ class Pool:
         default_port = 443 if origin.scheme == "https" else 80
         host = f"[{origin.host}]" if ":" in origin.host else origin.host
         self._host_header = (host if origin.port == default_port else f"{host}:{origin.port}").encode()
-        self._slots = anyio.Semaphore(max_connections)
+        self.max_connections = max_connections
+        self._slots = asyncio.Semaphore(max_connections)
         self._idle: deque[Connection] = deque()
 
     def _take_idle(self, now: float) -> tuple[Connection | None, list[Connection]]:
@@ -76,46 +77,51 @@ class Pool:
     ) -> Response:
         """Send one request and wait for the response head; the body is read later."""
         t = self.timeouts
-        deadline = anyio.current_time() + t.total_seconds
-        with anyio.CancelScope(deadline=deadline) as scope:
-            await self._slots.acquire()
-        if scope.cancelled_caught:
-            raise errors.PoolTimeout(f"all {self._slots.initial_value} connections stayed busy")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + t.total_seconds
+        if self._slots.locked():
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._slots.acquire()
+            except TimeoutError:
+                raise errors.PoolTimeout(f"all {self.max_connections} connections stayed busy") from None
+        else:
+            await self._slots.acquire()  # returns at once
         connection = None
         try:
-            now = anyio.current_time()
+            now = loop.time()
             connection, stale = self._take_idle(now)
             for old in stale:
-                await old.aclose()
+                old.close()
             if connection is None:
                 connection = await open_connection(
                     self.origin.host, self.origin.port, self._ssl, min(t.connect_seconds, deadline - now)
                 )
             head = [(b"host", self._host_header), (b"content-length", b"%d" % len(body)), *headers]
             await connection.send_request(method, path, head, body, deadline)
-            first_byte = anyio.current_time() + t.first_byte_seconds
+            first_byte = loop.time() + t.first_byte_seconds
             if first_byte < deadline:
                 status, response_headers = await connection.receive_head(first_byte, errors.FirstByteTimeout)
             else:
                 status, response_headers = await connection.receive_head(deadline, errors.TotalTimeout)
         except BaseException:
             if connection is not None:
-                await connection.aclose()
+                connection.close()
             self._slots.release()
             raise
         return Response(self, connection, status, response_headers, deadline)
 
-    async def _give_back(self, connection: Connection, reusable: bool) -> None:
+    def _give_back(self, connection: Connection, reusable: bool) -> None:
         if reusable and connection.is_idle():
-            connection.idle_since = anyio.current_time()
+            connection.idle_since = asyncio.get_running_loop().time()
             self._idle.append(connection)
         else:
-            await connection.aclose()
+            connection.close()
         self._slots.release()
 
     async def aclose(self) -> None:
         while self._idle:
-            await self._idle.pop().aclose()
+            self._idle.pop().close()
 
 
 class Response:
@@ -144,7 +150,7 @@ class Response:
             raise
         if data is None:
             self._done = True
-            await self._pool._give_back(self._connection, reusable=True)
+            self._pool._give_back(self._connection, reusable=True)
         return data
 
     async def read(self) -> bytes:
@@ -158,4 +164,4 @@ class Response:
         if self._done:
             return
         self._done = True
-        await self._pool._give_back(self._connection, reusable=False)
+        self._pool._give_back(self._connection, reusable=False)

@@ -1,0 +1,142 @@
+"""Test fixtures: fake upstreams in this process, real tinygw processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tinygw.fake_upstream import FakeUpstream
+
+ROOT = Path(__file__).resolve().parent.parent
+START_SECONDS = 20  # a gateway that is not answering /healthz by then has failed
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on: connecting to it is refused."""
+    return free_port()
+
+
+def wait_until(predicate, seconds: float = 5.0, what: str = "condition"):
+    """Poll `predicate` until it returns a true value, or fail after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def gateway_command() -> list[str]:
+    """`TINYGW_BINARY` runs the tests against a frozen build instead of the source."""
+    binary = os.environ.get("TINYGW_BINARY")
+    return [binary] if binary else [sys.executable, "-m", "tinygw"]
+
+
+class Gateway:
+    """A real `tinygw serve` process on a free loopback port."""
+
+    def __init__(self, config: dict, env: dict[str, str], log_path: Path) -> None:
+        self.port = free_port()
+        self.log_path = log_path
+        self.env = {
+            "PATH": os.environ.get("PATH", ""),
+            "PYTHONPATH": str(ROOT),
+            "TINYGW_CONFIG": json.dumps(config),
+            "TINYGW_PORT": str(self.port),
+            **env,
+        }
+        self._log = open(log_path, "wb")
+        self.process = subprocess.Popen(
+            [*gateway_command(), "serve"], env=self.env, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT
+        )
+        try:
+            wait_until(self._ready, START_SECONDS, "the gateway to answer /healthz")
+        except AssertionError:
+            self.stop()
+            raise AssertionError(f"gateway did not start:\n{self.logs()}") from None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"gateway exited with {self.process.returncode}:\n{self.logs()}")
+        try:
+            with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def logs(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def log_records(self) -> list[dict]:
+        records = []
+        for line in self.logs().splitlines():
+            if line.startswith("{"):
+                records.append(json.loads(line))
+        return records
+
+    def stop(self, sig=signal.SIGTERM, seconds: float = 15) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(seconds)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        return self.process.returncode
+
+
+@pytest.fixture
+def fake():
+    upstream = FakeUpstream().start_in_thread()
+    yield upstream
+    upstream.stop_thread()
+
+
+@pytest.fixture
+def start_gateway(tmp_path):
+    started: list[Gateway] = []
+
+    def start(config: dict, **env: str) -> Gateway:
+        gateway = Gateway(config, env, tmp_path / f"gateway-{len(started)}.log")
+        started.append(gateway)
+        return gateway
+
+    yield start
+    for gateway in started:
+        gateway.stop()
+
+
+def call(method: str, url: str, body=None, headers: dict | None = None, timeout: float = 10):
+    """(status, headers, body bytes) of one request; errors are answers too."""
+    data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    if data is not None and "Content-Type" not in (headers or {}):
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()

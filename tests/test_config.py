@@ -1,0 +1,202 @@
+"""Configuration: unit tests of `from_environ`, and black-box runs of the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, free_port, gateway_command
+from tinygw.config import Secret, from_environ
+from tinygw.errors import ConfigError
+
+PROVIDERS = {"a": {"base_url": "https://api.example.com/v1", "api": "openai", "api_key_env": "A_KEY"}}
+GOOD = {"providers": PROVIDERS, "models": {"m": {"targets": ["a:up"]}}}
+
+
+def env(doc=GOOD, **extra) -> dict[str, str]:
+    return {"TINYGW_CONFIG": json.dumps(doc), "A_KEY": "secret-a", **extra}
+
+
+def error_of(environ: dict[str, str]) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        from_environ(environ)
+    return info.value
+
+
+def test_defaults():
+    settings = from_environ(env())
+    assert (settings.host, settings.port, settings.workers, settings.log_level) == ("127.0.0.1", 8080, 1, "info")
+    assert settings.drain_seconds == 30 and settings.max_body_bytes == 10 * 1024 * 1024
+    b = settings.breaker
+    assert (b.failures, b.open_seconds, b.max_open_seconds, b.half_open_probes) == (5, 30, 300, 1)
+    assert settings.retry_fast_failures is True
+    assert (settings.health_check_seconds, settings.listing_seconds) == (10, 60)
+    provider = settings.providers["a"]
+    assert (provider.doc.weight, provider.doc.connect_timeout_s, provider.doc.first_byte_timeout_s) == (1, 10, 120)
+    assert (provider.doc.timeout_s, provider.doc.max_connections, provider.doc.listing) == (600, 64, True)
+    assert (provider.origin.host, provider.origin.port, provider.origin.path) == ("api.example.com", 443, "/v1")
+    assert settings.models["m"].strategy == "failover"
+    assert settings.routing.max_attempts == 2 and settings.routing.debug is False
+
+
+@pytest.mark.parametrize(
+    "extra,where",
+    [
+        ({"TINYGW_PORT": "http"}, "TINYGW_PORT"),
+        ({"TINYGW_PORT": "70000"}, "TINYGW_PORT"),
+        ({"TINYGW_WORKERS": "0"}, "TINYGW_WORKERS"),
+        ({"TINYGW_LOG_LEVEL": "loud"}, "TINYGW_LOG_LEVEL"),
+        ({"TINYGW_DRAIN_SECONDS": "-1"}, "TINYGW_DRAIN_SECONDS"),
+        ({"TINYGW_MAX_BODY_BYTES": "1e3"}, "TINYGW_MAX_BODY_BYTES"),
+        ({"PROVIDER_BREAKER_FAILURES": "five"}, "PROVIDER_BREAKER_FAILURES"),
+        ({"PROVIDER_BREAKER_FAILURES": "-1"}, "PROVIDER_BREAKER_FAILURES"),
+        ({"PROVIDER_BREAKER_OPEN_SECONDS": "nan"}, "PROVIDER_BREAKER_OPEN_SECONDS"),
+        ({"PROVIDER_BREAKER_OPEN_SECONDS": "60", "PROVIDER_BREAKER_MAX_OPEN_SECONDS": "30"},
+         "PROVIDER_BREAKER_MAX_OPEN_SECONDS"),
+        ({"PROVIDER_BREAKER_HALF_OPEN_PROBES": "0"}, "PROVIDER_BREAKER_HALF_OPEN_PROBES"),
+        ({"PROVIDER_RETRY_FAST_FAILURES": "maybe"}, "PROVIDER_RETRY_FAST_FAILURES"),
+        ({"PROVIDER_HEALTH_CHECK_SECONDS": "-5"}, "PROVIDER_HEALTH_CHECK_SECONDS"),
+        ({"PROVIDER_LISTING_SECONDS": "x"}, "PROVIDER_LISTING_SECONDS"),
+        ({"TINYGW_HOST": "0.0.0.0"}, "TINYGW_API_KEYS"),
+        ({"TINYGW_API_KEYS": " , "}, "TINYGW_API_KEYS"),
+        ({"TINYGW_CONFIG_FILE": "/nonexistent/tinygw.json"}, "TINYGW_CONFIG"),
+        ({"A_KEY": ""}, "A_KEY"),
+    ],
+)
+def test_bad_environment_values_name_the_variable(extra, where):
+    assert error_of(env(**extra)).where == where
+
+
+@pytest.mark.parametrize(
+    "doc,where",
+    [
+        ("{", "TINYGW_CONFIG"),
+        ({"providers": PROVIDERS, "extra": 1}, "TINYGW_CONFIG $"),
+        ({"providers": {"a": {**PROVIDERS["a"], "weight": 0}}}, "TINYGW_CONFIG $.providers.a.weight"),
+        ({"providers": {"a": {**PROVIDERS["a"], "timeout_s": "long"}}}, "TINYGW_CONFIG $.providers.a.timeout_s"),
+        ({"providers": {"a": {**PROVIDERS["a"], "api": "grpc"}}}, "TINYGW_CONFIG $.providers.a.api"),
+        ({"providers": {"a": {**PROVIDERS["a"], "base_url": "ftp://x"}}}, "TINYGW_CONFIG $.providers.a.base_url"),
+        ({"providers": {"a": {**PROVIDERS["a"], "colour": "red"}}}, "TINYGW_CONFIG $.providers.a"),
+        ({"providers": {"a": {"api": "openai"}}}, "TINYGW_CONFIG $.providers.a"),
+        ({"providers": {"a": {**PROVIDERS["a"], "headers": {"Authorization": "x"}}}},
+         "TINYGW_CONFIG $.providers.a.headers.Authorization"),
+        ({"providers": PROVIDERS, "models": {"m": {"targets": ["b:up"]}}}, "TINYGW_CONFIG $.models.m.targets[0]"),
+        ({"providers": PROVIDERS, "models": {"m": {"targets": ["a"]}}}, "TINYGW_CONFIG $.models.m.targets[0]"),
+        ({"providers": PROVIDERS, "models": {"m": {"targets": []}}}, "TINYGW_CONFIG $.models.m.targets"),
+        ({"providers": PROVIDERS, "models": {"m": {"targets": ["a:x"], "strategy": "best"}}},
+         "TINYGW_CONFIG $.models.m.strategy"),
+        ({"providers": PROVIDERS, "routing": {"max_attempts": 0}}, "TINYGW_CONFIG $.routing.max_attempts"),
+    ],
+)
+def test_bad_documents_name_the_json_path(doc, where):
+    environ = env() | {"TINYGW_CONFIG": doc if isinstance(doc, str) else json.dumps(doc)}
+    assert error_of(environ).where == where
+
+
+def test_unset_key_and_both_sources_are_errors(tmp_path):
+    environ = env()
+    del environ["A_KEY"]
+    assert error_of(environ).where == "A_KEY"
+    key_file = tmp_path / "key"
+    key_file.write_text("k")
+    assert error_of(env(A_KEY_FILE=str(key_file))).where == "A_KEY"
+    assert error_of({"TINYGW_CONFIG": "{}", "TINYGW_CONFIG_FILE": "x"}).where == "TINYGW_CONFIG"
+    assert error_of({}).where == "TINYGW_CONFIG"
+
+
+def test_keys_from_files_drop_one_trailing_newline(tmp_path):
+    key_file = tmp_path / "a_key"
+    key_file.write_text("from-file\n")
+    keys_file = tmp_path / "gateway_keys"
+    keys_file.write_text("k1\n\nk2\n")
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps(GOOD))
+    settings = from_environ(
+        {"TINYGW_CONFIG_FILE": str(config_file), "A_KEY_FILE": str(key_file), "TINYGW_API_KEYS_FILE": str(keys_file)}
+    )
+    assert settings.providers["a"].keys[0].reveal() == "from-file"
+    assert [k.reveal() for k in settings.api_keys] == ["k1", "k2"]
+
+
+def test_key_pool_and_inbound_keys_allow_any_host():
+    doc = {"providers": {"a": {**PROVIDERS["a"], "api_key_env": ["K1", "K2"]}}}
+    settings = from_environ({"TINYGW_CONFIG": json.dumps(doc), "K1": "one", "K2": "two",
+                             "TINYGW_API_KEYS": "x,y", "TINYGW_HOST": "0.0.0.0"})
+    assert [k.reveal() for k in settings.providers["a"].keys] == ["one", "two"]
+    assert settings.host == "0.0.0.0"
+
+
+def test_secrets_never_show_in_repr_or_effective_config():
+    settings = from_environ(env(TINYGW_API_KEYS="inbound-secret"))
+    assert repr(Secret("x")) == "***" and str(Secret("x")) == "***"
+    text = repr(settings) + json.dumps(settings.effective())
+    assert "secret-a" not in text and "inbound-secret" not in text
+    assert settings.effective()["providers"]["a"]["api_key_env"] == ["A_KEY"]
+
+
+def test_config_hash_is_canonical_and_covers_breaker_settings():
+    reordered = {"models": GOOD["models"], "providers": PROVIDERS}
+    one = from_environ(env()).config_sha256()
+    assert one == from_environ(env(reordered)).config_sha256()
+    assert one == from_environ(env(A_KEY="another-key")).config_sha256()  # secrets are not configuration
+    assert one != from_environ(env(PROVIDER_BREAKER_FAILURES="3")).config_sha256()
+
+
+# ---- the command line, black-box -------------------------------------------------------------
+
+
+def run_cli(args: list[str], environ: dict[str, str], seconds: float = 30) -> subprocess.CompletedProcess:
+    full = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT), **environ}
+    return subprocess.run([*gateway_command(), *args], env=full, cwd=ROOT, capture_output=True, text=True,
+                          timeout=seconds)
+
+
+def test_check_prints_the_redacted_configuration_and_its_hash():
+    done = run_cli(["check"], env())
+    assert done.returncode == 0, done.stderr
+    assert "secret-a" not in done.stdout
+    assert f"config_sha256: {from_environ(env()).config_sha256()}" in done.stdout
+
+
+def test_check_exits_2_with_one_line_naming_the_path():
+    done = run_cli(["check"], env(GOOD | {"routing": {"max_attempts": "two"}}))
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "$.routing.max_attempts" in lines[0]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_with_a_bad_value_exits_2_naming_the_variable(workers):
+    done = run_cli(["serve"], env(TINYGW_WORKERS=workers, PROVIDER_BREAKER_OPEN_SECONDS="soon",
+                                  TINYGW_PORT=str(free_port())))
+    assert done.returncode == 2
+    assert "PROVIDER_BREAKER_OPEN_SECONDS" in done.stderr
+    assert "secret-a" not in done.stderr
+
+
+def test_a_worker_whose_startup_fails_stops_the_server():
+    """Granian alone on the app, with a bad environment: the lifespan fails in the
+    worker, and the whole server must stop rather than serve without a gateway."""
+    if os.environ.get("TINYGW_BINARY"):
+        pytest.skip("runs Granian from the source tree")
+    port = free_port()
+    full = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT), **env(A_KEY="")}
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "granian", "--interface", "asgi", "--port", str(port), "--workers", "2",
+         "tinygw.app:app"],
+        env=full, cwd=ROOT, capture_output=True, text=True, timeout=30,
+    )
+    assert done.returncode != 0
+    assert "A_KEY" in done.stderr
+    assert time.monotonic() - started < 30
+
+
+def test_version():
+    done = run_cli(["version"], {})
+    assert done.returncode == 0 and done.stdout.startswith("tinygw ")

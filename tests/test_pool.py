@@ -1,0 +1,141 @@
+"""The upstream pool against a fake provider in this process: reuse, limits, bounds."""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+import pytest
+
+from conftest import closed_port
+from tinygw import errors
+from tinygw.config import Origin
+from tinygw.fake_upstream import FakeUpstream, Reply, json_reply, sse_reply
+from tinygw.pool import Pool, Timeouts
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def pool_for(port: int, max_connections: int = 4, **timeouts) -> Pool:
+    bounds = {"connect_seconds": 2.0, "first_byte_seconds": 2.0, "total_seconds": 5.0, **timeouts}
+    return Pool(Origin("http", "127.0.0.1", port, ""), max_connections=max_connections, timeouts=Timeouts(**bounds))
+
+
+async def wait_until(predicate, seconds: float = 5.0, what: str = "condition") -> None:
+    """Poll without blocking the event loop, which closes sockets on its next turn."""
+    with anyio.fail_after(seconds):
+        while not predicate():
+            await anyio.sleep(0.01)
+
+
+async def post(pool: Pool) -> tuple[int, bytes]:
+    response = await pool.request(b"POST", b"/v1/chat/completions", [], b"{}")
+    return response.status, await response.read()
+
+
+async def test_keep_alive_reuses_one_connection(fake):
+    fake.script = lambda r: json_reply(200, {"ok": True})
+    pool = pool_for(fake.port)
+    for _ in range(3):
+        assert await post(pool) == (200, b'{"ok": true}')
+    assert fake.accepted == 1
+    await pool.aclose()
+
+
+async def test_a_partly_read_response_discards_its_connection(fake):
+    gate = threading.Event()
+    fake.script = lambda r: sse_reply([b"data: 1\n\n", b"data: 2\n\n"], delay_seconds=0) if r.path == "/ok" \
+        else Reply(headers=[("content-type", "text/event-stream")], chunks=[(0, b"data: 1\n\n"), (gate, b"x")])
+    pool = pool_for(fake.port)
+    response = await pool.request(b"POST", b"/partial", [], b"")
+    assert await response.next_chunk() == b"data: 1\n\n"
+    await response.aclose()
+    await response.aclose()  # safe twice
+    await wait_until(lambda: fake.peer_closed == 1, what="the partial connection to be closed")
+    gate.set()
+    response = await pool.request(b"POST", b"/ok", [], b"")
+    assert await response.read() == b"data: 1\n\ndata: 2\n\n"
+    assert fake.accepted == 2
+    await pool.aclose()
+
+
+async def test_an_idle_connection_closed_by_the_provider_is_not_reused(fake):
+    fake.script = lambda r: Reply(status=200, body=b"ok", action="answer_close")
+    pool = pool_for(fake.port)
+    assert await post(pool) == (200, b"ok")
+    await wait_until(lambda: fake.open_connections == 0, what="the provider to close the idle connection")
+    await wait_until(lambda: not pool._idle[0].is_idle(), what="the pool to see the close")
+    assert await post(pool) == (200, b"ok")
+    assert fake.accepted == 2
+    await pool.aclose()
+
+
+async def test_max_connections_bounds_concurrency(fake):
+    gate = threading.Event()
+    fake.script = lambda r: Reply(headers=[("content-type", "text/plain")], chunks=[(gate, b"done")])
+    pool = pool_for(fake.port, max_connections=1)
+    first = await pool.request(b"POST", b"/", [], b"")
+    results = []
+
+    async def second():
+        response = await pool.request(b"POST", b"/", [], b"")
+        results.append(await response.read())
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(second)
+        await anyio.wait_all_tasks_blocked()
+        assert fake.accepted == 1 and results == []  # the second waits for the one slot
+        gate.set()
+        assert await first.read() == b"done"
+    assert results == [b"done"]
+    assert fake.accepted == 1  # and then reuses the connection
+    await pool.aclose()
+
+
+async def test_a_slot_that_never_frees_is_a_pool_timeout(fake):
+    gate = threading.Event()
+    fake.script = lambda r: Reply(headers=[("content-type", "text/plain")], chunks=[(gate, b"done")])
+    pool = pool_for(fake.port, max_connections=1, total_seconds=0.3)
+    first = await pool.request(b"POST", b"/", [], b"")
+    with pytest.raises(errors.PoolTimeout):
+        await pool.request(b"POST", b"/", [], b"")
+    with pytest.raises(errors.TotalTimeout):
+        await first.read()
+    gate.set()
+
+
+async def test_refused_is_a_connect_error():
+    pool = pool_for(closed_port())
+    with pytest.raises(errors.ConnectError):
+        await post(pool)
+
+
+async def test_no_head_in_time_is_a_first_byte_timeout(fake):
+    fake.script = lambda r: Reply(action="hang")
+    pool = pool_for(fake.port, first_byte_seconds=0.2)
+    with pytest.raises(errors.FirstByteTimeout):
+        await post(pool)
+    await wait_until(lambda: fake.peer_closed == 1, what="the hung connection to be closed")
+
+
+async def test_a_body_past_the_total_deadline_is_a_total_timeout(fake):
+    fake.script = lambda r: Reply(headers=[("content-type", "text/plain")], chunks=[(0, b"a"), (30, b"b")])
+    pool = pool_for(fake.port, total_seconds=0.3)
+    response = await pool.request(b"POST", b"/", [], b"")
+    assert await response.next_chunk() == b"a"
+    with pytest.raises(errors.TotalTimeout):
+        await response.next_chunk()
+
+
+async def test_a_cut_body_is_a_read_error_and_the_slot_comes_back(fake):
+    fake.script = lambda r: sse_reply([b"data: 1\n\n"], cut=True)
+    pool = pool_for(fake.port, max_connections=1)
+    for _ in range(2):
+        response = await pool.request(b"POST", b"/", [], b"")
+        with pytest.raises((errors.ReadError, errors.RemoteProtocolError)):
+            await response.read()

@@ -1,0 +1,330 @@
+"""Black-box: a real tinygw process, the official SDKs and fake upstreams on loopback."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+
+import anthropic
+import openai
+import pytest
+
+from conftest import Gateway, call, closed_port, wait_until
+from tinygw.fake_upstream import (
+    FakeUpstream,
+    Reply,
+    json_reply,
+    openai_stream_events,
+    sse_reply,
+    well_behaved,
+)
+
+GATEWAY_KEY = "gw-key-7f3a"
+PROVIDER_KEY = "prov-key-91c2"
+ANTHROPIC_KEY = "anth-key-55d0"
+
+
+@pytest.fixture(scope="module")
+def fake():
+    upstream = FakeUpstream().start_in_thread()
+    yield upstream
+    upstream.stop_thread()
+
+
+@pytest.fixture(autouse=True)
+def fresh_fake(fake):
+    fake.script = well_behaved("fake")
+    fake.requests.clear()
+    yield
+
+
+@pytest.fixture(scope="module")
+def gateway(fake, tmp_path_factory):
+    config = {
+        "providers": {
+            "oa": {"base_url": f"{fake.url}/v1", "api": "openai", "api_key_env": "OA_KEY",
+                   "headers": {"x-team": "blue"}},
+            "an": {"base_url": fake.url, "api": "anthropic", "api_key_env": "AN_KEY"},
+            "dead": {"base_url": f"http://127.0.0.1:{closed_port()}/v1", "api": "openai"},
+            "slow": {"base_url": f"{fake.url}/v1", "api": "openai", "first_byte_timeout_s": 0.5},
+        },
+        "models": {
+            "gpt-x": {"targets": ["oa:upstream-gpt"]},
+            "claude-x": {"targets": ["an:claude-upstream"]},
+            "dead-model": {"targets": ["dead:m"]},
+            "slow-model": {"targets": ["slow:m"]},
+        },
+    }
+    log = tmp_path_factory.mktemp("gw") / "gateway.log"
+    gw = Gateway(config, {"OA_KEY": PROVIDER_KEY, "AN_KEY": ANTHROPIC_KEY, "TINYGW_API_KEYS": f"other,{GATEWAY_KEY}",
+                          "TINYGW_MAX_BODY_BYTES": "4096"}, log)
+    yield gw
+    gw.stop()
+
+
+def auth(extra: dict | None = None) -> dict:
+    return {"Authorization": f"Bearer {GATEWAY_KEY}", **(extra or {})}
+
+
+def openai_client(gateway) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=GATEWAY_KEY, max_retries=0, timeout=10)
+
+
+def anthropic_client(gateway) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=gateway.url, api_key=GATEWAY_KEY, max_retries=0, timeout=10)
+
+
+# ---- the SDKs -----------------------------------------------------------------------
+
+
+def test_openai_sdk_chat(gateway, fake):
+    answer = openai_client(gateway).chat.completions.create(
+        model="gpt-x", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert answer.choices[0].message.content == "Hello from fake."
+    assert answer.model == "upstream-gpt"
+    [request] = fake.requests
+    assert request.path == "/v1/chat/completions"
+    assert request.json()["model"] == "upstream-gpt"
+    assert request.json()["messages"] == [{"role": "user", "content": "hi"}]
+    assert request.headers["authorization"] == f"Bearer {PROVIDER_KEY}"
+    assert request.headers["x-team"] == "blue"
+
+
+def test_openai_sdk_stream(gateway, fake):
+    stream = openai_client(gateway).chat.completions.create(
+        model="gpt-x", messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream)
+    assert text == "Hello from fake."
+
+
+def test_openai_sdk_completions_and_embeddings(gateway, fake):
+    client = openai_client(gateway)
+    assert client.completions.create(model="gpt-x", prompt="hi").choices[0].text == "Hello from fake."
+    assert client.embeddings.create(model="gpt-x", input="hi").data[0].embedding == [0.1, 0.2, 0.3]
+    assert [r.path for r in fake.requests] == ["/v1/completions", "/v1/embeddings"]
+
+
+def test_anthropic_sdk_messages(gateway, fake):
+    message = anthropic_client(gateway).messages.create(
+        model="claude-x", max_tokens=16, messages=[{"role": "user", "content": "hi"}]
+    )
+    assert message.content[0].text == "Hello from fake."
+    [request] = fake.requests
+    assert request.path == "/v1/messages"
+    assert request.json()["model"] == "claude-upstream"
+    assert request.headers["x-api-key"] == ANTHROPIC_KEY
+    assert "authorization" not in request.headers
+    assert request.headers.get("anthropic-version")  # the client's own headers go on
+
+
+def test_anthropic_sdk_stream(gateway, fake):
+    with anthropic_client(gateway).messages.stream(
+        model="claude-x", max_tokens=16, messages=[{"role": "user", "content": "hi"}]
+    ) as stream:
+        text = "".join(stream.text_stream)
+    assert text == "Hello from fake."
+
+
+def test_provider_qualified_model(gateway, fake):
+    answer = openai_client(gateway).chat.completions.create(
+        model="oa/some/model-7b", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert answer.choices[0].message.content == "Hello from fake."
+    assert fake.requests[0].json()["model"] == "some/model-7b"
+
+
+def test_first_chunk_arrives_before_the_upstream_finishes(gateway, fake):
+    gate = threading.Event()
+    events = openai_stream_events("m", ["one", " two"])
+    fake.script = lambda request: Reply(headers=[("content-type", "text/event-stream")],
+                                        chunks=[(0, events[0]), (0, events[1]), (gate, events[2]),
+                                                *[(0, e) for e in events[3:]]])
+    try:
+        stream = openai_client(gateway).chat.completions.create(
+            model="gpt-x", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        chunks = iter(stream)
+        next(chunks)  # the role chunk
+        assert next(chunks).choices[0].delta.content == "one"  # the upstream is held at the gate
+        gate.set()
+        rest = "".join(c.choices[0].delta.content or "" for c in chunks)
+        assert rest == " two"
+    finally:
+        gate.set()
+
+
+# ---- what is forwarded -----------------------------------------------------------------
+
+
+def test_client_credentials_and_hop_by_hop_headers_are_not_forwarded(gateway, fake):
+    # http.client, because urllib replaces the Connection header with its own.
+    connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
+    connection.request(
+        "POST",
+        "/v1/chat/completions?trace=1",
+        body=json.dumps({"model": "gpt-x", "messages": []}),
+        headers={"x-api-key": GATEWAY_KEY, "Proxy-Authorization": "Basic abc", "Connection": "x-drop-me",
+                 "x-drop-me": "1", "x-keep-me": "2", "Content-Type": "application/json"},
+    )
+    assert connection.getresponse().status == 200
+    connection.close()
+    [request] = fake.requests
+    assert request.path == "/v1/chat/completions?trace=1"
+    assert request.headers["authorization"] == f"Bearer {PROVIDER_KEY}"
+    assert "x-api-key" not in request.headers
+    assert "proxy-authorization" not in request.headers
+    assert "x-drop-me" not in request.headers
+    assert request.headers["x-keep-me"] == "2"
+    assert GATEWAY_KEY not in json.dumps(request.headers)
+
+
+def test_body_is_forwarded_unchanged_but_for_the_model(gateway, fake):
+    raw = b'{"messages": [{"role": "user", "content": "caf\\u00e9 \\"model\\": 1"}],  "model" : "gpt-x", "n": 1.50}'
+    status, _, _ = call("POST", f"{gateway.url}/v1/chat/completions", raw, headers=auth())
+    assert status == 200
+    assert fake.requests[0].body == raw.replace(b'"gpt-x"', b'"upstream-gpt"')
+
+
+def test_provider_error_is_passed_through(gateway, fake):
+    fake.script = lambda r: json_reply(400, {"error": {"message": "bad temperature", "type": "invalid_request_error"}},
+                                       headers=[("x-request-id", "abc")])
+    status, headers, body = call("POST", f"{gateway.url}/v1/chat/completions", {"model": "gpt-x"}, headers=auth())
+    assert status == 400
+    assert json.loads(body)["error"]["message"] == "bad temperature"
+    assert headers.get("x-request-id") == "abc"
+
+
+# ---- the gateway's own errors ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"x-api-key": "wrong"},
+                                     {"Authorization": f"Basic {GATEWAY_KEY}"}])
+def test_missing_or_wrong_gateway_key_is_401(gateway, fake, headers):
+    status, _, body = call("POST", f"{gateway.url}/v1/chat/completions", {"model": "gpt-x"}, headers=headers)
+    assert status == 401
+    assert json.loads(body)["error"]["type"] == "authentication_error"
+    assert fake.requests == []
+
+
+@pytest.mark.parametrize("body", [b"not json", b"[1,2]", b'{"messages": []}', b'{"model": 7}', b'{"model": ""}'])
+def test_bad_body_is_400(gateway, fake, body):
+    status, _, answer = call("POST", f"{gateway.url}/v1/chat/completions", body, headers=auth())
+    assert status == 400
+    assert json.loads(answer)["error"]["type"] == "invalid_request_error"
+    assert fake.requests == []
+
+
+def test_body_over_the_limit_is_413(gateway, fake):
+    big = {"model": "gpt-x", "messages": [{"role": "user", "content": "x" * 5000}]}
+    status, _, answer = call("POST", f"{gateway.url}/v1/chat/completions", big, headers=auth())
+    assert status == 413
+    assert json.loads(answer)["error"]["type"] == "invalid_request_error"
+    assert fake.requests == []
+
+
+def test_body_over_the_limit_without_content_length_is_413(gateway, fake):
+    def chunks():
+        yield b'{"model": "gpt-x", "pad": "'
+        for _ in range(10):
+            yield b"x" * 1000
+        yield b'"}'
+
+    connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
+    connection.request("POST", "/v1/chat/completions", body=chunks(), encode_chunked=True,
+                       headers=auth({"Transfer-Encoding": "chunked", "Content-Type": "application/json"}))
+    response = connection.getresponse()
+    assert response.status == 413
+    assert json.loads(response.read())["error"]["type"] == "invalid_request_error"
+    connection.close()
+    assert fake.requests == []
+
+
+@pytest.mark.parametrize("model,path", [("nope", "/v1/chat/completions"), ("claude-x", "/v1/chat/completions"),
+                                        ("gpt-x", "/v1/messages"), ("zz/model", "/v1/chat/completions")])
+def test_unknown_model_is_404(gateway, fake, model, path):
+    status, _, body = call("POST", f"{gateway.url}{path}", {"model": model}, headers=auth())
+    assert status == 404
+    error = json.loads(body)["error"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", "model_not_found")
+
+
+def test_refused_connection_is_502_connect_error(gateway):
+    status, _, body = call("POST", f"{gateway.url}/v1/chat/completions", {"model": "dead-model"}, headers=auth())
+    assert status == 502
+    error = json.loads(body)["error"]
+    assert (error["type"], error["cause"], error["provider"], error["provider_model"]) == (
+        "provider_unavailable", "connect_error", "dead", "m")
+
+
+def test_no_first_byte_in_time_is_504_timeout(gateway, fake):
+    fake.script = lambda r: Reply(action="hang")
+    started = time.monotonic()
+    status, _, body = call("POST", f"{gateway.url}/v1/chat/completions", {"model": "slow-model"}, headers=auth())
+    assert status == 504
+    error = json.loads(body)["error"]
+    assert (error["type"], error["cause"]) == ("provider_unavailable", "timeout")
+    assert time.monotonic() - started < 5  # the 0.5 s bound, not the client's 10 s
+    wait_until(lambda: fake.peer_closed >= 1, what="the gateway to close the hung connection")
+
+
+def test_stream_cut_by_the_upstream_ends_with_an_error_event(gateway, fake):
+    events = openai_stream_events("m", ["one", " two"])
+    fake.script = lambda r: sse_reply(events[:3], cut=True)
+    status, headers, body = call("POST", f"{gateway.url}/v1/chat/completions",
+                                 {"model": "gpt-x", "stream": True}, headers=auth())
+    assert status == 200
+    assert body.startswith(events[0] + events[1] + events[2])
+    assert b"event: error\ndata: " in body
+    assert b"[DONE]" not in body
+
+
+def test_client_leaving_mid_stream_closes_the_upstream(gateway, fake):
+    gate = threading.Event()
+    events = openai_stream_events("m", ["one", " two"])
+    fake.script = lambda r: Reply(headers=[("content-type", "text/event-stream")],
+                                  chunks=[(0, events[0]), (0, events[1]), (gate, events[2])])
+    try:
+        with socket.create_connection(("127.0.0.1", gateway.port), timeout=5) as client:
+            body = json.dumps({"model": "gpt-x", "stream": True}).encode()
+            client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                           + GATEWAY_KEY.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: "
+                           + str(len(body)).encode() + b"\r\n\r\n" + body)
+            received = b""
+            while b'"one"' not in received:
+                received += client.recv(65536)
+        wait_until(lambda: fake.peer_closed >= 1, seconds=3, what="the upstream connection to be closed")
+    finally:
+        gate.set()
+
+
+# ---- other routes ----------------------------------------------------------------------------
+
+
+def test_healthz_models_and_metrics(gateway, fake):
+    assert call("GET", f"{gateway.url}/healthz")[2] == b'{"status":"ok"}'
+    status, _, body = call("GET", f"{gateway.url}/v1/models", headers=auth())
+    assert status == 200
+    ids = {m["id"] for m in json.loads(body)["data"]}
+    assert {"gpt-x", "claude-x"} <= ids
+    assert call("GET", f"{gateway.url}/v1/models")[0] == 401
+    call("POST", f"{gateway.url}/v1/chat/completions", {"model": "gpt-x"}, headers=auth())
+    metrics = call("GET", f"{gateway.url}/metrics")[2].decode()
+    assert 'tinygw_requests_total{route="/v1/chat/completions",model="gpt-x",status="200"}' in metrics
+
+
+def test_wrong_method_and_unknown_path(gateway):
+    assert call("GET", f"{gateway.url}/v1/chat/completions", headers=auth())[0] == 405
+    status, _, body = call("GET", f"{gateway.url}/nope")
+    assert status == 404 and json.loads(body)["error"]["type"] == "invalid_request_error"
+
+
+def test_no_key_in_logs(gateway):
+    logs = gateway.logs()
+    for secret in (GATEWAY_KEY, PROVIDER_KEY, ANTHROPIC_KEY):
+        assert secret not in logs
+    assert any(r.get("msg") == "request" for r in gateway.log_records())

@@ -1,0 +1,55 @@
+"""Unit tests of the wire helpers: the model rewrite and header filtering."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tinygw.wire import BadBody, forward_headers, read_head, relay_headers, rewrite_model
+
+
+def test_rewrite_replaces_only_the_model_bytes():
+    body = b'{"model" :  "alias", "messages": [{"content": "a \\"model\\": \\"alias\\""}], "t": 1.10}'
+    out = rewrite_model(body, "alias", "org/up-7b")
+    assert out == body.replace(b'"alias",', b'"org/up-7b",', 1)
+
+
+def test_rewrite_with_a_nested_model_key_re_encodes_and_keeps_meaning():
+    body = json.dumps({"tools": [{"model": "alias"}], "model": "alias", "x": [1, 2]}).encode()
+    out = json.loads(rewrite_model(body, "alias", "up"))
+    assert out == {"tools": [{"model": "alias"}], "model": "up", "x": [1, 2]}
+
+
+def test_rewrite_with_an_escaped_model_value():
+    body = b'{"model": "caf\\u00e9", "n": 1}'
+    assert json.loads(rewrite_model(body, "caf\u00e9", 'q"x')) == {"model": 'q"x', "n": 1}
+
+
+def test_rewrite_is_a_no_op_for_the_same_name():
+    body = b'{"model":"m"}'
+    assert rewrite_model(body, "m", "m") is body
+
+
+@pytest.mark.parametrize("body", [b"", b"{", b"[]", b'{"model": null}', b'{"model": ["x"]}', b'{"stream": "yes"}'])
+def test_bad_heads(body):
+    with pytest.raises(BadBody):
+        read_head(body)
+
+
+def test_head_reads_model_and_stream():
+    head = read_head(b'{"messages": [], "stream": true, "model": "m"}')
+    assert (head.model, head.stream) == ("m", True)
+
+
+def test_forward_headers_drop_credentials_and_hop_by_hop():
+    headers = [(b"authorization", b"Bearer client"), (b"x-api-key", b"client"), (b"connection", b"close, x-a"),
+               (b"x-a", b"1"), (b"keep-alive", b"5"), (b"transfer-encoding", b"chunked"), (b"host", b"gw"),
+               (b"content-length", b"9"), (b"accept-encoding", b"gzip"), (b"anthropic-version", b"2023-06-01")]
+    assert forward_headers(headers) == [(b"anthropic-version", b"2023-06-01")]
+
+
+def test_relay_headers_drop_framing():
+    headers = [(b"content-type", b"text/event-stream"), (b"transfer-encoding", b"chunked"),
+               (b"content-length", b"5"), (b"connection", b"keep-alive"), (b"x-request-id", b"r")]
+    assert relay_headers(headers) == [(b"content-type", b"text/event-stream"), (b"x-request-id", b"r")]

@@ -1,0 +1,151 @@
+"""The network backend of the upstream client: a byte stream on asyncio's transports.
+
+Granian runs the app on an asyncio loop, so the stream is a plain asyncio Protocol.
+Every wait ends at an absolute deadline on the loop's monotonic clock, enforced with
+one timer per wait (`loop.call_at`); anyio's cancel scopes, which the first version
+used, cost about a third of the gateway's CPU per request (see the closing note of
+issue 2). Foreign exceptions are translated here into tinygw.errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections import deque
+
+from tinygw import errors
+
+# Reading is paused while this many received bytes wait to be consumed, so a
+# provider cannot fill the gateway's memory faster than the client reads.
+HIGH_WATER_BYTES = 256 * 1024
+
+
+class Deadline(Exception):
+    """A wait of this module reached its deadline (translated by the caller)."""
+
+
+def _expire(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_exception(Deadline())
+
+
+class Stream(asyncio.Protocol):
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._chunks: deque[bytes] = deque()
+        self._buffered = 0
+        self._eof = False
+        self._lost: BaseException | None = None
+        self._read_waiter: asyncio.Future | None = None
+        self._write_waiter: asyncio.Future | None = None
+        self._reading_paused = False
+
+    # ---- asyncio.Protocol --------------------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._buffered += len(data)
+        if self._buffered > HIGH_WATER_BYTES and not self._reading_paused:
+            self._reading_paused = True
+            self._transport.pause_reading()
+        self._wake_reader()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake_reader()
+        return False  # let the transport close
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._eof = True
+        self._lost = exc
+        self._wake_reader()
+        if self._write_waiter is not None and not self._write_waiter.done():
+            self._write_waiter.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._write_waiter = self._loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self._write_waiter is not None and not self._write_waiter.done():
+            self._write_waiter.set_result(None)
+
+    def _wake_reader(self) -> None:
+        if self._read_waiter is not None and not self._read_waiter.done():
+            self._read_waiter.set_result(None)
+
+    # ---- the stream ------------------------------------------------------------------------
+
+    async def _wait(self, waiter: asyncio.Future, deadline: float) -> None:
+        timer = self._loop.call_at(deadline, _expire, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+
+    async def receive(self, deadline: float) -> bytes:
+        """The bytes received so far, waiting for some until `deadline`; b"" at the end.
+
+        Raises Deadline, or errors.ReadError when the connection broke."""
+        if not self._chunks and not self._eof:
+            self._read_waiter = self._loop.create_future()
+            try:
+                await self._wait(self._read_waiter, deadline)
+            finally:
+                self._read_waiter = None
+        if self._chunks:
+            data = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
+            self._chunks.clear()
+            self._buffered = 0
+            if self._reading_paused:
+                self._reading_paused = False
+                self._transport.resume_reading()
+            return data
+        if self._lost is not None:
+            raise errors.ReadError(describe(self._lost))
+        return b""
+
+    async def send(self, data: bytes, deadline: float) -> None:
+        if self._lost is not None or self._transport is None or self._transport.is_closing():
+            raise errors.WriteError("the connection is closed")
+        self._transport.write(data)
+        if self._write_waiter is not None and not self._write_waiter.done():
+            await self._wait(self._write_waiter, deadline)
+        if self._lost is not None:
+            raise errors.WriteError(describe(self._lost))
+
+    def has_news(self) -> bool:
+        """True when an idle connection got data or was closed: it must not be reused."""
+        return bool(self._chunks) or self._eof or self._transport is None or self._transport.is_closing()
+
+    def close(self) -> None:
+        """Close at once, dropping anything unsent. Safe to call twice."""
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.abort()
+
+
+def describe(e: BaseException) -> str:
+    """A short reason for an OS or TLS failure, without anything from the request."""
+    if isinstance(e, ssl.SSLError):
+        return f"TLS: {e.reason or type(e).__name__}"
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return type(e).__name__
+
+
+async def open_stream(host: str, port: int, ssl_context: ssl.SSLContext | None, timeout_seconds: float) -> Stream:
+    """Connect (and handshake TLS when given a context) within one bound."""
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(timeout_seconds):
+            _, stream = await loop.create_connection(
+                Stream, host, port, ssl=ssl_context, server_hostname=host if ssl_context else None
+            )
+    except TimeoutError:
+        raise errors.ConnectTimeout(f"no connection to {host}:{port} within connect_timeout_s") from None
+    except (OSError, ssl.SSLError) as e:
+        raise errors.ConnectError(f"connect to {host}:{port}: {describe(e)}") from None
+    return stream
