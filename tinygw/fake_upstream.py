@@ -165,7 +165,20 @@ class FakeUpstream:
         return self
 
     def stop_thread(self) -> None:
-        if self._loop is not None:
+        """Close the server and every connection, then stop the thread's loop."""
+        if self._loop is None:
+            return
+
+        async def shutdown() -> None:
+            await self.stop()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(5)
+        finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
