@@ -66,10 +66,14 @@ def test_defaults():
         ({"TINYGW_API_KEYS": " , "}, "TINYGW_API_KEYS"),
         ({"TINYGW_CONFIG_FILE": "/nonexistent/tinygw.json"}, "TINYGW_CONFIG"),
         ({"A_KEY": ""}, "A_KEY"),
+        ({"A_KEY": "sk-secret-value "}, "A_KEY"),
+        ({"A_KEY": "sk-secret\u00e9"}, "A_KEY"),
     ],
 )
 def test_bad_environment_values_name_the_variable(extra, where):
-    assert error_of(env(**extra)).where == where
+    error = error_of(env(**extra))
+    assert error.where == where
+    assert "sk-secret" not in str(error)  # a bad key is named, never shown
 
 
 @pytest.mark.parametrize(
@@ -85,6 +89,8 @@ def test_bad_environment_values_name_the_variable(extra, where):
         ({"providers": {"a": {"api": "openai"}}}, "TINYGW_CONFIG $.providers.a"),
         ({"providers": {"a": {**PROVIDERS["a"], "headers": {"Authorization": "x"}}}},
          "TINYGW_CONFIG $.providers.a.headers.Authorization"),
+        ({"providers": {"a": {**PROVIDERS["a"], "headers": {"Transfer-Encoding": "chunked"}}}},
+         "TINYGW_CONFIG $.providers.a.headers.Transfer-Encoding"),
         ({"providers": PROVIDERS, "models": {"m": {"targets": ["b:up"]}}}, "TINYGW_CONFIG $.models.m.targets[0]"),
         ({"providers": PROVIDERS, "models": {"m": {"targets": ["a"]}}}, "TINYGW_CONFIG $.models.m.targets[0]"),
         ({"providers": PROVIDERS, "models": {"m": {"targets": []}}}, "TINYGW_CONFIG $.models.m.targets"),

@@ -38,6 +38,7 @@ def fake():
 def fresh_fake(fake):
     fake.script = well_behaved("fake")
     fake.requests.clear()
+    fake.peer_closed = fake.accepted = 0
     yield
 
 
@@ -219,6 +220,21 @@ def test_bad_body_is_400(gateway, fake, body):
     assert fake.requests == []
 
 
+def test_json_that_cannot_be_re_encoded_is_400_not_500(gateway, fake):
+    body = b'{"tools": [{"model": "x"}], "model": "gpt-x", "t": 1e400}'
+    status, _, answer = call("POST", f"{gateway.url}/v1/chat/completions", body, headers=auth())
+    assert status == 400
+    assert json.loads(answer)["error"]["type"] == "invalid_request_error"
+
+
+def test_provider_qualified_models_share_one_metric_series(gateway, fake):
+    for name in ("oa/free-form-1", "oa/free-form-2"):
+        assert call("POST", f"{gateway.url}/v1/chat/completions", {"model": name}, headers=auth())[0] == 200
+    metrics = call("GET", f"{gateway.url}/metrics")[2].decode()
+    assert 'model="oa/*",status="200"} ' in metrics
+    assert "free-form" not in metrics
+
+
 def test_body_over_the_limit_is_413(gateway, fake):
     big = {"model": "gpt-x", "messages": [{"role": "user", "content": "x" * 5000}]}
     status, _, answer = call("POST", f"{gateway.url}/v1/chat/completions", big, headers=auth())
@@ -259,6 +275,7 @@ def test_refused_connection_is_502_connect_error(gateway):
     error = json.loads(body)["error"]
     assert (error["type"], error["cause"], error["provider"], error["provider_model"]) == (
         "provider_unavailable", "connect_error", "dead", "m")
+    assert b"127.0.0.1" not in body  # no upstream address reaches clients
 
 
 def test_no_first_byte_in_time_is_504_timeout(gateway, fake):

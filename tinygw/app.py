@@ -45,12 +45,16 @@ async def lifespan(scope, receive, send) -> None:
     assert message["type"] == "lifespan.startup"
     try:
         settings = config.from_environ()
+        logs.configure(settings.log_level)
+        gateway = Gateway(settings)
     except ConfigError as e:
         print(f"tinygw: configuration error: {e}", file=sys.stderr, flush=True)
         await send({"type": "lifespan.startup.failed", "message": str(e)})
         return
-    logs.configure(settings.log_level)
-    gateway = Gateway(settings)
+    except Exception as e:  # whatever it is, a worker without a gateway must not serve
+        print(f"tinygw: startup failed: {type(e).__name__}", file=sys.stderr, flush=True)
+        await send({"type": "lifespan.startup.failed", "message": type(e).__name__})
+        return
     scope["state"]["gateway"] = gateway
     if settings.routing.debug:
         logs.log(logging.WARNING, "routing.debug is on: responses carry x-tinygw-* debug headers")
@@ -88,7 +92,14 @@ async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
     headers = scope["headers"]
     model = "unknown"
     status = 500
-    result = None
+    result = proxy.Result(status=0)
+    response_started = False
+
+    async def send_tracked(message) -> None:
+        nonlocal response_started
+        response_started = response_started or message["type"] == "http.response.start"
+        await send(message)
+
     try:
         if not gateway.auth.allows(headers):
             status = await _error(send, 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key")
@@ -100,20 +111,11 @@ async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
                 send, 413, f"request body over {limit} bytes", "invalid_request_error", "request_too_large"
             )
             return
-        try:
-            head = read_head(body)
-        except BadBody as e:
-            status = await _error(send, 400, str(e), "invalid_request_error", "invalid_body")
-            return
+        head = read_head(body)
         resolution = resolve(gateway.settings, route, head.model)
         if resolution is None:
-            status = await _error(
-                send,
-                404,
-                f"the model {head.model!r} does not exist on {route.path}",
-                "invalid_request_error",
-                "model_not_found",
-            )
+            message = f"the model {head.model!r} does not exist on {route.path}"
+            status = await _error(send, 404, message, "invalid_request_error", "model_not_found")
             return
         model = resolution.model
         inbound = proxy.Inbound(
@@ -130,19 +132,23 @@ async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
         client_left: list[bool] = []
         watcher = loop.create_task(_cancel_when_client_leaves(receive, task, client_left))
         try:
-            result = await proxy.forward(gateway, inbound, resolution, send)
+            await proxy.forward(gateway, inbound, resolution, send_tracked, result)
+            status = result.status
         except asyncio.CancelledError:
-            if not client_left:
+            if not client_left or task.cancelling() > 1:  # also cancelled from elsewhere
                 raise
             task.uncancel()
+            status = CLIENT_CLOSED
         finally:
             watcher.cancel()
-        status = result.status if result is not None else CLIENT_CLOSED
+    except BadBody as e:
+        status = await _error(send, 400, str(e), "invalid_request_error", "invalid_body")
     except ClientLeft:
         status = CLIENT_CLOSED
     except Exception:
         logs._logger.exception("request failed inside the gateway", extra={"fields": {"route": route.path}})
-        status = await _error(send, 500, "internal gateway error", "internal_error", "internal_error")
+        if not response_started:  # else the client sees its response end early
+            status = await _error(send, 500, "internal gateway error", "internal_error", "internal_error")
     finally:
         gateway.metrics.count_request(route.path, model, status)
         logs.log(
@@ -151,9 +157,9 @@ async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
             route=route.path,
             model=model,
             status=status,
-            target=str(result.target) if result is not None and result.target else None,
-            attempts=",".join(result.attempts) if result is not None else "",
-            cut=bool(result is not None and result.cut),
+            target=str(result.target) if result.target else None,
+            attempts=",".join(result.attempts),
+            cut=result.cut,
             duration_ms=round((loop.time() - started) * 1000, 1),
         )
 
@@ -179,10 +185,25 @@ async def _read_body(receive, headers, limit: int) -> bytes | None:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
+            await _discard_body(receive, message)
             return None
         parts.append(chunk)
         if not message.get("more_body"):
             return b"".join(parts) if len(parts) != 1 else parts[0]
+
+
+# After a body goes over the limit, up to this much more of it is read and dropped
+# so that the client, still sending, gets its 413 rather than a broken pipe.
+DISCARD_BYTES = 1024 * 1024
+
+
+async def _discard_body(receive, message) -> None:
+    discarded = 0
+    while message.get("more_body") and discarded < DISCARD_BYTES:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientLeft
+        discarded += len(message.get("body", b""))
 
 
 async def _error(send, status: int, message: str, type_: str, code: str | None = None) -> int:

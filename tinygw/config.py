@@ -182,6 +182,12 @@ def canonical_json(value: object) -> bytes:
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 _LOG_LEVELS = ("debug", "info", "warning", "error")
+# Headers a provider's static `headers` may not set: credentials, framing, hop-by-hop.
+_GATEWAY_HEADERS = frozenset(
+    "authorization x-api-key host content-length transfer-encoding connection keep-alive te trailer upgrade"
+    " proxy-authorization proxy-connection accept-encoding expect".split()
+)
+_HEADER_SAFE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")  # a header value, trimmed
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an HTTP header name (RFC 9110)
 
 
@@ -239,8 +245,9 @@ def _secret(env: Mapping[str, str], name: str) -> Secret:
         raise ConfigError(name, f"unset (neither {name} nor {name}_FILE is set)")
     if value.strip() == "":
         raise ConfigError(name, "empty")
-    if any(c in value for c in "\r\n\0"):
-        raise ConfigError(name, "holds a line break or NUL, which cannot go in a header")
+    if not _HEADER_SAFE.fullmatch(value):
+        # Said without the value: a key must never reach a message.
+        raise ConfigError(name, "holds whitespace at an end or a character outside printable ASCII")
     return Secret(value)
 
 
@@ -308,10 +315,10 @@ def _provider(env: Mapping[str, str], where: str, name: str, doc: ProviderDoc) -
             raise ConfigError(f"{path}.api_key_env", f"not an environment variable name: {key_name!r}")
     keys = tuple(_secret(env, key_name) for key_name in names)
     for header, value in doc.headers.items():
-        if not _TOKEN.fullmatch(header) or any(c in value for c in "\r\n\0"):
+        if not _TOKEN.fullmatch(header) or not _HEADER_SAFE.fullmatch(value):
             raise ConfigError(f"{path}.headers.{header}", "not a valid header name or value")
-        if header.lower() in ("authorization", "x-api-key", "host", "content-length"):
-            raise ConfigError(f"{path}.headers.{header}", "set by the gateway; keys belong in api_key_env")
+        if header.lower() in _GATEWAY_HEADERS:
+            raise ConfigError(f"{path}.headers.{header}", "set by the gateway (keys belong in api_key_env)")
     if doc.health_path is not None and not doc.health_path.startswith("/"):
         raise ConfigError(f"{path}.health_path", "must start with '/'")
     return Provider(name=name, doc=doc, origin=origin, keys=keys, key_env=tuple(names))

@@ -55,9 +55,9 @@ class Connection:
             data = self._h11.send(h11.Request(method=method, target=target, headers=headers))
             data += self._h11.send(h11.Data(data=body)) if body else b""
             data += self._h11.send(h11.EndOfMessage())
-        except h11.LocalProtocolError as e:  # our own bad header: a bug or a bad config value
+        except h11.LocalProtocolError:  # h11's message quotes the header, which may be a key
             self.close()
-            raise errors.WriteError(f"could not encode the request: {e}") from None
+            raise errors.WriteError("could not encode the request's headers") from None
         try:
             await self._stream.send(data, deadline)
         except Deadline:

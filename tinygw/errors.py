@@ -56,6 +56,10 @@ class ReadError(UpstreamError):
     """The connection broke, or was closed early, while the response was being read."""
 
 
+class ResponseTooLarge(ReadError):
+    """A non-streamed answer outgrew the gateway's bound on what it reads whole."""
+
+
 class RemoteProtocolError(UpstreamError):
     """The provider spoke HTTP/1.1 wrongly. Its fault, not ours."""
 

@@ -10,6 +10,7 @@ issue 2). Foreign exceptions are translated here into tinygw.errors.
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
 from collections import deque
 
@@ -131,8 +132,8 @@ def describe(e: BaseException) -> str:
     """A short reason for an OS or TLS failure, without anything from the request."""
     if isinstance(e, ssl.SSLError):
         return f"TLS: {e.reason or type(e).__name__}"
-    if isinstance(e, OSError) and e.strerror:
-        return e.strerror
+    if isinstance(e, OSError) and e.errno:
+        return os.strerror(e.errno)  # asyncio's own strerror quotes the address
     return type(e).__name__
 
 
@@ -145,7 +146,7 @@ async def open_stream(host: str, port: int, ssl_context: ssl.SSLContext | None, 
                 Stream, host, port, ssl=ssl_context, server_hostname=host if ssl_context else None
             )
     except TimeoutError:
-        raise errors.ConnectTimeout(f"no connection to {host}:{port} within connect_timeout_s") from None
-    except (OSError, ssl.SSLError) as e:
-        raise errors.ConnectError(f"connect to {host}:{port}: {describe(e)}") from None
+        raise errors.ConnectTimeout("no connection within connect_timeout_s") from None
+    except (OSError, ssl.SSLError) as e:  # the message reaches clients: no address in it
+        raise errors.ConnectError(f"connect: {describe(e)}") from None
     return stream

@@ -27,6 +27,12 @@ from tinygw.connection import Connection, open_connection
 IDLE_SECONDS = 4.0
 
 
+# A non-streamed answer is read whole before it is sent on; past this size it is
+# refused (502) instead. Large enough for a full batch of 2,048 embeddings of 3,072
+# dimensions as JSON, small enough that a few at once cannot exhaust a worker.
+MAX_RESPONSE_BYTES = 256 * 1024 * 1024
+
+
 class Timeouts(Struct, frozen=True):
     connect_seconds: float
     first_byte_seconds: float
@@ -153,9 +159,15 @@ class Response:
             self._pool._give_back(self._connection, reusable=True)
         return data
 
-    async def read(self) -> bytes:
+    async def read(self, limit: int = MAX_RESPONSE_BYTES) -> bytes:
+        """The whole body; over `limit` bytes the response is dropped instead."""
         parts = []
+        size = 0
         while (chunk := await self.next_chunk()) is not None:
+            size += len(chunk)
+            if size > limit:
+                await self.aclose()
+                raise errors.ResponseTooLarge(f"the answer is over {limit} bytes")
             parts.append(chunk)
         return b"".join(parts)
 

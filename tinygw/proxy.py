@@ -60,11 +60,13 @@ def _upstream_request(upstream: Upstream, inbound: Inbound, target: Target, key_
     return path, headers, body
 
 
-async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, send: Send) -> Result:
+async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, send: Send, result: Result) -> Result:
+    """Forward `inbound` and answer the client; `result` is filled in as it goes, so
+    that it tells what happened even when the client leaves halfway."""
     target = resolution.targets[0]
     upstream = gateway.upstreams[target.provider]
     path, headers, body = _upstream_request(upstream, inbound, target, 0)
-    result = Result(status=0, target=target)
+    result.target = target
     try:
         response = await upstream.pool.request(b"POST", path, headers, body)
     except errors.UpstreamError as e:

@@ -31,7 +31,10 @@ ROUTES = {
 
 
 class Resolution(Struct, frozen=True):
-    model: str  # the name the client asked for, as known to the gateway
+    # The model as the gateway names it in metrics and logs: the alias, or
+    # `provider/*` for a provider-qualified request (whose free-form name would
+    # otherwise let clients mint new metric series without bound).
+    model: str
     targets: tuple[Target, ...]  # in the model's configured order
 
 
@@ -44,5 +47,5 @@ def resolve(settings: Settings, route: Route, model: str) -> Resolution | None:
     provider, slash, upstream_model = model.partition("/")
     if slash and upstream_model and provider in settings.providers:
         if settings.providers[provider].doc.api == route.api:
-            return Resolution(model, (Target(provider, upstream_model),))
+            return Resolution(f"{provider}/*", (Target(provider, upstream_model),))
     return None

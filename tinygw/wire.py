@@ -54,7 +54,10 @@ def rewrite_model(body: bytes, requested: str, upstream: str) -> bytes:
         if _decode_head.decode(spliced).model == upstream:
             return spliced
     # Ambiguous (a nested "model" key, escapes): re-encode the whole document.
-    document = _decode_any.decode(body)
+    try:
+        document = _decode_any.decode(body)
+    except msgspec.MsgspecError as e:  # valid JSON that Python cannot hold (1e400)
+        raise BadBody(f"invalid request body: {e}") from None
     document["model"] = upstream
     return _encode.encode(document)
 
