@@ -11,7 +11,8 @@ import time
 import pytest
 
 from conftest import ROOT, free_port, gateway_command
-from tinygw.config import Secret, from_environ
+from tinygw.config import from_environ
+from tinygw.secret import Secret
 from tinygw.errors import ConfigError
 
 PROVIDERS = {"a": {"base_url": "https://api.example.com/v1", "api": "openai", "api_key_env": "A_KEY"}}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from tinygw.config import Secret
+from tinygw.secret import Secret
 
 
 class InboundAuth:

@@ -3,7 +3,7 @@
 This is the only module that reads `os.environ` (through `from_environ`, which takes
 the mapping as an argument so that tests pass their own). Every bad value raises
 `ConfigError` naming the variable or JSON path and the reason; the caller turns that
-into exit code 2. Secrets are held in `Secret`, whose repr never shows the value.
+into exit code 2. Secrets are held in `tinygw.secret.Secret`.
 """
 
 from __future__ import annotations
@@ -20,29 +20,10 @@ import msgspec
 from msgspec import Meta, Struct
 
 from tinygw.errors import ConfigError
+from tinygw.secret import Secret
 
 # A request body above this many bytes is refused with 413 (SPEC section 3).
 DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
-
-
-class Secret:
-    """A key or token. Shown as `***` everywhere; `reveal()` is the one way out."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def reveal(self) -> str:
-        return self._value
-
-    def __repr__(self) -> str:
-        return "***"
-
-    __str__ = __repr__
-
-    def __reduce__(self):  # never pickled into a log or a worker's argv
-        raise TypeError("a Secret is not picklable")
 
 
 # ---- the JSON document (TINYGW_CONFIG) -------------------------------------------

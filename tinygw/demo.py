@@ -71,9 +71,9 @@ def main(argv: list[str]) -> int:
         "providers": {"a": {"base_url": f"{provider.url}/v1", "api": "openai", "first_byte_timeout_s": 2}},
         "models": {"chat": {"targets": ["a:upstream-chat-model"]}},
     }
-    env = {**os.environ, "TINYGW_CONFIG": json.dumps(config), "TINYGW_PORT": str(port),
-           "TINYGW_LOG_LEVEL": "warning", "TINYGW_WORKERS": "1"}
-    env.pop("TINYGW_CONFIG_FILE", None)
+    # The gateway gets this environment alone: nothing of the caller's leaks into the story.
+    env = {"TINYGW_CONFIG": json.dumps(config), "TINYGW_PORT": str(port), "TINYGW_LOG_LEVEL": "warning",
+           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     url = f"http://127.0.0.1:{port}"
     timeline = Timeline()
     print(f"tinygw demo: gateway on {url}, fake provider 'a' on {provider.url}\n")
