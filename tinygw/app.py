@@ -146,7 +146,7 @@ async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
     except ClientLeft:
         status = CLIENT_CLOSED
     except Exception:
-        logs._logger.exception("request failed inside the gateway", extra={"fields": {"route": route.path}})
+        logs.log_exception("request failed inside the gateway", route=route.path)
         if not response_started:  # else the client sees its response end early
             status = await _error(send, 500, "internal gateway error", "internal_error", "internal_error")
     finally:

@@ -64,3 +64,8 @@ _logger = logging.getLogger(LOGGER_NAME)
 def log(level: int, message: str, **fields: object) -> None:
     if _logger.isEnabledFor(level):
         _logger.log(level, message, extra={"fields": fields})
+
+
+def log_exception(message: str, **fields: object) -> None:
+    """An error line naming the exception's type (never its message) and the fields."""
+    _logger.error(message, exc_info=True, extra={"fields": fields})
