@@ -1,18 +1,25 @@
 """The gateway's per-worker state, built in the ASGI lifespan from the Settings.
 
 Holds what every request reaches: the settings, the inbound auth, one upstream pool
-per provider, the metrics. There is no module-level state: tests build their own.
+and key ring per provider, the circuit breakers, the routing strategies' state, the
+model listings, the metrics. There is no module-level state: tests build their own.
 """
 
 from __future__ import annotations
 
+import logging
+import time
+
 from msgspec import Struct
 
-from tinygw import __version__
+from tinygw import __version__, logs
 from tinygw.auth import InboundAuth
+from tinygw.breaker import Breakers, Circuit, Clock, State
 from tinygw.config import Provider, Settings
+from tinygw.keys import KeyRing
 from tinygw.metrics import Metrics
 from tinygw.pool import Pool, Timeouts, tls_context
+from tinygw.strategy import Strategies
 
 
 class Upstream(Struct, frozen=True):
@@ -22,6 +29,7 @@ class Upstream(Struct, frozen=True):
     pool: Pool
     static_headers: list[tuple[bytes, bytes]]
     auth_headers: tuple[list[tuple[bytes, bytes]], ...]  # one per key of its key pool
+    keys: KeyRing
 
 
 def _auth_headers(provider: Provider) -> tuple[list[tuple[bytes, bytes]], ...]:
@@ -33,10 +41,16 @@ def _auth_headers(provider: Provider) -> tuple[list[tuple[bytes, bytes]], ...]:
 
 
 class Gateway:
-    def __init__(self, settings: Settings, *, artifact_sha256: str = "") -> None:
+    def __init__(self, settings: Settings, *, artifact_sha256: str = "", clock: Clock = time.monotonic) -> None:
         self.settings = settings
+        self.clock = clock
         self.auth = InboundAuth(settings.api_keys)
         self.metrics = Metrics(__version__, artifact_sha256)
+        self.breakers = Breakers(settings.breaker, clock, self._on_transition)
+        self.strategies = Strategies(settings)
+        # provider -> upstream model ids of its last successful listing; absent while
+        # its listing has not succeeded (tinygw.discovery keeps it up to date)
+        self.listings: dict[str, list[str]] = {}
         context = tls_context() if any(p.origin.scheme == "https" for p in settings.providers.values()) else None
         self.upstreams = {
             name: Upstream(
@@ -50,9 +64,40 @@ class Gateway:
                 static_headers=[(b"accept-encoding", b"identity")]
                 + [(k.lower().encode(), v.encode()) for k, v in p.doc.headers.items()],
                 auth_headers=_auth_headers(p),
+                keys=KeyRing(len(p.keys)),
             )
             for name, p in settings.providers.items()
         }
+
+    def _on_transition(self, circuit: Circuit, old: State, new: State) -> None:
+        self.metrics.transitions.inc(circuit.provider, circuit.provider_model, new.value)
+        if new is State.OPEN:
+            logs.log(
+                logging.WARNING,
+                "provider circuit opened",
+                provider=circuit.provider,
+                provider_model=circuit.provider_model,
+                failures=circuit.failures if old is State.CLOSED else None,
+                after_probe=old is State.HALF_OPEN,
+                pause_seconds=circuit.pause_seconds,
+                last_error=circuit.last_error,
+            )
+        elif new is State.CLOSED:
+            logs.log(
+                logging.INFO,
+                "provider circuit closed",
+                provider=circuit.provider,
+                provider_model=circuit.provider_model,
+                probes=self.settings.breaker.half_open_probes,
+            )
+        else:
+            logs.log(
+                logging.INFO,
+                "provider circuit half-open",
+                provider=circuit.provider,
+                provider_model=circuit.provider_model,
+                pause_seconds=circuit.pause_seconds,
+            )
 
     async def aclose(self) -> None:
         for upstream in self.upstreams.values():

@@ -1,0 +1,265 @@
+"""Circuit breakers: unit tests of the pure state machine on a fake clock (SPEC section 4)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tinygw.breaker import (
+    TRANSITIONS,
+    Breakers,
+    Circuit,
+    Event,
+    IllegalTransition,
+    Outcome,
+    State,
+)
+from tinygw.config import Breaker
+
+S, F, N = Outcome.SUCCESS, Outcome.FAILURE, Outcome.NEUTRAL
+
+
+class FakeClock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(failures=3, open_seconds=30.0, max_open_seconds=100.0, probes=1, on_transition=None):
+    clock = FakeClock()
+    settings = Breaker(
+        failures=failures, open_seconds=open_seconds, max_open_seconds=max_open_seconds, half_open_probes=probes
+    )
+    return Circuit("p", "m", settings, clock, on_transition), clock
+
+
+def report(circuit: Circuit, *outcomes: Outcome) -> None:
+    """One attempt per outcome, each admitted and finished in turn."""
+    for outcome in outcomes:
+        ticket = circuit.allow()
+        assert ticket is not None, f"not admitted in state {circuit.state()}"
+        ticket.done(outcome)
+
+
+def trip(circuit: Circuit) -> None:
+    report(circuit, *[F] * circuit.settings.failures)
+    assert circuit.state() is State.OPEN
+
+
+def half_open(circuit: Circuit, clock: FakeClock) -> None:
+    trip(circuit)
+    clock.now += circuit.pause_seconds
+    assert circuit.state() is State.HALF_OPEN
+
+
+# ---- CLOSED: counting failures -------------------------------------------------------
+
+
+def test_opens_after_exactly_n_consecutive_failures():
+    circuit, _ = make(failures=3)
+    report(circuit, F, F)
+    assert circuit.state() is State.CLOSED
+    report(circuit, F)
+    assert circuit.state() is State.OPEN
+
+
+def test_a_success_between_failures_resets_the_count():
+    circuit, _ = make(failures=3)
+    report(circuit, F, F, S, F, F)
+    assert circuit.state() is State.CLOSED
+    report(circuit, F)
+    assert circuit.state() is State.OPEN
+
+
+def test_a_neutral_outcome_leaves_the_count_as_it_was():
+    circuit, _ = make(failures=3)
+    report(circuit, F, F, N)
+    assert (circuit.state(), circuit.failures) == (State.CLOSED, 2)
+    report(circuit, F)  # the third failure in a row: the neutral one neither reset nor counted
+    assert circuit.state() is State.OPEN
+
+
+# ---- OPEN: skipping, Retry-After -------------------------------------------------------
+
+
+def test_open_refuses_and_says_when_the_probe_is_due():
+    circuit, clock = make(open_seconds=30.0)
+    trip(circuit)
+    assert circuit.allow() is None
+    assert circuit.retry_after() == pytest.approx(30.0)
+    assert circuit.retry_after_header() == 30
+    clock.now += 10.75
+    assert circuit.allow() is None
+    assert circuit.retry_after() == pytest.approx(19.25)
+    assert circuit.retry_after_header() == 20  # whole seconds, rounded up
+    clock.now += 19.15
+    assert circuit.allow() is None
+    assert circuit.retry_after_header() == 1  # 0.1 s left: at least 1
+    clock.now += 0.1
+    assert circuit.retry_after() is None  # the pause is over: a probe may go
+    assert circuit.allow() is not None
+
+
+# ---- HALF_OPEN: probes -----------------------------------------------------------------
+
+
+def test_one_probe_at_a_time_however_often_allow_is_called():
+    circuit, clock = make(probes=1)
+    half_open(circuit, clock)
+    tickets = [circuit.allow() for _ in range(10)]
+    assert sum(t is not None for t in tickets) == 1
+    assert tickets[0] is not None and tickets[0].probe
+    assert circuit.retry_after() == 0.0 and circuit.retry_after_header() == 1
+
+
+def test_n_probes_at_once_and_n_successes_close_it():
+    circuit, clock = make(probes=3)
+    half_open(circuit, clock)
+    tickets = [circuit.allow() for _ in range(10)]
+    probes = [t for t in tickets if t is not None]
+    assert len(probes) == 3
+    probes[0].done(S)
+    probes[1].done(S)
+    assert circuit.state() is State.HALF_OPEN
+    assert circuit.allow() is None  # two passed, one in flight: no slot is free
+    probes[2].done(S)
+    assert circuit.state() is State.CLOSED
+
+
+def test_probe_failure_reopens_with_the_pause_doubled_up_to_the_cap():
+    circuit, clock = make(open_seconds=30.0, max_open_seconds=100.0)
+    half_open(circuit, clock)
+    pauses = []
+    for _ in range(4):
+        circuit.allow().done(F)
+        assert circuit.state() is State.OPEN
+        pauses.append(circuit.retry_after())
+        clock.now += pauses[-1] - 1
+        assert circuit.state() is State.OPEN  # not early
+        clock.now += 1
+        assert circuit.state() is State.HALF_OPEN
+    assert pauses == pytest.approx([60.0, 100.0, 100.0, 100.0])
+
+
+def test_closing_resets_the_pause_for_the_next_opening():
+    circuit, clock = make(open_seconds=30.0, max_open_seconds=100.0)
+    half_open(circuit, clock)
+    circuit.allow().done(F)  # reopened for 60 s
+    clock.now += 60.0
+    circuit.allow().done(S)
+    assert circuit.state() is State.CLOSED
+    trip(circuit)
+    assert circuit.retry_after() == pytest.approx(30.0)
+
+
+def test_a_neutral_probe_gives_its_slot_back():
+    circuit, clock = make(probes=1)
+    half_open(circuit, clock)
+    probe = circuit.allow()
+    assert circuit.allow() is None
+    probe.done(N)
+    assert circuit.state() is State.HALF_OPEN
+    second = circuit.allow()
+    assert second is not None and second.probe
+    second.done(S)
+    assert circuit.state() is State.CLOSED
+
+
+# ---- generations and tickets -----------------------------------------------------------
+
+
+def test_a_ticket_from_before_the_opening_cannot_reopen_the_circuit():
+    circuit, clock = make(failures=2)
+    stale = circuit.allow()  # taken while CLOSED
+    half_open(circuit, clock)
+    stale.done(F)
+    assert circuit.state() is State.HALF_OPEN
+    assert circuit.allow() is not None  # the probe slot is untouched
+
+
+def test_a_stale_success_cannot_close_the_circuit():
+    circuit, clock = make(failures=2)
+    stale = circuit.allow()  # taken while CLOSED
+    half_open(circuit, clock)
+    stale.done(S)
+    assert circuit.state() is State.HALF_OPEN
+
+
+def test_a_stale_probe_cannot_move_the_next_half_open():
+    circuit, clock = make(probes=2)
+    half_open(circuit, clock)
+    first, stale = circuit.allow(), circuit.allow()
+    first.done(F)  # reopened: `stale` belongs to the last generation
+    clock.now += circuit.pause_seconds
+    assert circuit.state() is State.HALF_OPEN
+    stale.done(F)
+    assert circuit.state() is State.HALF_OPEN
+
+
+def test_done_twice_counts_once():
+    circuit, _ = make(failures=2)
+    ticket = circuit.allow()
+    ticket.done(F)
+    ticket.done(F)
+    assert (circuit.state(), circuit.failures) == (State.CLOSED, 1)
+
+
+# ---- breaker off, health checks, callbacks, the table -----------------------------------
+
+
+def test_breaker_off_never_opens_and_always_allows():
+    circuit, _ = make(failures=0)
+    for _ in range(100):
+        ticket = circuit.allow()
+        assert ticket is not None
+        ticket.done(F)
+    assert circuit.state() is State.CLOSED
+    assert circuit.retry_after() is None
+
+
+def test_health_ok_half_opens_an_open_circuit_before_the_pause_ends():
+    circuit, clock = make(open_seconds=30.0)
+    trip(circuit)
+    clock.now += 1.0
+    circuit.health_ok()
+    assert circuit.state() is State.HALF_OPEN
+    assert circuit.allow() is not None
+
+
+def test_health_ok_does_nothing_when_closed():
+    changes = []
+    circuit, _ = make(on_transition=lambda c, old, new: changes.append(new))
+    generation = circuit.generation
+    circuit.health_ok()
+    assert (circuit.state(), circuit.generation, changes) == (State.CLOSED, generation, [])
+
+
+def test_on_transition_reports_each_move_in_order():
+    changes = []
+    circuit, clock = make(failures=1, on_transition=lambda c, old, new: changes.append((c, old, new)))
+    half_open(circuit, clock)
+    circuit.allow().done(S)
+    assert changes == [
+        (circuit, State.CLOSED, State.OPEN),
+        (circuit, State.OPEN, State.HALF_OPEN),
+        (circuit, State.HALF_OPEN, State.CLOSED),
+    ]
+
+
+def test_a_move_with_no_row_raises():
+    circuit, _ = make()
+    assert (State.CLOSED, Event.PROBES_PASSED) not in TRANSITIONS
+    with pytest.raises(IllegalTransition):
+        circuit._move(Event.PROBES_PASSED)
+    assert circuit.state() is State.CLOSED
+
+
+def test_breakers_make_one_circuit_per_provider_and_model():
+    breakers = Breakers(Breaker(), FakeClock())
+    one = breakers.circuit("a", "m1")
+    assert breakers.circuit("a", "m1") is one
+    others = [breakers.circuit("a", "m2"), breakers.circuit("b", "m1"), breakers.circuit("a", "")]
+    assert len({id(c) for c in [one, *others]}) == 4
+    own = breakers.circuit("a")
+    assert own is others[2] and (own.provider, own.provider_model) == ("a", "")

@@ -1,0 +1,228 @@
+"""Circuit breakers: one per (provider, upstream model), as a pure state machine.
+
+In gobreaker's shape: no timers; the state advances when it is read, with `now` from an
+injected monotonic clock; a generation number changes on every transition, so that an
+attempt admitted before a change cannot move the new state; `allow()` hands back a
+`Ticket` whose `done(outcome)` reports the attempt's verdict when it ends (a stream's
+may end minutes later). Every legal move is a row of `TRANSITIONS`; any other raises.
+
+SPEC section 4: CLOSED -> OPEN after `failures` consecutive failures. OPEN skips the
+target until the pause ends (or a health check succeeds), then HALF_OPEN admits
+`half_open_probes` probes; that many successes in a row close it and reset the pause;
+any probe failure reopens it with the pause doubled, capped at `max_open_seconds`. A
+probe without a verdict (NEUTRAL: client left, 4xx, 429) gives its slot back.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable
+
+from tinygw.config import Breaker as BreakerSettings
+
+
+class State(enum.Enum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class Outcome(enum.Enum):
+    SUCCESS = "success"
+    FAILURE = "failure"
+    NEUTRAL = "neutral"  # no verdict: the count is left as it was
+
+
+class Event(enum.Enum):
+    TRIP = "trip"  # the failure threshold was reached
+    PAUSE_OVER = "pause_over"
+    HEALTH_OK = "health_ok"  # a health check of the provider succeeded
+    PROBE_FAILED = "probe_failed"
+    PROBES_PASSED = "probes_passed"
+
+
+TRANSITIONS: dict[tuple[State, Event], State] = {
+    (State.CLOSED, Event.TRIP): State.OPEN,
+    (State.OPEN, Event.PAUSE_OVER): State.HALF_OPEN,
+    (State.OPEN, Event.HEALTH_OK): State.HALF_OPEN,
+    (State.HALF_OPEN, Event.PROBE_FAILED): State.OPEN,
+    (State.HALF_OPEN, Event.PROBES_PASSED): State.CLOSED,
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A move that TRANSITIONS has no row for: a bug in the caller."""
+
+
+# Circuits one provider may have. A provider-qualified request names its upstream
+# model freely; past this many models, further ones share the provider's own circuit,
+# so that clients cannot grow memory (and metric series) without bound.
+MAX_CIRCUITS_PER_PROVIDER = 256
+
+Clock = Callable[[], float]
+OnTransition = Callable[["Circuit", State, State], None]
+
+
+class Ticket:
+    """Permission for one attempt. `done()` reports its verdict once; later calls are ignored."""
+
+    __slots__ = ("_circuit", "generation", "probe", "_open")
+
+    def __init__(self, circuit: Circuit, generation: int, probe: bool) -> None:
+        self._circuit = circuit
+        self.generation = generation
+        self.probe = probe
+        self._open = True
+
+    def done(self, outcome: Outcome, error: str | None = None) -> None:
+        if self._open:
+            self._open = False
+            self._circuit._done(self, outcome, error)
+
+
+class Circuit:
+    def __init__(
+        self,
+        provider: str,
+        provider_model: str,
+        settings: BreakerSettings,
+        clock: Clock,
+        on_transition: OnTransition | None = None,
+    ) -> None:
+        self.provider = provider
+        self.provider_model = provider_model
+        self.settings = settings
+        self._clock = clock
+        self._on_transition = on_transition
+        self._state = State.CLOSED
+        self.generation = 0
+        self.failures = 0  # consecutive failures while CLOSED
+        self.pause_seconds = settings.open_seconds  # the pause of the current (or next) opening
+        self.opened_at: float | None = None
+        self.probes_in_flight = 0
+        self.probe_successes = 0
+        self.last_error: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.failures > 0
+
+    # ---- reading ------------------------------------------------------------------------
+
+    def state(self) -> State:
+        """The state now: an OPEN circuit whose pause has ended becomes HALF_OPEN here."""
+        if self._state is State.OPEN and self._clock() >= self.opened_at + self.pause_seconds:
+            self._move(Event.PAUSE_OVER)
+        return self._state
+
+    def available(self) -> bool:
+        """Would `allow()` admit an attempt now? (Takes no slot.)"""
+        state = self.state()
+        if state is State.CLOSED:
+            return True
+        if state is State.HALF_OPEN:
+            return self.probes_in_flight + self.probe_successes < self.settings.half_open_probes
+        return False
+
+    def retry_after(self) -> float | None:
+        """Seconds until the next probe may be let through; None while it is available."""
+        if self.available():
+            return None
+        if self._state is State.OPEN:
+            return max(0.0, self.opened_at + self.pause_seconds - self._clock())
+        return 0.0  # HALF_OPEN with every probe slot taken: a verdict is due any moment
+
+    def retry_after_header(self) -> int:
+        """SPEC's Retry-After: whole seconds until the next probe, at least 1."""
+        return max(1, math.ceil(self.retry_after() or 0.0))
+
+    # ---- attempts -------------------------------------------------------------------------
+
+    def allow(self) -> Ticket | None:
+        """A ticket for one attempt, or None: skip this target as if it were open."""
+        if not self.enabled:
+            return Ticket(self, self.generation, probe=False)
+        state = self.state()
+        if state is State.CLOSED:
+            return Ticket(self, self.generation, probe=False)
+        if state is State.HALF_OPEN and self.available():
+            self.probes_in_flight += 1
+            return Ticket(self, self.generation, probe=True)
+        return None
+
+    def _done(self, ticket: Ticket, outcome: Outcome, error: str | None) -> None:
+        if outcome is Outcome.FAILURE and error:
+            self.last_error = error
+        if not self.enabled or ticket.generation != self.generation:
+            return  # admitted before the last transition: it cannot move the new state
+        if self._state is State.CLOSED:
+            if outcome is Outcome.SUCCESS:
+                self.failures = 0
+            elif outcome is Outcome.FAILURE:
+                self.failures += 1
+                if self.failures >= self.settings.failures:
+                    self._move(Event.TRIP)
+        elif self._state is State.HALF_OPEN and ticket.probe:
+            self.probes_in_flight -= 1
+            if outcome is Outcome.FAILURE:
+                self.pause_seconds = min(self.pause_seconds * 2, self.settings.max_open_seconds)
+                self._move(Event.PROBE_FAILED)
+            elif outcome is Outcome.SUCCESS:
+                self.probe_successes += 1
+                if self.probe_successes >= self.settings.half_open_probes:
+                    self.pause_seconds = self.settings.open_seconds
+                    self._move(Event.PROBES_PASSED)
+            # NEUTRAL: the slot is given back, nothing else changes
+
+    def health_ok(self) -> None:
+        """A health check of the provider succeeded: an OPEN circuit may probe now."""
+        if self.state() is State.OPEN:
+            self._move(Event.HEALTH_OK)
+
+    def _move(self, event: Event) -> None:
+        old = self._state
+        new = TRANSITIONS.get((old, event))
+        if new is None:
+            raise IllegalTransition(f"{event.value} in state {old.value}")
+        self._state = new
+        self.generation += 1
+        self.probes_in_flight = 0
+        self.probe_successes = 0
+        if new is State.OPEN:
+            self.opened_at = self._clock()
+        elif new is State.CLOSED:
+            self.failures = 0
+            self.opened_at = None
+        if self._on_transition is not None:
+            self._on_transition(self, old, new)
+
+
+class Breakers:
+    """Every circuit of one worker process, made on first use."""
+
+    def __init__(self, settings: BreakerSettings, clock: Clock, on_transition: OnTransition | None = None) -> None:
+        self.settings = settings
+        self._clock = clock
+        self._on_transition = on_transition
+        self._circuits: dict[tuple[str, str], Circuit] = {}
+        self._per_provider: dict[str, int] = {}
+
+    def circuit(self, provider: str, provider_model: str = "") -> Circuit:
+        """The circuit of (provider, upstream model); "" is the provider's own breaker,
+        for requests that name no model."""
+        key = (provider, provider_model)
+        circuit = self._circuits.get(key)
+        if circuit is None:
+            if provider_model and self._per_provider.get(provider, 0) >= MAX_CIRCUITS_PER_PROVIDER:
+                return self.circuit(provider, "")
+            circuit = Circuit(provider, provider_model, self.settings, self._clock, self._on_transition)
+            self._circuits[key] = circuit
+            self._per_provider[provider] = self._per_provider.get(provider, 0) + 1
+        return circuit
+
+    def of_provider(self, provider: str) -> list[Circuit]:
+        return [c for (p, _), c in self._circuits.items() if p == provider]
+
+    def all(self) -> list[Circuit]:
+        return list(self._circuits.values())

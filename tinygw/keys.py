@@ -1,0 +1,31 @@
+"""A provider's key pool: the next key in turn, skipping keys that rest after a 429."""
+
+from __future__ import annotations
+
+# A key answered 429 without a Retry-After rests this long.
+DEFAULT_REST_SECONDS = 1.0
+
+
+class KeyRing:
+    """Indexes into a provider's keys (the keys themselves stay in the Gateway)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = max(1, size)
+        self._next = 0
+        self._rest_until = [0.0] * self.size
+
+    def pick(self, now: float) -> int:
+        """The next key in turn that is not resting; if all rest, the one free soonest."""
+        for step in range(self.size):
+            index = (self._next + step) % self.size
+            if self._rest_until[index] <= now:
+                self._next = (index + 1) % self.size
+                return index
+        return min(range(self.size), key=self._rest_until.__getitem__)
+
+    def rest(self, index: int, now: float, seconds: float | None) -> None:
+        self._rest_until[index] = now + (DEFAULT_REST_SECONDS if seconds is None else max(0.0, seconds))
+
+    def has_other(self, index: int, now: float) -> bool:
+        """Is a key other than `index` free to use now?"""
+        return any(i != index and until <= now for i, until in enumerate(self._rest_until))
