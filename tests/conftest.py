@@ -130,13 +130,13 @@ def start_gateway(tmp_path):
 
 
 def call(method: str, url: str, body=None, headers: dict | None = None, timeout: float = 10):
-    """(status, headers, body bytes) of one request; errors are answers too."""
+    """(status, headers (case-insensitive), body bytes) of one request; errors are answers too."""
     data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
     if data is not None and "Content-Type" not in (headers or {}):
         request.add_header("Content-Type", "application/json")
     try:
         with urllib.request.urlopen(request, timeout=timeout) as r:
-            return r.status, dict(r.headers), r.read()
+            return r.status, r.headers, r.read()
     except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), e.read()
+        return e.code, e.headers, e.read()

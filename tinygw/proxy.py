@@ -1,31 +1,39 @@
-"""Forwarding one client request to a provider and relaying the answer.
+"""Forwarding one client request: the attempt loop, and relaying the answer.
 
-A non-streamed answer is read whole (it is small, and reading it before the client
-sees anything is what lets a failed attempt be replaced); a streamed one (`stream:
-true` answered with `text/event-stream`) is relayed chunk by chunk as it arrives.
+Targets come in the order of the model's strategy; a target whose circuit is open is
+skipped (not an attempt). An attempt's ending is judged by `tinygw.outcome`; what the
+loop does next follows SPEC section 4: another key of the provider after a 429, the
+next target after a failure that may fall back, the one quick retry when no target is
+left, and at most `routing.max_attempts` attempts. Nothing reaches the client until an
+attempt is final: a non-streamed answer is read whole first, and a stream's leading
+events without output are held back until output arrives.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import Awaitable, Callable
+from email.utils import parsedate_to_datetime
 
 from msgspec import Struct
 
-from tinygw import errors
+from tinygw import errors, logs, outcome, sse
+from tinygw.breaker import Outcome
 from tinygw.config import Target
 from tinygw.gateway import Gateway, Upstream
+from tinygw.outcome import Verdict
 from tinygw.routing import Resolution, Route
-from tinygw.wire import (
-    JSON_HEADERS,
-    error_body,
-    forward_headers,
-    header,
-    relay_headers,
-    rewrite_model,
-    sse_error_event,
-)
+from tinygw.wire import JSON_HEADERS, error_body, forward_headers, header, relay_headers, rewrite_model, sse_error_event
 
 Send = Callable[[dict], Awaitable[None]]
+
+# The pause before the one quick retry (SPEC section 4).
+QUICK_RETRY_DELAY_SECONDS = 0.25
+
+# Leading events held back before output are bounded: past this, they are sent on.
+MAX_HELD_BYTES = 1024 * 1024
 
 
 class Inbound(Struct, frozen=True):
@@ -45,7 +53,26 @@ class Result(Struct):
     status: int
     target: Target | None = None
     attempts: list[str] = []
-    cut: bool = False  # a stream that ended without a clean end
+    cut: bool = False  # a stream that ended without a finish, or with an error after output
+
+
+class Answer(Struct):
+    """A provider's complete answer, not yet sent: it is sent if no later attempt is made."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+
+class Attempt(Struct):
+    """How one attempt ended."""
+
+    verdict: Verdict
+    label: str  # for x-tinygw-attempts and the access log: a status or a cause
+    committed: bool = False  # the client already has the answer (or its start)
+    answer: Answer | None = None
+    error: errors.UpstreamError | None = None
+    retry_after_seconds: float | None = None  # a 429's Retry-After
 
 
 def _upstream_request(upstream: Upstream, inbound: Inbound, target: Target, key_index: int):
@@ -53,58 +80,213 @@ def _upstream_request(upstream: Upstream, inbound: Inbound, target: Target, key_
     path = (origin.path + inbound.route.upstream_path).encode()
     if inbound.query:
         path += b"?" + inbound.query
-    headers = (
-        forward_headers(inbound.headers) + upstream.static_headers + upstream.auth_headers[key_index]
-    )
+    headers = forward_headers(inbound.headers) + upstream.static_headers + upstream.auth_headers[key_index]
     body = rewrite_model(inbound.body, inbound.model, target.upstream_model)
     return path, headers, body
+
+
+def _ordered_targets(gateway: Gateway, resolution: Resolution) -> list[Target]:
+    if resolution.alias is None:
+        return list(resolution.targets)
+    usable = set(resolution.targets)
+    return [t for t in gateway.strategies.order(resolution.alias) if t in usable]
 
 
 async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, send: Send, result: Result) -> Result:
     """Forward `inbound` and answer the client; `result` is filled in as it goes, so
     that it tells what happened even when the client leaves halfway."""
-    target = resolution.targets[0]
-    upstream = gateway.upstreams[target.provider]
-    path, headers, body = _upstream_request(upstream, inbound, target, 0)
-    result.target = target
+    settings = gateway.settings
+    queue = _ordered_targets(gateway, resolution)
+    index = 0
+    attempts = 0
+    quick_retry_used = False
+    reason: str | None = None  # why the next attempt is made
+    last: Attempt | None = None
+    skipped = []
+    while index < len(queue) and attempts < settings.routing.max_attempts:
+        target = queue[index]
+        circuit = gateway.breakers.circuit(target.provider, target.upstream_model)
+        ticket = circuit.allow()
+        if ticket is None:
+            skipped.append(circuit)
+            index += 1
+            continue
+        if reason is not None:
+            gateway.metrics.retries.inc(target.provider, target.upstream_model, reason)
+            if reason == "transient_retry":
+                await asyncio.sleep(QUICK_RETRY_DELAY_SECONDS)
+        upstream = gateway.upstreams[target.provider]
+        key_index = upstream.keys.pick(gateway.clock())
+        attempts += 1
+        result.target = target
+        try:
+            last = await _attempt(gateway, upstream, inbound, target, key_index, send, result)
+        except BaseException:
+            ticket.done(Outcome.NEUTRAL)  # the client left mid-attempt: no verdict
+            raise
+        ticket.done(last.verdict.outcome, None if last.verdict.outcome is not Outcome.FAILURE else last.label)
+        result.attempts.append(f"{target.provider}:{last.label}")
+        if last.committed:
+            result.status = last.answer.status if last.answer is not None else 200
+            return result
+
+        # What next (SPEC section 4).
+        now = gateway.clock()
+        if last.label == "429":
+            upstream.keys.rest(key_index, now, last.retry_after_seconds)
+            if upstream.keys.has_other(key_index, now):
+                reason = "key_rotation"
+                continue
+        if not last.verdict.may_fall_back:
+            break
+        if any(gateway.breakers.circuit(t.provider, t.upstream_model).available() for t in queue[index + 1 :]):
+            reason = "fallback"
+            index += 1
+            continue
+        if last.verdict.quick and settings.retry_fast_failures and not quick_retry_used:
+            quick_retry_used = True
+            reason = "transient_retry"
+            logs.log(
+                logging.INFO,
+                "retrying provider after a quick failure",
+                provider=target.provider,
+                provider_model=target.upstream_model,
+                failure=last.label,
+                delay_ms=int(QUICK_RETRY_DELAY_SECONDS * 1000),
+            )
+            continue
+        break
+
+    if last is not None:
+        return await _send_final(send, result, last, result.target)
+    return await _send_circuit_open(send, result, skipped, resolution)
+
+
+async def _attempt(
+    gateway: Gateway, upstream: Upstream, inbound: Inbound, target: Target, key_index: int, send: Send, result: Result
+) -> Attempt:
+    path, headers, body = _upstream_request(upstream, inbound, target, key_index)
+    started = gateway.clock()
     try:
         response = await upstream.pool.request(b"POST", path, headers, body)
     except errors.UpstreamError as e:
-        result.attempts.append(f"{target.provider}:{e.cause}")
-        return await _send_upstream_error(send, result, target, e)
-    result.attempts.append(f"{target.provider}:{response.status}")
-    result.status = response.status
+        return Attempt(outcome.of_error(e), e.cause, error=e)
+    elapsed = gateway.clock() - started
     try:
         content_type = header(response.headers, b"content-type") or b""
         if inbound.stream and response.status == 200 and content_type.startswith(b"text/event-stream"):
-            await _relay_stream(send, response, result)
-            return result
+            return await _relay_stream(response, send, result)
         data = await response.read()
     except errors.UpstreamError as e:
-        return await _send_upstream_error(send, result, target, e)
+        return Attempt(outcome.of_error(e), e.cause, error=e)
     finally:
         await response.aclose()
-    response_headers = relay_headers(response.headers)
-    response_headers.append((b"content-length", b"%d" % len(data)))
-    await send({"type": "http.response.start", "status": response.status, "headers": response_headers})
-    await send({"type": "http.response.body", "body": data})
-    return result
+    answer = Answer(response.status, relay_headers(response.headers), data)
+    if response.status == 200 and content_type.startswith(b"application/json") and outcome.carries_error(data):
+        answer.status = 502  # SPEC: a 200 carrying an error is a failure; the client gets 502
+        return Attempt(outcome.ERROR_IN_BODY, "200+error", answer=answer)
+    verdict = outcome.of_status(response.status, elapsed)
+    attempt = Attempt(verdict, str(response.status), answer=answer)
+    if response.status == 429:
+        attempt.retry_after_seconds = _retry_after_seconds(header(response.headers, b"retry-after"))
+    if verdict.outcome is Outcome.SUCCESS:
+        await _send_answer(send, answer)
+        attempt.committed = True
+    return attempt
 
 
-async def _relay_stream(send: Send, response, result: Result) -> None:
-    await send({"type": "http.response.start", "status": response.status, "headers": relay_headers(response.headers)})
+def _retry_after_seconds(value: bytes | None) -> float | None:
+    """A Retry-After header's seconds: a number, or an HTTP-date (read against the wall
+    clock, which is what such a date is written in)."""
+    if not value:
+        return None
+    text = value.decode("latin-1").strip()
     try:
-        while (chunk := await response.next_chunk()) is not None:
+        return max(0.0, float(text))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, parsedate_to_datetime(text).timestamp() - time.time())  # wall
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+
+
+async def _relay_stream(response, send: Send, result: Result) -> Attempt:
+    """Hold leading events without output; on output, commit and relay as it comes."""
+    start = {"type": "http.response.start", "status": 200, "headers": relay_headers(response.headers)}
+    held: list[bytes] = []
+    held_bytes = 0
+    pending = b""  # bytes not yet split into events
+    committed = False
+    finished = False
+    failed_after_output = False
+    while True:
+        try:
+            chunk = await response.next_chunk()
+        except errors.UpstreamError as e:
+            if not committed:
+                return Attempt(outcome.of_error(e), e.cause, error=e)
+            result.cut = True
+            event = sse_error_event(f"the provider failed mid-stream: {e}", "provider_unavailable", cause=e.cause)
+            await send({"type": "http.response.body", "body": event})
+            return Attempt(Verdict(Outcome.FAILURE, may_fall_back=False), f"200+{e.cause}", committed=True)
+        if chunk is None:
+            break
+        events, pending = sse.split(pending + chunk)
+        if committed:
+            for event in events:
+                event_kind, done = sse.kind(event)
+                finished |= done
+                failed_after_output |= event_kind is sse.Kind.ERROR
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
-    except errors.UpstreamError as e:
+            continue
+        for i, event in enumerate(events):
+            event_kind, done = sse.kind(event)
+            if event_kind is sse.Kind.ERROR:
+                answer = Answer(200, start["headers"], b"".join(held) + event)
+                return Attempt(outcome.ERROR_EVENT, "200+error_event", answer=answer)
+            held.append(event)
+            held_bytes += len(event)
+            finished |= done
+            if event_kind is sse.Kind.OUTPUT or held_bytes > MAX_HELD_BYTES:
+                committed = True
+                for later in events[i + 1 :]:
+                    later_kind, later_done = sse.kind(later)
+                    finished |= later_done
+                    failed_after_output |= later_kind is sse.Kind.ERROR
+                await send(start)
+                body = b"".join(held) + b"".join(events[i + 1 :]) + pending
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+                break
+    if not committed:  # the stream ended without output: send what it had
+        await send(start)
+        await send({"type": "http.response.body", "body": b"".join(held) + pending})
+    else:
+        await send({"type": "http.response.body", "body": b""})  # every byte was relayed
+    if failed_after_output:
         result.cut = True
-        event = sse_error_event(f"the provider failed mid-stream: {e}", "provider_unavailable", cause=e.cause)
-        await send({"type": "http.response.body", "body": event})
-        return
-    await send({"type": "http.response.body", "body": b""})
+        return Attempt(Verdict(Outcome.FAILURE, may_fall_back=False), "200+error_event", committed=True)
+    if not finished:
+        result.cut = True
+        logs.log(logging.WARNING, "stream cut", provider=result.target.provider,
+                 provider_model=result.target.upstream_model)
+        return Attempt(Verdict(Outcome.NEUTRAL, may_fall_back=False), "200+cut", committed=True)
+    return Attempt(outcome.SUCCESS, "200", committed=True)
 
 
-async def _send_upstream_error(send: Send, result: Result, target: Target, e: errors.UpstreamError) -> Result:
+async def _send_answer(send: Send, answer: Answer) -> None:
+    headers = [*answer.headers, (b"content-length", b"%d" % len(answer.body))]
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+    await send({"type": "http.response.body", "body": answer.body})
+
+
+async def _send_final(send: Send, result: Result, last: Attempt, target: Target) -> Result:
+    """The last attempt failed: pass its answer through, or say why there is none."""
+    if last.answer is not None:
+        result.status = last.answer.status
+        await _send_answer(send, last.answer)
+        return result
+    e = last.error
     result.status = 504 if e.cause == "timeout" else 502
     body = error_body(
         f"provider {target.provider} failed: {e}",
@@ -115,5 +297,24 @@ async def _send_upstream_error(send: Send, result: Result, target: Target, e: er
         provider_model=target.upstream_model,
     )
     await send({"type": "http.response.start", "status": result.status, "headers": JSON_HEADERS})
+    await send({"type": "http.response.body", "body": body})
+    return result
+
+
+async def _send_circuit_open(send: Send, result: Result, skipped, resolution: Resolution) -> Result:
+    """Every usable target's circuit is open: 503 with the wait until the next probe."""
+    circuit = min(skipped, key=lambda c: c.retry_after() or 0.0)
+    result.status = 503
+    retry_after = circuit.retry_after_header()
+    body = error_body(
+        f"every target of {resolution.model!r} is unavailable (circuit open); retry after {retry_after} s",
+        "provider_unavailable",
+        "circuit_open",
+        cause="circuit_open",
+        provider=circuit.provider,
+        provider_model=circuit.provider_model,
+    )
+    headers = [*JSON_HEADERS, (b"retry-after", b"%d" % retry_after)]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
     await send({"type": "http.response.body", "body": body})
     return result

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from msgspec import Struct
 
-from tinygw.config import Settings, Target
+from tinygw.config import Model, Settings, Target
 
 
 class Route(Struct, frozen=True):
@@ -35,7 +35,8 @@ class Resolution(Struct, frozen=True):
     # `provider/*` for a provider-qualified request (whose free-form name would
     # otherwise let clients mint new metric series without bound).
     model: str
-    targets: tuple[Target, ...]  # in the model's configured order
+    targets: tuple[Target, ...]  # in the model's configured order, usable on this route
+    alias: Model | None = None  # the configured model, whose strategy orders the targets
 
 
 def resolve(settings: Settings, route: Route, model: str) -> Resolution | None:
@@ -43,7 +44,7 @@ def resolve(settings: Settings, route: Route, model: str) -> Resolution | None:
     alias = settings.models.get(model)
     if alias is not None:
         targets = tuple(t for t in alias.targets if settings.providers[t.provider].doc.api == route.api)
-        return Resolution(model, targets) if targets else None
+        return Resolution(model, targets, alias) if targets else None
     provider, slash, upstream_model = model.partition("/")
     if slash and upstream_model and provider in settings.providers:
         if settings.providers[provider].doc.api == route.api:

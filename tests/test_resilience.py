@@ -1,0 +1,218 @@
+"""Black-box: breakers, fallbacks, the quick retry, key rotation and stream hold-back,
+through a real gateway process against fake providers that misbehave on purpose."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+
+import pytest
+
+from conftest import call, closed_port, wait_until
+from tinygw.fake_upstream import FakeUpstream, Reply, json_reply, openai_stream_events, sse_reply, well_behaved
+
+CHAT = "/v1/chat/completions"
+
+
+def provider(fake: FakeUpstream, **extra) -> dict:
+    return {"base_url": f"{fake.url}/v1", "api": "openai", "listing": False, **extra}
+
+
+def chats(fake: FakeUpstream) -> list:
+    return [r for r in fake.requests if r.path.endswith("/chat/completions")]
+
+
+def metric_lines(gateway, name: str) -> list[str]:
+    return [line for line in call("GET", f"{gateway.url}/metrics")[2].decode().splitlines() if line.startswith(name)]
+
+
+def messages(gateway, text: str) -> list[dict]:
+    return [r for r in gateway.log_records() if r.get("msg") == text]
+
+
+@pytest.fixture
+def fallback():
+    upstream = FakeUpstream(well_behaved("fallback")).start_in_thread()
+    yield upstream
+    upstream.stop_thread()
+
+
+def bad_gateway(request):
+    return json_reply(502, {"error": {"message": "upstream down", "type": "server_error"}})
+
+
+def test_five_quick_502s_open_the_circuit_and_the_sixth_gets_503(fake, start_gateway):
+    fake.script = bad_gateway
+    gateway = start_gateway({"providers": {"qwen": provider(fake)}, "models": {"m": {"targets": ["qwen:Qwen3"]}}},
+                            PROVIDER_RETRY_FAST_FAILURES="false")
+    for _ in range(5):
+        assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 502
+    status, headers, body = call("POST", f"{gateway.url}{CHAT}", {"model": "m"})
+    assert status == 503
+    error = json.loads(body)["error"]
+    assert (error["type"], error["cause"], error["provider"], error["provider_model"]) == (
+        "provider_unavailable", "circuit_open", "qwen", "Qwen3")
+    assert 25 <= int(headers["Retry-After"]) <= 30
+    assert len(chats(fake)) == 5  # the sixth never reached the provider
+    [opened] = messages(gateway, "provider circuit opened")
+    assert (opened["provider"], opened["provider_model"], opened["failures"]) == ("qwen", "Qwen3", 5)
+    assert 'tinygw_circuit_open{provider="qwen",provider_model="Qwen3"} 1' in metric_lines(gateway, "tinygw_circuit_open")
+    assert 'tinygw_circuit_transitions_total{provider="qwen",provider_model="Qwen3",state="open"} 1' in metric_lines(
+        gateway, "tinygw_circuit_transitions_total")
+
+
+def test_four_failures_and_a_success_do_not_open(fake, start_gateway):
+    answers = iter([502, 502, 502, 502, 200, 502, 502, 502, 502, 200])
+    fake.script = lambda r: json_reply(next(answers), {"ok": True})
+    gateway = start_gateway({"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}},
+                            PROVIDER_RETRY_FAST_FAILURES="false")
+    statuses = [call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] for _ in range(10)]
+    assert statuses == [502] * 4 + [200] + [502] * 4 + [200]
+    assert messages(gateway, "provider circuit opened") == []
+
+
+def test_once_open_the_primary_is_skipped_and_every_request_goes_to_the_fallback(fake, fallback, start_gateway):
+    fake.script = bad_gateway
+    gateway = start_gateway({"providers": {"primary": provider(fake), "backup": provider(fallback)},
+                             "models": {"m": {"targets": ["primary:x", "backup:y"]}}})
+    for _ in range(8):
+        status, _, body = call("POST", f"{gateway.url}{CHAT}", {"model": "m"})
+        assert status == 200 and json.loads(body)["model"] == "y"
+    assert len(chats(fake)) == 5  # five failures opened it; after that it was skipped
+    assert len(chats(fallback)) == 8
+    retries = metric_lines(gateway, "tinygw_provider_retries_total")
+    assert 'tinygw_provider_retries_total{provider="backup",provider_model="y",reason="fallback"} 5' in retries
+
+
+def test_a_quick_502_is_retried_once_and_the_caller_gets_the_answer(fake, start_gateway):
+    answers = iter([502, 200])
+    fake.script = lambda r: json_reply(next(answers), {"choices": [], "model": "x"})
+    gateway = start_gateway({"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}})
+    status, _, _ = call("POST", f"{gateway.url}{CHAT}", {"model": "m"})
+    assert status == 200
+    assert len(chats(fake)) == 2
+    [retry] = messages(gateway, "retrying provider after a quick failure")
+    assert (retry["provider"], retry["provider_model"], retry["failure"]) == ("p", "x", "502")
+    assert 'tinygw_provider_retries_total{provider="p",provider_model="x",reason="transient_retry"} 1' in (
+        metric_lines(gateway, "tinygw_provider_retries_total"))
+
+
+def test_a_refused_connection_is_retried_once_then_502(start_gateway):
+    gateway = start_gateway({"providers": {"p": {"base_url": f"http://127.0.0.1:{closed_port()}/v1", "api": "openai",
+                                                 "listing": False}},
+                             "models": {"m": {"targets": ["p:x"]}}})
+    status, _, body = call("POST", f"{gateway.url}{CHAT}", {"model": "m"})
+    assert status == 502 and json.loads(body)["error"]["cause"] == "connect_error"
+    [record] = wait_until(lambda: messages(gateway, "request"), what="the access log line")
+    assert record["attempts"] == "p:connect_error,p:connect_error"
+
+
+@pytest.mark.parametrize("status", [500, 400, 429])
+def test_500_400_and_429_are_not_retried(fake, start_gateway, status):
+    fake.script = lambda r: json_reply(status, {"error": {"message": "no", "type": "x"}})
+    gateway = start_gateway({"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}},
+                            PROVIDER_BREAKER_FAILURES="2")
+    statuses = [call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] for _ in range(3)]
+    opened = messages(gateway, "provider circuit opened")
+    if status == 500:  # a failure: counted (two open it), never quickly retried
+        assert statuses == [500, 500, 503]
+        assert len(chats(fake)) == 2 and len(opened) == 1
+    else:  # the client's own mistake, or a rate limit: not counted
+        assert statuses == [status] * 3
+        assert len(chats(fake)) == 3 and opened == []
+    assert messages(gateway, "retrying provider after a quick failure") == []
+
+
+def test_400_does_not_fall_back(fake, fallback, start_gateway):
+    fake.script = lambda r: json_reply(400, {"error": {"message": "bad", "type": "invalid_request_error"}})
+    gateway = start_gateway({"providers": {"a": provider(fake), "b": provider(fallback)},
+                             "models": {"m": {"targets": ["a:x", "b:y"]}}})
+    assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 400
+    assert chats(fallback) == []
+
+
+def test_canceled_clients_are_not_counted(fake, start_gateway):
+    gate = threading.Event()
+    fake.script = lambda r: Reply(headers=[("content-type", "application/json")], chunks=[(gate, b"{}")])
+    gateway = start_gateway({"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}},
+                            PROVIDER_BREAKER_FAILURES="1")
+    try:
+        for n in range(1, 4):
+            with socket.create_connection(("127.0.0.1", gateway.port), timeout=5) as client:
+                body = b'{"model": "m"}'
+                client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                               % (len(body), body))
+                wait_until(lambda: len(chats(fake)) == n, what="the request to reach the provider")
+            wait_until(lambda: fake.peer_closed == n, what="the gateway to close the upstream")
+    finally:
+        gate.set()
+    fake.script = well_behaved()
+    assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 200
+    assert messages(gateway, "provider circuit opened") == []
+
+
+def test_a_200_carrying_an_error_is_a_failure_and_falls_back(fake, fallback, start_gateway):
+    fake.script = lambda r: json_reply(200, {"error": {"message": "model overloaded", "type": "server_error"}})
+    gateway = start_gateway({"providers": {"a": provider(fake), "b": provider(fallback)},
+                             "models": {"m": {"targets": ["a:x", "b:y"]}, "solo": {"targets": ["a:x"]}}},
+                            PROVIDER_RETRY_FAST_FAILURES="false")
+    assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 200
+    status, _, body = call("POST", f"{gateway.url}{CHAT}", {"model": "solo"})
+    assert status == 502 and json.loads(body)["error"]["message"] == "model overloaded"
+
+
+def test_a_429_moves_to_the_next_key_which_the_first_key_rests_for(fake, start_gateway):
+    def script(request):
+        if request.headers["authorization"] == "Bearer key-one":
+            return json_reply(429, {"error": {"message": "slow down"}}, headers=[("retry-after", "60")])
+        return well_behaved()(request)
+
+    fake.script = script
+    gateway = start_gateway({"providers": {"p": provider(fake, api_key_env=["K1", "K2"])},
+                             "models": {"m": {"targets": ["p:x"]}}}, K1="key-one", K2="key-two")
+    for _ in range(3):
+        assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 200
+    used = [r.headers["authorization"] for r in chats(fake)]
+    assert used == ["Bearer key-one", "Bearer key-two", "Bearer key-two", "Bearer key-two"]
+    assert 'tinygw_provider_retries_total{provider="p",provider_model="x",reason="key_rotation"} 1' in (
+        metric_lines(gateway, "tinygw_provider_retries_total"))
+
+
+def test_an_error_event_before_output_falls_back(fake, fallback, start_gateway):
+    events = openai_stream_events("x", ["never"])
+    error = b'data: {"error": {"message": "overloaded", "type": "server_error"}}\n\n'
+    fake.script = lambda r: sse_reply([events[0], error])
+    gateway = start_gateway({"providers": {"a": provider(fake), "b": provider(fallback)},
+                             "models": {"m": {"targets": ["a:x", "b:y"]}}})
+    status, _, body = call("POST", f"{gateway.url}{CHAT}", {"model": "m", "stream": True})
+    assert status == 200
+    assert b"Hello" in body and b"overloaded" not in body and body.endswith(b"data: [DONE]\n\n")
+    assert len(chats(fallback)) == 1
+
+
+def test_an_error_after_output_ends_the_clients_stream_with_an_error_event(fake, fallback, start_gateway):
+    events = openai_stream_events("x", ["partial"])
+    fake.script = lambda r: sse_reply(events[:2], cut=True)
+    gateway = start_gateway({"providers": {"a": provider(fake), "b": provider(fallback)},
+                             "models": {"m": {"targets": ["a:x", "b:y"]}}})
+    status, _, body = call("POST", f"{gateway.url}{CHAT}", {"model": "m", "stream": True})
+    assert status == 200
+    assert b"partial" in body and b"event: error\ndata: " in body and b"[DONE]" not in body
+    assert chats(fallback) == []  # nothing is switched once output was sent
+    [record] = wait_until(lambda: messages(gateway, "request"), what="the access log line")
+    assert record["cut"] is True
+
+
+def test_every_target_open_is_503_naming_the_soonest_probe(fake, fallback, start_gateway):
+    fake.script = bad_gateway
+    fallback.script = bad_gateway
+    gateway = start_gateway({"providers": {"a": provider(fake), "b": provider(fallback)},
+                             "models": {"m": {"targets": ["a:x", "b:y"]}}},
+                            PROVIDER_BREAKER_FAILURES="1", PROVIDER_RETRY_FAST_FAILURES="false",
+                            PROVIDER_BREAKER_OPEN_SECONDS="100")
+    assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 502  # a fails, b fails: both open
+    status, headers, body = call("POST", f"{gateway.url}{CHAT}", {"model": "m"})
+    assert status == 503 and json.loads(body)["error"]["cause"] == "circuit_open"
+    assert 90 <= int(headers["Retry-After"]) <= 100
+    assert len(chats(fake)) == 1 and len(chats(fallback)) == 1

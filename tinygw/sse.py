@@ -1,0 +1,95 @@
+"""Server-sent events as the gateway reads them: where events end, and what they carry.
+
+The gateway holds back a stream's leading events until one carries model output
+(SPEC section 4), so that an error that comes first can still fall back. `kind()`
+tells the three apart for OpenAI (chat and completions chunks, the Responses API) and
+Anthropic events; an event it does not know counts as output, so nothing unknown is
+ever held back.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+
+import msgspec
+
+# Events end at a blank line; SSE allows \n, \r\n and \r line ends.
+_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+
+_decode = msgspec.json.Decoder()
+
+_ANTHROPIC_PREAMBLE = {"message_start", "ping", "content_block_start", "content_block_stop"}
+_RESPONSES_PREAMBLE = {"response.created", "response.in_progress", "response.queued"}
+_OUTPUT_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls", "function_call", "refusal")
+
+
+class Kind(enum.Enum):
+    PREAMBLE = "preamble"  # carries no output: role-only chunks, message_start, ping
+    OUTPUT = "output"
+    ERROR = "error"
+
+
+def split(buffer: bytes) -> tuple[list[bytes], bytes]:
+    """Complete events (each with its blank-line ending) and the incomplete rest."""
+    events = []
+    start = 0
+    for match in _EVENT_END.finditer(buffer):
+        events.append(buffer[start : match.end()])
+        start = match.end()
+    return events, buffer[start:]
+
+
+def _fields(event: bytes) -> tuple[bytes, bytes]:
+    name = b""
+    data = []
+    for line in event.splitlines():
+        if line.startswith(b"event:"):
+            name = line[6:].strip()
+        elif line.startswith(b"data:"):
+            data.append(line[5:].removeprefix(b" "))
+    return name, b"\n".join(data)
+
+
+def kind(event: bytes) -> tuple[Kind, bool]:
+    """What `event` carries, and whether it marks the end of the answer (a finish
+    reason, `[DONE]`, `message_stop`, `response.completed`)."""
+    name, data = _fields(event)
+    if name == b"error":
+        return Kind.ERROR, False
+    if not data:
+        return Kind.PREAMBLE, False  # a comment or keep-alive
+    if data.strip() == b"[DONE]":
+        return Kind.OUTPUT, True
+    try:
+        value = _decode.decode(data)
+    except msgspec.MsgspecError:
+        return Kind.OUTPUT, False
+    if not isinstance(value, dict):
+        return Kind.OUTPUT, False
+    if value.get("error") is not None:
+        return Kind.ERROR, False
+    kind_name = value.get("type")
+    if isinstance(kind_name, str):
+        if kind_name == "error" or kind_name in ("response.failed", "response.error"):
+            return Kind.ERROR, False
+        if kind_name in _ANTHROPIC_PREAMBLE or kind_name in _RESPONSES_PREAMBLE:
+            return Kind.PREAMBLE, False
+        if kind_name == "message_stop" or kind_name == "response.completed":
+            return Kind.OUTPUT, True
+        if kind_name == "message_delta":
+            delta = value.get("delta")
+            return Kind.OUTPUT, isinstance(delta, dict) and delta.get("stop_reason") is not None
+    choices = value.get("choices")
+    if isinstance(choices, list):
+        output = finished = False
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            if choice.get("finish_reason") is not None:
+                output = finished = True
+            delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+            if any(delta.get(f) for f in _OUTPUT_FIELDS) or choice.get("text"):
+                output = True
+        return (Kind.OUTPUT if output else Kind.PREAMBLE), finished
+    return Kind.OUTPUT, False
