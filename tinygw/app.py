@@ -15,7 +15,7 @@ import sys
 
 import msgspec
 
-from tinygw import config, logs, proxy
+from tinygw import config, discovery, logs, proxy
 from tinygw.errors import ConfigError
 from tinygw.gateway import Gateway
 from tinygw.routing import ROUTES, resolve
@@ -59,8 +59,10 @@ async def lifespan(scope, receive, send) -> None:
     if settings.routing.debug:
         logs.log(logging.WARNING, "routing.debug is on: responses carry x-tinygw-* debug headers")
     logs.log(logging.INFO, "worker started", pid=os.getpid(), config_sha256=settings.config_sha256())
+    background = discovery.start(gateway)
     await send({"type": "lifespan.startup.complete"})
     message = await receive()
+    await discovery.stop(background)
     await gateway.aclose()
     await send({"type": "lifespan.shutdown.complete"})
 
@@ -225,19 +227,37 @@ async def _healthz(gateway: Gateway, scope, send) -> None:
 
 
 async def _models(gateway: Gateway, scope, send) -> None:
+    """SPEC section 6: every model alias, then `provider/upstream_model` for each model
+    of each provider whose last listing succeeded, each with its `availability`: true
+    if any of its targets' circuits admits an attempt now, else `retry_after`, whole
+    seconds until the soonest probe."""
     if not gateway.auth.allows(scope["headers"]):
         await _error(send, 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key")
         return
-    data = [
-        {
-            "id": name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "tinygw",
-            "availability": {"available": True, "retry_after": None},
-        }
-        for name in sorted(gateway.settings.models)
-    ]
+    # Circuits are looked up, not made: a circuit that no attempt has made yet is closed,
+    # and reading this page must not add circuits (and metric series) for every listed model.
+    circuits = {(c.provider, c.provider_model): c for c in gateway.breakers.all()}
+    models = gateway.settings.models
+    entries = [(name, "tinygw", [(t.provider, t.upstream_model) for t in models[name].targets])
+               for name in sorted(models)]
+    for provider in sorted(gateway.listings):
+        for upstream_model in gateway.listings[provider]:
+            if f"{provider}/{upstream_model}" not in models:  # else the alias is what a request gets
+                entries.append((f"{provider}/{upstream_model}", provider, [(provider, upstream_model)]))
+    data = []
+    for model_id, owner, targets in entries:
+        known = [circuits[t] for t in targets if t in circuits]
+        available = len(known) < len(targets) or any(c.available() for c in known)
+        retry_after = None if available else min(c.retry_after_header() for c in known)
+        data.append(
+            {
+                "id": model_id,
+                "object": "model",
+                "created": 0,
+                "owned_by": owner,
+                "availability": {"available": available, "retry_after": retry_after},
+            }
+        )
     await _send_json(send, {"object": "list", "data": data})
 
 
@@ -249,7 +269,7 @@ async def _metrics(gateway: Gateway, scope, send) -> None:
             "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")],
         }
     )
-    await send({"type": "http.response.body", "body": gateway.metrics.render()})
+    await send({"type": "http.response.body", "body": gateway.metrics.render(gateway.breakers)})
 
 
 _PAGES = {"/healthz": _healthz, "/v1/models": _models, "/metrics": _metrics}

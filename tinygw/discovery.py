@@ -1,0 +1,181 @@
+"""Model discovery and health checks of open circuits: background loops per worker.
+
+Started and cancelled by the ASGI lifespan (`start`, `stop`); SPEC sections 5 and 6.
+`/v1/models` (tinygw.app) lists what the listings found.
+
+- Listing, every `PROVIDER_LISTING_SECONDS` (0: off), the first at start: each
+  provider with `listing` on gets GET `{base_url}/models` (`{base_url}/v1/models` for
+  anthropic) with its key. A 2xx `{"data": [{"id": ...}]}` replaces its entry in
+  `gateway.listings` and sets `tinygw_listing_up` to 1; any failure removes the entry
+  (its discovered models are hidden) and sets the gauge to 0.
+- Health check, every `PROVIDER_HEALTH_CHECK_SECONDS` (0: off): each provider with an
+  open circuit gets GET its `health_path` (a path on the provider's host, as given)
+  or else its listing path, with its key. A 2xx moves the circuits that were open when
+  the check began, and have not moved since, to HALF_OPEN early; a failure changes
+  nothing.
+
+Neither passes through a breaker or is counted by one. Each request is bounded by the
+pool's connect, first-byte and total timeouts; a round asks its providers at once, so
+a slow one delays no other. A failure is logged with the provider and the exception
+type or status, never a body or a key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+import msgspec
+
+from tinygw import errors, logs
+from tinygw.breaker import Circuit, State
+from tinygw.config import Provider
+from tinygw.gateway import Gateway, Upstream
+
+# A listing or health answer over this size is a failure: room for thousands of model
+# entries with descriptions and prices, and a bound on what a worker reads whole.
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
+
+# Anthropic refuses a request without this header; clients send it on their own
+# requests, but a listing is the gateway's own. A provider's `headers` may override it.
+ANTHROPIC_VERSION = (b"anthropic-version", b"2023-06-01")
+
+
+class _Entry(msgspec.Struct):
+    id: str
+
+
+class _Listing(msgspec.Struct):
+    data: list[_Entry]
+
+
+_decode_listing = msgspec.json.Decoder(_Listing)
+
+
+def listing_path(provider: Provider) -> str:
+    return provider.origin.path + ("/v1/models" if provider.doc.api == "anthropic" else "/models")
+
+
+def health_path(provider: Provider) -> str:
+    return provider.doc.health_path or listing_path(provider)
+
+
+class _Refused(Exception):
+    """The provider answered, but not with a 2xx."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+
+def _why(e: Exception) -> dict:
+    return {"status": e.status} if isinstance(e, _Refused) else {"error": type(e).__name__}
+
+
+async def _get(gateway: Gateway, upstream: Upstream, path: str) -> bytes:
+    """The body of a 2xx answer to a GET with the provider's key; raises
+    UpstreamError, or _Refused for any other status."""
+    headers = upstream.static_headers + upstream.auth_headers[upstream.keys.pick(gateway.clock())]
+    if upstream.provider.doc.api == "anthropic" and not any(k == ANTHROPIC_VERSION[0] for k, _ in headers):
+        headers = [*headers, ANTHROPIC_VERSION]
+    response = await upstream.pool.request(b"GET", path.encode(), headers, b"")
+    try:
+        body = await response.read(MAX_ANSWER_BYTES)
+    finally:
+        await response.aclose()
+    if not 200 <= response.status < 300:
+        raise _Refused(response.status)
+    return body
+
+
+# ---- listing -------------------------------------------------------------------------
+
+
+async def list_models(gateway: Gateway, name: str) -> None:
+    """One listing of provider `name`: its entry in `gateway.listings` is replaced or removed."""
+    upstream = gateway.upstreams[name]
+    try:
+        body = await _get(gateway, upstream, listing_path(upstream.provider))
+        ids = list(dict.fromkeys(e.id for e in _decode_listing.decode(body).data if e.id))
+    except (errors.UpstreamError, msgspec.DecodeError, _Refused) as e:
+        gateway.listings.pop(name, None)
+        gateway.metrics.listing_up.set(0, name)
+        logs.log(logging.WARNING, "provider listing failed", provider=name, **_why(e))
+        return
+    gateway.listings[name] = ids
+    gateway.metrics.listing_up.set(1, name)
+
+
+async def list_all(gateway: Gateway) -> None:
+    names = [n for n, u in gateway.upstreams.items() if u.provider.doc.listing]
+    await asyncio.gather(*(_guarded(name, list_models(gateway, name)) for name in names))
+
+
+# ---- health checks -------------------------------------------------------------------
+
+
+async def check_health(gateway: Gateway, name: str, circuits: list[Circuit]) -> None:
+    """One health check of provider `name`, whose `circuits` are open now."""
+    upstream = gateway.upstreams[name]
+    generations = [(c, c.generation) for c in circuits]
+    try:
+        await _get(gateway, upstream, health_path(upstream.provider))
+    except (errors.UpstreamError, _Refused) as e:
+        logs.log(logging.INFO, "provider health check failed", provider=name, **_why(e))
+        return
+    for circuit, generation in generations:
+        if circuit.generation == generation:  # else it moved during the check: not ours to move
+            circuit.health_ok()
+
+
+async def check_all(gateway: Gateway) -> None:
+    checks = []
+    for name in gateway.upstreams:
+        circuits = [c for c in gateway.breakers.of_provider(name) if c.state() is State.OPEN]
+        if circuits:
+            checks.append(_guarded(name, check_health(gateway, name, circuits)))
+    await asyncio.gather(*checks)
+
+
+# ---- the loops -----------------------------------------------------------------------
+
+
+async def _guarded(name: str, work: Awaitable[None]) -> None:
+    """Run one provider's `work`; a bug in it is logged (its type only), and the other
+    providers and the loop go on."""
+    try:
+        await work
+    except Exception as e:
+        logs.log(logging.WARNING, "provider discovery raised", provider=name, error=type(e).__name__)
+
+
+async def _every(seconds: float, round_: Callable[[Gateway], Awaitable[None]], gateway: Gateway, *, now: bool) -> None:
+    """Run `round_` every `seconds` (the first at once if `now`) until cancelled."""
+    if not now:
+        await asyncio.sleep(seconds)
+    while True:
+        try:
+            await round_(gateway)
+        except Exception as e:
+            logs.log(logging.WARNING, "discovery round raised", round=round_.__name__, error=type(e).__name__)
+        await asyncio.sleep(seconds)
+
+
+def start(gateway: Gateway) -> list[asyncio.Task]:
+    """The background loops of this worker; call from the lifespan, on its event loop.
+    With breakers off (`PROVIDER_BREAKER_FAILURES=0`) no circuit opens: no health loop."""
+    s = gateway.settings
+    tasks = []
+    if s.listing_seconds > 0 and any(p.doc.listing for p in s.providers.values()):
+        tasks.append(asyncio.create_task(_every(s.listing_seconds, list_all, gateway, now=True), name="listing"))
+    if s.health_check_seconds > 0 and s.breaker.failures > 0:
+        tasks.append(asyncio.create_task(_every(s.health_check_seconds, check_all, gateway, now=False), name="health"))
+    return tasks
+
+
+async def stop(tasks: list[asyncio.Task]) -> None:
+    """Cancel the loops and wait until they have ended (a request in flight is closed)."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
