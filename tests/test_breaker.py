@@ -169,32 +169,86 @@ def test_a_neutral_probe_gives_its_slot_back():
 # ---- generations and tickets -----------------------------------------------------------
 
 
-def test_a_ticket_from_before_the_opening_cannot_reopen_the_circuit():
-    circuit, clock = make(failures=2)
-    stale = circuit.allow()  # taken while CLOSED
+def close_again(circuit: Circuit, clock: FakeClock) -> None:
+    """Open the circuit, let the pause end and a probe pass: CLOSED, in a new generation."""
     half_open(circuit, clock)
-    stale.done(F)
-    assert circuit.state() is State.HALF_OPEN
-    assert circuit.allow() is not None  # the probe slot is untouched
+    report(circuit, *[S] * circuit.settings.half_open_probes)
+    assert circuit.state() is State.CLOSED
 
 
-def test_a_stale_success_cannot_close_the_circuit():
+def test_a_stale_closed_failure_does_not_count_in_the_next_closed_period():
     circuit, clock = make(failures=2)
-    stale = circuit.allow()  # taken while CLOSED
-    half_open(circuit, clock)
-    stale.done(S)
-    assert circuit.state() is State.HALF_OPEN
+    stale = circuit.allow()  # taken while CLOSED, before the opening
+    close_again(circuit, clock)
+    report(circuit, F)  # one failure of two in the new CLOSED period
+    stale.done(F)  # counted, it would be the second in a row and open the circuit
+    assert (circuit.state(), circuit.failures) == (State.CLOSED, 1)
+    report(circuit, F)
+    assert circuit.state() is State.OPEN
 
 
-def test_a_stale_probe_cannot_move_the_next_half_open():
+def test_a_stale_closed_success_does_not_reset_the_next_closed_period():
+    circuit, clock = make(failures=2)
+    stale = circuit.allow()  # taken while CLOSED, before the opening
+    close_again(circuit, clock)
+    report(circuit, F)
+    stale.done(S)  # counted, it would reset the count to 0
+    assert (circuit.state(), circuit.failures) == (State.CLOSED, 1)
+    report(circuit, F)
+    assert circuit.state() is State.OPEN
+
+
+def test_a_stale_probe_success_cannot_help_close_the_next_half_open():
     circuit, clock = make(probes=2)
     half_open(circuit, clock)
     first, stale = circuit.allow(), circuit.allow()
-    first.done(F)  # reopened: `stale` belongs to the last generation
+    first.done(F)  # reopened: `stale` is a probe of the last HALF_OPEN period
+    clock.now += circuit.pause_seconds
+    assert circuit.state() is State.HALF_OPEN
+    stale.done(S)  # counted, it would be one of the two successes that close it
+    assert (circuit.state(), circuit.probes_in_flight, circuit.probe_successes) == (State.HALF_OPEN, 0, 0)
+    probes = [circuit.allow(), circuit.allow()]
+    assert all(p is not None and p.probe for p in probes) and circuit.allow() is None
+    probes[0].done(S)
+    assert circuit.state() is State.HALF_OPEN  # one fresh success of two
+    probes[1].done(S)
+    assert circuit.state() is State.CLOSED
+
+
+def test_a_stale_probe_failure_cannot_reopen_the_next_half_open():
+    circuit, clock = make(probes=2)
+    half_open(circuit, clock)
+    first, stale = circuit.allow(), circuit.allow()
+    first.done(F)  # reopened: `stale` is a probe of the last HALF_OPEN period
     clock.now += circuit.pause_seconds
     assert circuit.state() is State.HALF_OPEN
     stale.done(F)
     assert circuit.state() is State.HALF_OPEN
+
+
+def test_a_stale_neutral_probe_frees_no_slot_in_the_next_half_open():
+    circuit, clock = make(probes=2)
+    half_open(circuit, clock)
+    first, stale = circuit.allow(), circuit.allow()
+    first.done(F)  # reopened: `stale` is a probe of the last HALF_OPEN period
+    clock.now += circuit.pause_seconds
+    probes = [circuit.allow(), circuit.allow()]
+    assert all(p is not None for p in probes) and circuit.allow() is None
+    stale.done(N)  # its slot went with its period: nothing to give back
+    assert circuit.probes_in_flight == 2
+    assert circuit.allow() is None  # still no more than two probes at once
+
+
+# SPEC section 7's status page shows a circuit's last error: a ticket admitted before
+# the last transition must not overwrite it (its verdict no longer belongs to this state).
+def test_a_stale_failure_does_not_overwrite_the_last_error():
+    circuit, clock = make(failures=2)
+    stale = circuit.allow()  # taken while CLOSED, before the opening
+    half_open(circuit, clock)
+    circuit.allow().done(F, "probe: 502")  # current: reopens and is the last error
+    assert (circuit.state(), circuit.last_error) == (State.OPEN, "probe: 502")
+    stale.done(F, "stale: connect_error")
+    assert circuit.last_error == "probe: 502"
 
 
 def test_done_twice_counts_once():

@@ -125,8 +125,11 @@ def test_discovered_models_are_listed_as_provider_slash_model_and_available(fake
     ids=["500", "wrong-shape", "not-json", "connection-closed"],
 )
 def test_a_failing_listing_hides_discovered_models_and_never_touches_a_breaker(fake, start_gateway, reply):
-    gw = start(start_gateway, fake, PROVIDER_BREAKER_FAILURES="2")
+    # One failure opens a circuit: were a failed listing counted, the chat after it
+    # would get 503 (a success in between cannot hide it by resetting the count).
+    gw = start(start_gateway, fake, PROVIDER_BREAKER_FAILURES="1")
     wait_until(lambda: "oa/fake-model" in models(gw), what="the first listing")
+    assert chat(gw)[0] == 200  # oa:upstream-gpt's circuit is in use before the failures
 
     since = len(fake.requests)
     fake.script = failing_listing(reply)
@@ -137,7 +140,6 @@ def test_a_failing_listing_hides_discovered_models_and_never_touches_a_breaker(f
         return len(gets(fake, "/v1/models", since)) >= 6
 
     wait_until(chat_until_six_listings, 15, "six failed listings of oa")
-    # With two failures to open a circuit, six counted listings would have opened one.
     assert statuses and set(statuses) == {200}
     assert chat(gw)[0] == 200
     listed = models(gw)
@@ -194,16 +196,30 @@ def test_an_alias_whose_only_circuit_is_open_is_unavailable_with_retry_after(fak
     assert listed["quiet-x"]["availability"] == {"available": True, "retry_after": None}
 
 
+def quiet_fails(request):
+    """Provider `quiet` answers 500 to everything; the others are healthy."""
+    return everything_fails(request) if request.path.startswith("/quiet/") else well_behaved("fake")(request)
+
+
 def test_a_passing_health_check_lets_an_open_circuit_probe_long_before_its_pause_ends(fake, start_gateway):
     gw = start(start_gateway, fake, **BREAKER)
-    assert gets(fake, "/v1/models") == []  # no circuit is open: nothing to check
+    assert chat(gw)[0] == 200  # oa:upstream-gpt's circuit is in use, and closed
+
+    # Only open circuits are checked. `quiet`'s circuit opens; once it has been checked,
+    # a health round has certainly run (a round checks every provider at once), and it
+    # did not check oa, whose circuit is closed.
+    fake.script = quiet_fails
+    assert [chat(gw, "quiet-x")[0] for _ in range(2)] == [500, 500]
+    assert chat(gw, "quiet-x")[0] == 503
+    wait_until(lambda: gets(fake, "/quiet/models"), what="a health check of quiet")
+    assert gets(fake, "/v1/models") == []  # no circuit of oa is open: nothing to check
     open_circuit(gw, fake)
 
     # A failing health check changes nothing.
     wait_until(lambda: len(gets(fake, "/v1/models")) >= 3, what="three health checks of oa")
     check = gets(fake, "/v1/models")[0]
     assert check.headers["authorization"] == f"Bearer {PROVIDER_KEY}"
-    assert not [r for r in fake.requests if r.method == "GET" and r.path != "/v1/models"]
+    assert not [r for r in fake.requests if r.method == "GET" and r.path not in ("/v1/models", "/quiet/models")]
     assert chat(gw)[0] == 503
     assert models(gw)["gpt-x"]["availability"]["available"] is False
 

@@ -41,3 +41,16 @@ def test_has_other():
     assert ring.has_other(1, now=1.0)  # key 0 is free
     assert ring.has_other(0, now=5.0)
     assert not KeyRing(1).has_other(0, now=0.0)
+
+
+def test_peek_is_the_key_pick_would_return_without_moving_the_rotation():
+    ring = KeyRing(3)
+    assert [ring.peek(now=0.0) for _ in range(3)] == [0, 0, 0]
+    assert ring.pick(now=0.0) == 0
+    assert ring.peek(now=0.0) == 1
+    ring.rest(1, now=0.0, seconds=5.0)
+    assert ring.peek(now=1.0) == 2  # skips a resting key, as pick does
+    assert [ring.pick(now=1.0) for _ in range(3)] == [2, 0, 2]  # the rotation is where peek left it
+    ring.rest(0, now=1.0, seconds=30.0)
+    ring.rest(2, now=1.0, seconds=20.0)
+    assert ring.peek(now=2.0) == ring.pick(now=2.0) == 1  # all rest: the one free soonest

@@ -216,3 +216,79 @@ def test_every_target_open_is_503_naming_the_soonest_probe(fake, fallback, start
     assert status == 503 and json.loads(body)["error"]["cause"] == "circuit_open"
     assert 90 <= int(headers["Retry-After"]) <= 100
     assert len(chats(fake)) == 1 and len(chats(fallback)) == 1
+
+
+def test_max_attempts_1_means_no_retry(fake, start_gateway):
+    fake.script = bad_gateway
+    gateway = start_gateway({"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}},
+                             "routing": {"max_attempts": 1}})
+    assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 502
+    assert len(chats(fake)) == 1
+    assert messages(gateway, "retrying provider after a quick failure") == []
+
+
+def test_no_quick_retry_into_a_circuit_that_just_opened(fake, start_gateway):
+    fake.script = bad_gateway
+    gateway = start_gateway({"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}},
+                            PROVIDER_BREAKER_FAILURES="1")
+    assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 502
+    assert len(chats(fake)) == 1
+    assert messages(gateway, "retrying provider after a quick failure") == []
+
+
+def test_401_from_the_provider_counts_and_falls_back(fake, fallback, start_gateway):
+    fake.script = lambda r: json_reply(401, {"error": {"message": "bad key", "type": "authentication_error"}})
+    gateway = start_gateway({"providers": {"a": provider(fake), "b": provider(fallback)},
+                             "models": {"m": {"targets": ["a:x", "b:y"]}}}, PROVIDER_BREAKER_FAILURES="1")
+    assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 200
+    assert len(messages(gateway, "provider circuit opened")) == 1
+
+
+def test_a_429_http_date_rests_the_key(fake, start_gateway):
+    from email.utils import formatdate
+    import time
+
+    def script(request):
+        if request.headers["authorization"] == "Bearer key-one":
+            later = formatdate(time.time() + 120, usegmt=True)  # wall clock: what an HTTP-date is written in
+            return json_reply(429, {"error": {"message": "slow down"}}, headers=[("retry-after", later)])
+        return well_behaved()(request)
+
+    fake.script = script
+    gateway = start_gateway({"providers": {"p": provider(fake, api_key_env=["K1", "K2"])},
+                             "models": {"m": {"targets": ["p:x"]}}}, K1="key-one", K2="key-two")
+    for _ in range(3):
+        assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 200
+    assert [r.headers["authorization"] for r in chats(fake)].count("Bearer key-one") == 1
+
+
+def test_a_stream_that_ends_without_output_falls_back(fake, fallback, start_gateway):
+    events = openai_stream_events("x", ["never"])
+    fake.script = lambda r: sse_reply([events[0]])  # a role chunk, then a clean end
+    gateway = start_gateway({"providers": {"a": provider(fake), "b": provider(fallback)},
+                             "models": {"m": {"targets": ["a:x", "b:y"]}, "solo": {"targets": ["a:x"]}}},
+                            PROVIDER_RETRY_FAST_FAILURES="false")
+    status, _, body = call("POST", f"{gateway.url}{CHAT}", {"model": "m", "stream": True})
+    assert status == 200 and b"Hello" in body
+    assert len(chats(fallback)) == 1
+    assert call("POST", f"{gateway.url}{CHAT}", {"model": "solo", "stream": True})[0] == 502
+
+
+def test_an_error_event_before_output_on_the_last_attempt_is_502(fake, start_gateway):
+    error = b'data: {"error": {"message": "overloaded", "type": "server_error"}}\n\n'
+    fake.script = lambda r: sse_reply([error])
+    gateway = start_gateway({"providers": {"a": provider(fake)}, "models": {"m": {"targets": ["a:x"]}}})
+    status, _, body = call("POST", f"{gateway.url}{CHAT}", {"model": "m", "stream": True})
+    assert status == 502 and b"overloaded" in body
+
+
+def test_a_stream_without_a_finish_ends_with_an_error_event_and_counts(fake, start_gateway):
+    events = openai_stream_events("x", ["partial"])
+    fake.script = lambda r: sse_reply(events[:2])  # output, then a clean end without a finish
+    gateway = start_gateway({"providers": {"a": provider(fake)}, "models": {"m": {"targets": ["a:x"]}}},
+                            PROVIDER_BREAKER_FAILURES="1")
+    status, _, body = call("POST", f"{gateway.url}{CHAT}", {"model": "m", "stream": True})
+    assert status == 200 and b"partial" in body and body.rstrip().endswith(b"}")
+    assert b"event: error\ndata: " in body
+    assert call("POST", f"{gateway.url}{CHAT}", {"model": "m", "stream": True})[0] == 503
+    assert messages(gateway, "stream cut")

@@ -55,9 +55,10 @@ class IllegalTransition(RuntimeError):
     """A move that TRANSITIONS has no row for: a bug in the caller."""
 
 
-# Circuits one provider may have. A provider-qualified request names its upstream
-# model freely; past this many models, further ones share the provider's own circuit,
-# so that clients cannot grow memory (and metric series) without bound.
+# Circuits one provider may have beyond its configured targets'. A provider-qualified
+# request names its upstream model freely; past this many models, further ones share
+# the provider's own circuit, so that clients cannot grow memory (and metric series)
+# without bound.
 MAX_CIRCUITS_PER_PROVIDER = 256
 
 Clock = Callable[[], float]
@@ -152,10 +153,12 @@ class Circuit:
         return None
 
     def _done(self, ticket: Ticket, outcome: Outcome, error: str | None) -> None:
+        if ticket.generation != self.generation:
+            return  # admitted before the last transition: it cannot move the new state
         if outcome is Outcome.FAILURE and error:
             self.last_error = error
-        if not self.enabled or ticket.generation != self.generation:
-            return  # admitted before the last transition: it cannot move the new state
+        if not self.enabled:
+            return
         if self._state is State.CLOSED:
             if outcome is Outcome.SUCCESS:
                 self.failures = 0
@@ -201,12 +204,24 @@ class Circuit:
 class Breakers:
     """Every circuit of one worker process, made on first use."""
 
-    def __init__(self, settings: BreakerSettings, clock: Clock, on_transition: OnTransition | None = None) -> None:
+    def __init__(
+        self,
+        settings: BreakerSettings,
+        clock: Clock,
+        on_transition: OnTransition | None = None,
+        configured: list[tuple[str, str]] = (),
+    ) -> None:
         self.settings = settings
         self._clock = clock
         self._on_transition = on_transition
         self._circuits: dict[tuple[str, str], Circuit] = {}
-        self._per_provider: dict[str, int] = {}
+        self._per_provider: dict[str, int] = {}  # circuits made on demand, per provider
+        # The configured targets' circuits exist from the start and never share one.
+        for provider, provider_model in configured:
+            self._circuits[(provider, provider_model)] = self._make(provider, provider_model)
+
+    def _make(self, provider: str, provider_model: str) -> Circuit:
+        return Circuit(provider, provider_model, self.settings, self._clock, self._on_transition)
 
     def circuit(self, provider: str, provider_model: str = "") -> Circuit:
         """The circuit of (provider, upstream model); "" is the provider's own breaker,
@@ -216,7 +231,7 @@ class Breakers:
         if circuit is None:
             if provider_model and self._per_provider.get(provider, 0) >= MAX_CIRCUITS_PER_PROVIDER:
                 return self.circuit(provider, "")
-            circuit = Circuit(provider, provider_model, self.settings, self._clock, self._on_transition)
+            circuit = self._make(provider, provider_model)
             self._circuits[key] = circuit
             self._per_provider[provider] = self._per_provider.get(provider, 0) + 1
         return circuit

@@ -46,7 +46,8 @@ class Gateway:
         self.clock = clock
         self.auth = InboundAuth(settings.api_keys)
         self.metrics = Metrics(__version__, artifact_sha256)
-        self.breakers = Breakers(settings.breaker, clock, self._on_transition)
+        configured = sorted({(t.provider, t.upstream_model) for m in settings.models.values() for t in m.targets})
+        self.breakers = Breakers(settings.breaker, clock, self._on_transition, configured)
         self.strategies = Strategies(settings)
         # provider -> upstream model ids of its last successful listing; absent while
         # its listing has not succeeded (tinygw.discovery keeps it up to date)

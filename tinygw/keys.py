@@ -14,14 +14,21 @@ class KeyRing:
         self._next = 0
         self._rest_until = [0.0] * self.size
 
-    def pick(self, now: float) -> int:
-        """The next key in turn that is not resting; if all rest, the one free soonest."""
+    def peek(self, now: float) -> int:
+        """The key `pick` would return now, without moving the rotation on (for the
+        gateway's own requests, such as listings and health checks)."""
         for step in range(self.size):
             index = (self._next + step) % self.size
             if self._rest_until[index] <= now:
-                self._next = (index + 1) % self.size
                 return index
         return min(range(self.size), key=self._rest_until.__getitem__)
+
+    def pick(self, now: float) -> int:
+        """The next key in turn that is not resting; if all rest, the one free soonest."""
+        index = self.peek(now)
+        if self._rest_until[index] <= now:
+            self._next = (index + 1) % self.size
+        return index
 
     def rest(self, index: int, now: float, seconds: float | None) -> None:
         self._rest_until[index] = now + (DEFAULT_REST_SECONDS if seconds is None else max(0.0, seconds))

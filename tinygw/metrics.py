@@ -1,8 +1,9 @@
 """Counters and gauges of one worker process, in the Prometheus text format.
 
 Names and labels are SPEC section 7's. Label values come from configuration (routes,
-model aliases, provider names) or from a fixed set (statuses, outcomes, states), never
-from raw client input, so the number of series stays bounded.
+model aliases, provider names), from a fixed set (statuses, outcomes, states), or from
+a circuit's upstream model, of which a provider has at most its configured targets plus
+breaker.MAX_CIRCUITS_PER_PROVIDER: the number of series stays bounded.
 """
 
 from __future__ import annotations

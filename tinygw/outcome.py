@@ -25,12 +25,18 @@ class Verdict(Struct, frozen=True):
 
 SUCCESS = Verdict(Outcome.SUCCESS, may_fall_back=False)
 ERROR_IN_BODY = Verdict(Outcome.FAILURE, may_fall_back=True)  # a 200 carrying an error
-ERROR_EVENT = Verdict(Outcome.FAILURE, may_fall_back=True)  # an error event before any output
+ERROR_EVENT = Verdict(Outcome.FAILURE, may_fall_back=True)  # an error event, or no output, before output
 
 
 def of_error(e: errors.UpstreamError) -> Verdict:
     """Refused, reset, DNS, TLS, protocol errors and every timeout: failures. Only
-    connection errors (not timeouts) are quick."""
+    connection errors (not timeouts) are quick. The gateway's own limits are no
+    verdict on the provider: all its connections busy (another target may serve), or
+    an answer over the size the gateway reads whole (no other would do better)."""
+    if isinstance(e, errors.PoolTimeout):
+        return Verdict(Outcome.NEUTRAL, may_fall_back=True)
+    if isinstance(e, errors.ResponseTooLarge):
+        return Verdict(Outcome.NEUTRAL, may_fall_back=False)
     return Verdict(Outcome.FAILURE, may_fall_back=True, quick=e.cause == "connect_error")
 
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
+from datetime import timezone
 from email.utils import parsedate_to_datetime
 
 from msgspec import Struct
@@ -106,20 +108,29 @@ async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, se
     while index < len(queue) and attempts < settings.routing.max_attempts:
         target = queue[index]
         circuit = gateway.breakers.circuit(target.provider, target.upstream_model)
+        if reason == "transient_retry":
+            await asyncio.sleep(QUICK_RETRY_DELAY_SECONDS)  # before allow(): the circuit may move meanwhile
         ticket = circuit.allow()
         if ticket is None:
             skipped.append(circuit)
             index += 1
             continue
-        if reason is not None:
-            gateway.metrics.retries.inc(target.provider, target.upstream_model, reason)
-            if reason == "transient_retry":
-                await asyncio.sleep(QUICK_RETRY_DELAY_SECONDS)
-        upstream = gateway.upstreams[target.provider]
-        key_index = upstream.keys.pick(gateway.clock())
-        attempts += 1
-        result.target = target
         try:
+            if reason is not None:
+                gateway.metrics.retries.inc(circuit.provider, circuit.provider_model, reason)
+                if reason == "transient_retry":
+                    logs.log(
+                        logging.INFO,
+                        "retrying provider after a quick failure",
+                        provider=target.provider,
+                        provider_model=target.upstream_model,
+                        failure=last.label,
+                        delay_ms=int(QUICK_RETRY_DELAY_SECONDS * 1000),
+                    )
+            upstream = gateway.upstreams[target.provider]
+            key_index = upstream.keys.pick(gateway.clock())
+            attempts += 1
+            result.target = target
             last = await _attempt(gateway, upstream, inbound, target, key_index, send, result)
         except BaseException:
             ticket.done(Outcome.NEUTRAL)  # the client left mid-attempt: no verdict
@@ -143,17 +154,15 @@ async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, se
             reason = "fallback"
             index += 1
             continue
-        if last.verdict.quick and settings.retry_fast_failures and not quick_retry_used:
+        if (
+            last.verdict.quick
+            and settings.retry_fast_failures
+            and not quick_retry_used
+            and attempts < settings.routing.max_attempts
+            and circuit.available()
+        ):
             quick_retry_used = True
             reason = "transient_retry"
-            logs.log(
-                logging.INFO,
-                "retrying provider after a quick failure",
-                provider=target.provider,
-                provider_model=target.upstream_model,
-                failure=last.label,
-                delay_ms=int(QUICK_RETRY_DELAY_SECONDS * 1000),
-            )
             continue
         break
 
@@ -182,68 +191,82 @@ async def _attempt(
     finally:
         await response.aclose()
     answer = Answer(response.status, relay_headers(response.headers), data)
-    if response.status == 200 and content_type.startswith(b"application/json") and outcome.carries_error(data):
+    if response.status == 200 and (b"json" in content_type or not content_type) and outcome.carries_error(data):
         answer.status = 502  # SPEC: a 200 carrying an error is a failure; the client gets 502
         return Attempt(outcome.ERROR_IN_BODY, "200+error", answer=answer)
     verdict = outcome.of_status(response.status, elapsed)
     attempt = Attempt(verdict, str(response.status), answer=answer)
     if response.status == 429:
-        attempt.retry_after_seconds = _retry_after_seconds(header(response.headers, b"retry-after"))
+        attempt.retry_after_seconds = _retry_after_seconds(
+            header(response.headers, b"retry-after"), gateway.settings.breaker.max_open_seconds
+        )
     if verdict.outcome is Outcome.SUCCESS:
         await _send_answer(send, answer)
         attempt.committed = True
     return attempt
 
 
-def _retry_after_seconds(value: bytes | None) -> float | None:
-    """A Retry-After header's seconds: a number, or an HTTP-date (read against the wall
-    clock, which is what such a date is written in)."""
+def _retry_after_seconds(value: bytes | None, cap_seconds: float) -> float | None:
+    """A Retry-After header's seconds, at most `cap_seconds`: a number, or an HTTP-date
+    (read against the wall clock, which is what such a date is written in)."""
     if not value:
         return None
     text = value.decode("latin-1").strip()
     try:
-        return max(0.0, float(text))
+        seconds = float(text)
     except ValueError:
-        pass
-    try:
-        return max(0.0, parsedate_to_datetime(text).timestamp() - time.time())  # wall
-    except (TypeError, ValueError, IndexError, OverflowError):
+        try:
+            date = parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        if date.tzinfo is None:
+            date = date.replace(tzinfo=timezone.utc)  # HTTP-dates are GMT
+        seconds = date.timestamp() - time.time()  # wall
+    if not math.isfinite(seconds):
         return None
+    return min(max(0.0, seconds), cap_seconds)
 
 
 async def _relay_stream(response, send: Send, result: Result) -> Attempt:
-    """Hold leading events without output; on output, commit and relay as it comes."""
+    """Hold leading events without output; on output, commit and relay as it comes.
+
+    Before output, an error event, a broken connection or an end without output is a
+    failure that may still fall back (the held events become a 502 answer, sent only
+    if no other attempt is made). After output, nothing is switched: a failure, an
+    error event or an end without a finish reason is a failure, and the client's
+    stream ends with an SSE error event, never as a clean end.
+    """
     start = {"type": "http.response.start", "status": 200, "headers": relay_headers(response.headers)}
     held: list[bytes] = []
     held_bytes = 0
     pending = b""  # bytes not yet split into events
     committed = False
     finished = False
-    failed_after_output = False
+    error_after_output = False
     while True:
         try:
             chunk = await response.next_chunk()
         except errors.UpstreamError as e:
             if not committed:
                 return Attempt(outcome.of_error(e), e.cause, error=e)
-            result.cut = True
-            event = sse_error_event(f"the provider failed mid-stream: {e}", "provider_unavailable", cause=e.cause)
-            await send({"type": "http.response.body", "body": event})
-            return Attempt(Verdict(Outcome.FAILURE, may_fall_back=False), f"200+{e.cause}", committed=True)
+            return await _end_stream_with_error(send, result, f"the provider failed mid-stream: {e}", e.cause)
         if chunk is None:
             break
         events, pending = sse.split(pending + chunk)
+        if len(pending) > MAX_HELD_BYTES:  # no event boundary in sight: stop looking
+            events.append(pending)
+            pending = b""
         if committed:
             for event in events:
                 event_kind, done = sse.kind(event)
                 finished |= done
-                failed_after_output |= event_kind is sse.Kind.ERROR
+                error_after_output |= event_kind is sse.Kind.ERROR
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
             continue
         for i, event in enumerate(events):
             event_kind, done = sse.kind(event)
             if event_kind is sse.Kind.ERROR:
-                answer = Answer(200, start["headers"], b"".join(held) + event)
+                answer = Answer(502, start["headers"], b"".join(held) + event)
                 return Attempt(outcome.ERROR_EVENT, "200+error_event", answer=answer)
             held.append(event)
             held_bytes += len(event)
@@ -253,25 +276,31 @@ async def _relay_stream(response, send: Send, result: Result) -> Attempt:
                 for later in events[i + 1 :]:
                     later_kind, later_done = sse.kind(later)
                     finished |= later_done
-                    failed_after_output |= later_kind is sse.Kind.ERROR
+                    error_after_output |= later_kind is sse.Kind.ERROR
                 await send(start)
                 body = b"".join(held) + b"".join(events[i + 1 :]) + pending
                 await send({"type": "http.response.body", "body": body, "more_body": True})
                 break
-    if not committed:  # the stream ended without output: send what it had
-        await send(start)
-        await send({"type": "http.response.body", "body": b"".join(held) + pending})
-    else:
-        await send({"type": "http.response.body", "body": b""})  # every byte was relayed
-    if failed_after_output:
+    if not committed:
+        answer = Answer(502, start["headers"], b"".join(held) + pending)
+        return Attempt(outcome.ERROR_EVENT, "200+no_output", answer=answer)
+    if error_after_output:
         result.cut = True
+        await send({"type": "http.response.body", "body": b""})  # the provider's error event was relayed
         return Attempt(Verdict(Outcome.FAILURE, may_fall_back=False), "200+error_event", committed=True)
     if not finished:
-        result.cut = True
         logs.log(logging.WARNING, "stream cut", provider=result.target.provider,
                  provider_model=result.target.upstream_model)
-        return Attempt(Verdict(Outcome.NEUTRAL, may_fall_back=False), "200+cut", committed=True)
+        return await _end_stream_with_error(send, result, "the provider ended the stream without a finish", "cut")
+    await send({"type": "http.response.body", "body": b""})
     return Attempt(outcome.SUCCESS, "200", committed=True)
+
+
+async def _end_stream_with_error(send: Send, result: Result, message: str, cause: str) -> Attempt:
+    result.cut = True
+    event = sse_error_event(message, "provider_unavailable", cause=cause)
+    await send({"type": "http.response.body", "body": event})
+    return Attempt(Verdict(Outcome.FAILURE, may_fall_back=False), f"200+{cause}", committed=True)
 
 
 async def _send_answer(send: Send, answer: Answer) -> None:
