@@ -140,3 +140,18 @@ def call(method: str, url: str, body=None, headers: dict | None = None, timeout:
             return r.status, r.headers, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.headers, e.read()
+
+
+def metric_value(gateway: Gateway, name: str, **labels: str) -> float | None:
+    """The sum of the samples of `name` whose labels include `labels` (other labels,
+    such as `worker`, are summed over), parsed by Prometheus' own parser; None if none."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = call("GET", f"{gateway.url}/metrics")[2].decode()
+    values = [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    ]
+    return sum(values) if values else None

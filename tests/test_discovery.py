@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from conftest import call, wait_until
+from conftest import call, metric_value, wait_until
 from tinygw.fake_upstream import Reply, json_reply, well_behaved
 
 GATEWAY_KEY = "gw-key-d1s0"
@@ -59,12 +59,7 @@ def chat(gw, model: str = "gpt-x"):
 
 
 def metric(gw, name: str, **labels: str) -> float | None:
-    _, _, body = call("GET", f"{gw.url}/metrics")
-    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    for line in body.decode().splitlines():
-        if line.startswith(f"{name}{{{wanted}}} "):
-            return float(line.rsplit(" ", 1)[1])
-    return None
+    return metric_value(gw, name, **labels)
 
 
 def gets(fake, path: str, since: int = 0) -> list:

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from conftest import call, closed_port, wait_until
+from conftest import call, closed_port, metric_value, wait_until
 from tinygw.fake_upstream import FakeUpstream, Reply, json_reply, openai_stream_events, sse_reply, well_behaved
 
 CHAT = "/v1/chat/completions"
@@ -21,10 +21,6 @@ def provider(fake: FakeUpstream, **extra) -> dict:
 
 def chats(fake: FakeUpstream) -> list:
     return [r for r in fake.requests if r.path.endswith("/chat/completions")]
-
-
-def metric_lines(gateway, name: str) -> list[str]:
-    return [line for line in call("GET", f"{gateway.url}/metrics")[2].decode().splitlines() if line.startswith(name)]
 
 
 def messages(gateway, text: str) -> list[dict]:
@@ -57,9 +53,9 @@ def test_five_quick_502s_open_the_circuit_and_the_sixth_gets_503(fake, start_gat
     assert len(chats(fake)) == 5  # the sixth never reached the provider
     [opened] = messages(gateway, "provider circuit opened")
     assert (opened["provider"], opened["provider_model"], opened["failures"]) == ("qwen", "Qwen3", 5)
-    assert 'tinygw_circuit_open{provider="qwen",provider_model="Qwen3"} 1' in metric_lines(gateway, "tinygw_circuit_open")
-    assert 'tinygw_circuit_transitions_total{provider="qwen",provider_model="Qwen3",state="open"} 1' in metric_lines(
-        gateway, "tinygw_circuit_transitions_total")
+    assert metric_value(gateway, "tinygw_circuit_open", provider="qwen", provider_model="Qwen3") == 1
+    assert metric_value(gateway, "tinygw_circuit_transitions_total", provider="qwen", provider_model="Qwen3",
+                        state="open") == 1
 
 
 def test_four_failures_and_a_success_do_not_open(fake, start_gateway):
@@ -81,8 +77,8 @@ def test_once_open_the_primary_is_skipped_and_every_request_goes_to_the_fallback
         assert status == 200 and json.loads(body)["model"] == "y"
     assert len(chats(fake)) == 5  # five failures opened it; after that it was skipped
     assert len(chats(fallback)) == 8
-    retries = metric_lines(gateway, "tinygw_provider_retries_total")
-    assert 'tinygw_provider_retries_total{provider="backup",provider_model="y",reason="fallback"} 5' in retries
+    assert metric_value(gateway, "tinygw_provider_retries_total", provider="backup", provider_model="y",
+                        reason="fallback") == 5
 
 
 def test_a_quick_502_is_retried_once_and_the_caller_gets_the_answer(fake, start_gateway):
@@ -94,8 +90,8 @@ def test_a_quick_502_is_retried_once_and_the_caller_gets_the_answer(fake, start_
     assert len(chats(fake)) == 2
     [retry] = messages(gateway, "retrying provider after a quick failure")
     assert (retry["provider"], retry["provider_model"], retry["failure"]) == ("p", "x", "502")
-    assert 'tinygw_provider_retries_total{provider="p",provider_model="x",reason="transient_retry"} 1' in (
-        metric_lines(gateway, "tinygw_provider_retries_total"))
+    assert metric_value(gateway, "tinygw_provider_retries_total", provider="p", provider_model="x",
+                        reason="transient_retry") == 1
 
 
 def test_a_refused_connection_is_retried_once_then_502(start_gateway):
@@ -175,8 +171,8 @@ def test_a_429_moves_to_the_next_key_which_the_first_key_rests_for(fake, start_g
         assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 200
     used = [r.headers["authorization"] for r in chats(fake)]
     assert used == ["Bearer key-one", "Bearer key-two", "Bearer key-two", "Bearer key-two"]
-    assert 'tinygw_provider_retries_total{provider="p",provider_model="x",reason="key_rotation"} 1' in (
-        metric_lines(gateway, "tinygw_provider_retries_total"))
+    assert metric_value(gateway, "tinygw_provider_retries_total", provider="p", provider_model="x",
+                        reason="key_rotation") == 1
 
 
 def test_an_error_event_before_output_falls_back(fake, fallback, start_gateway):

@@ -19,6 +19,7 @@ from tinygw import config, discovery, logs, proxy
 from tinygw.errors import ConfigError
 from tinygw.gateway import Gateway
 from tinygw.routing import ROUTES, resolve
+from tinygw.status import status_json, status_page
 from tinygw.wire import JSON_HEADERS, BadBody, error_body, header, read_head
 
 _encode = msgspec.json.Encoder()
@@ -99,7 +100,10 @@ async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
 
     async def send_tracked(message) -> None:
         nonlocal response_started
-        response_started = response_started or message["type"] == "http.response.start"
+        if message["type"] == "http.response.start":
+            response_started = True
+            if gateway.settings.routing.debug:
+                message["headers"] = [*message["headers"], *_debug_headers(gateway, result)]
         await send(message)
 
     try:
@@ -152,7 +156,7 @@ async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
         if not response_started:  # else the client sees its response end early
             status = await _error(send, 500, "internal gateway error", "internal_error", "internal_error")
     finally:
-        gateway.metrics.count_request(route.path, model, status)
+        gateway.metrics.count_request(route.path, model, status, loop.time() - started)
         logs.log(
             logging.INFO,
             "request",
@@ -164,6 +168,20 @@ async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
             cut=result.cut,
             duration_ms=round((loop.time() - started) * 1000, 1),
         )
+
+
+def _debug_headers(gateway: Gateway, result: proxy.Result) -> list[tuple[bytes, bytes]]:
+    """SPEC section 7's x-tinygw-* headers, only with `routing.debug` on."""
+    attempts = [*result.attempts, *([result.current] if result.current else [])]
+    headers = [(b"x-tinygw-attempts", ",".join(attempts).encode())]
+    if result.target is not None:
+        circuit = gateway.breakers.circuit(result.target.provider, result.target.upstream_model)
+        headers += [
+            (b"x-tinygw-provider", result.target.provider.encode()),
+            (b"x-tinygw-provider-model", result.target.upstream_model.encode()),
+            (b"x-tinygw-circuit", circuit.state().value.encode()),
+        ]
+    return headers
 
 
 async def _cancel_when_client_leaves(receive, task: asyncio.Task, client_left: list[bool]) -> None:
@@ -269,7 +287,7 @@ async def _metrics(gateway: Gateway, scope, send) -> None:
             "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")],
         }
     )
-    await send({"type": "http.response.body", "body": gateway.metrics.render(gateway.breakers)})
+    await send({"type": "http.response.body", "body": gateway.metrics.render()})
 
 
-_PAGES = {"/healthz": _healthz, "/v1/models": _models, "/metrics": _metrics}
+_PAGES = {"/healthz": _healthz, "/v1/models": _models, "/metrics": _metrics, "/status": status_page, "/status.json": status_json}

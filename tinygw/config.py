@@ -25,6 +25,8 @@ from tinygw.secret import Secret
 # A request body above this many bytes is refused with 413 (SPEC section 3).
 DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
 
+METRICS_DIR_VARIABLE = "TINYGW_METRICS_DIR"
+
 
 # ---- the JSON document (TINYGW_CONFIG) -------------------------------------------
 
@@ -122,6 +124,9 @@ class Settings(Struct, frozen=True, kw_only=True):
     retry_fast_failures: bool = True
     health_check_seconds: float = 10.0
     listing_seconds: float = 60.0
+    # Where the workers of one `tinygw serve` keep their metrics (tinygw.metricstore);
+    # set by serve itself for its workers, not configuration, so not in the hash.
+    metrics_dir: str | None = None
 
     def effective(self) -> dict:
         """The non-secret configuration, as `tinygw check` prints and hashes it."""
@@ -381,4 +386,10 @@ def from_environ(env: Mapping[str, str] | None = None) -> Settings:
         retry_fast_failures=_flag(env, "PROVIDER_RETRY_FAST_FAILURES", True),
         health_check_seconds=_number(env, "PROVIDER_HEALTH_CHECK_SECONDS", 10.0, low=0, high=86400),
         listing_seconds=_number(env, "PROVIDER_LISTING_SECONDS", 60.0, low=0, high=86400),
+        metrics_dir=env.get(METRICS_DIR_VARIABLE) or None,
     )
+
+
+def share_metrics_dir(path: str) -> None:
+    """Hand the run's metrics directory to the workers that Granian is about to start."""
+    os.environ[METRICS_DIR_VARIABLE] = path

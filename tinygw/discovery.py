@@ -100,11 +100,11 @@ async def list_models(gateway: Gateway, name: str) -> None:
         ids = list(dict.fromkeys(e.id for e in _decode_listing.decode(body).data if e.id))
     except (errors.UpstreamError, msgspec.DecodeError, _Refused) as e:
         gateway.listings.pop(name, None)
-        gateway.metrics.listing_up.set(0, name)
+        gateway.metrics.set_listing_up(name, False)
         logs.log(logging.WARNING, "provider listing failed", provider=name, **_why(e))
         return
     gateway.listings[name] = ids
-    gateway.metrics.listing_up.set(1, name)
+    gateway.metrics.set_listing_up(name, True)
 
 
 async def list_all(gateway: Gateway) -> None:

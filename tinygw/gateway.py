@@ -45,7 +45,7 @@ class Gateway:
         self.settings = settings
         self.clock = clock
         self.auth = InboundAuth(settings.api_keys)
-        self.metrics = Metrics(__version__, artifact_sha256)
+        self.metrics = Metrics(__version__, artifact_sha256, settings.metrics_dir)
         configured = sorted({(t.provider, t.upstream_model) for m in settings.models.values() for t in m.targets})
         self.breakers = Breakers(settings.breaker, clock, self._on_transition, configured)
         self.strategies = Strategies(settings)
@@ -71,7 +71,9 @@ class Gateway:
         }
 
     def _on_transition(self, circuit: Circuit, old: State, new: State) -> None:
-        self.metrics.transitions.inc(circuit.provider, circuit.provider_model, new.value)
+        self.metrics.count_transition(circuit.provider, circuit.provider_model, new.value)
+        open_until = circuit.opened_at + circuit.pause_seconds if new is State.OPEN else 0.0
+        self.metrics.set_circuit_open_until(circuit.provider, circuit.provider_model, open_until)
         if new is State.OPEN:
             logs.log(
                 logging.WARNING,

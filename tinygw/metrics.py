@@ -1,75 +1,153 @@
-"""Counters and gauges of one worker process, in the Prometheus text format.
+"""SPEC section 7's metrics, kept in a store shared by the workers, in Prometheus text.
 
-Names and labels are SPEC section 7's. Label values come from configuration (routes,
-model aliases, provider names), from a fixed set (statuses, outcomes, states), or from
-a circuit's upstream model, of which a provider has at most its configured targets plus
-breaker.MAX_CIRCUITS_PER_PROVIDER: the number of series stays bounded.
+Counters and histograms are summed over every worker, so a scrape of any worker
+counts all traffic. Gauges of per-process state (a circuit is per worker by design,
+SPEC section 4; so is a worker's last listing) are shown per worker, with a `worker`
+label (its pid), and only for workers that are alive.
+
+Label values come from configuration (routes, model aliases, provider names), from a
+fixed set (statuses, outcomes, states, reasons), or from a circuit's upstream model,
+of which a provider has at most its configured targets plus
+`breaker.MAX_CIRCUITS_PER_PROVIDER`: the number of series stays bounded.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import bisect
+import os
+import time
 
-from tinygw.breaker import Breakers, State
+from tinygw.metricstore import FileStore, Key, MemoryStore
+
+# Seconds; from a cached answer to a long generation (timeout_s defaults to 600).
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+
+# name -> (type, help, label names); per-worker gauges get a `worker` label too.
+FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "tinygw_requests_total": (COUNTER, "Client requests answered.", ("route", "model", "status")),
+    "tinygw_request_duration_seconds": (HISTOGRAM, "Time from a request's arrival to its end.", ("route",)),
+    "tinygw_upstream_attempts_total": (COUNTER, "Provider attempts, by how they ended.",
+                                       ("provider", "provider_model", "outcome")),
+    "tinygw_upstream_first_byte_seconds": (HISTOGRAM, "Time from an attempt's start to the provider's response head.",
+                                           ("provider",)),
+    "tinygw_provider_retries_total": (COUNTER, "Attempts after the first, by why they were made.",
+                                      ("provider", "provider_model", "reason")),
+    "tinygw_circuit_transitions_total": (COUNTER, "Circuit state changes, by the state entered.",
+                                         ("provider", "provider_model", "state")),
+    "tinygw_circuit_open": (GAUGE, "1 while the circuit is open (per worker: circuits are).",
+                            ("provider", "provider_model")),
+    "tinygw_listing_up": (GAUGE, "1 when the provider's last model listing succeeded (per worker).", ("provider",)),
+}
 
 
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def _labels(names: tuple[str, ...], values: tuple[str, ...]) -> str:
-    return ",".join(f'{n}="{_escape(v)}"' for n, v in zip(names, values))
+def _labels(pairs) -> str:
+    return ",".join(f'{n}="{_escape(str(v))}"' for n, v in pairs)
 
 
-class Family:
-    """One metric: its name, type, help and label names, and the values by labels."""
+def _number(value: float) -> str:
+    return str(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)
 
-    def __init__(self, name: str, kind: str, help_text: str, labels: tuple[str, ...]) -> None:
-        self.name = name
-        self.kind = kind
-        self.help = help_text
-        self.labels = labels
-        self.values: Counter[tuple[str, ...]] = Counter()
 
-    def inc(self, *values: str) -> None:
-        self.values[values] += 1
-
-    def set(self, value: float, *values: str) -> None:
-        self.values[values] = value
-
-    def render(self, lines: list[str]) -> None:
-        lines.append(f"# HELP {self.name} {self.help}")
-        lines.append(f"# TYPE {self.name} {self.kind}")
-        for key, n in sorted(self.values.items()):
-            lines.append(f"{self.name}{{{_labels(self.labels, key)}}} {n:g}")
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class Metrics:
-    def __init__(self, version: str, artifact_sha256: str) -> None:
-        self.build_info = Family("tinygw_build_info", "gauge", "The running build; always 1.",
-                                 ("version", "artifact_sha256"))
-        self.build_info.set(1, version, artifact_sha256)
-        self.requests = Family("tinygw_requests_total", "counter",
-                               "Client requests answered, by route, model and status.", ("route", "model", "status"))
-        self.circuit_open = Family("tinygw_circuit_open", "gauge", "1 while the circuit is open.",
-                                   ("provider", "provider_model"))
-        self.transitions = Family("tinygw_circuit_transitions_total", "counter",
-                                  "Circuit state changes, by the state entered.", ("provider", "provider_model", "state"))
-        self.retries = Family("tinygw_provider_retries_total", "counter",
-                              "Attempts after the first, by why they were made.", ("provider", "provider_model", "reason"))
-        self.listing_up = Family("tinygw_listing_up", "gauge", "1 when the provider's last model listing succeeded.",
-                                 ("provider",))
+    def __init__(self, version: str, artifact_sha256: str, directory: str | None = None) -> None:
+        self._build = (("version", version), ("artifact_sha256", artifact_sha256))
+        self.store = FileStore(directory) if directory else MemoryStore()
 
-    def count_request(self, route: str, model: str, status: int) -> None:
-        self.requests.inc(route, model, str(status))
+    # ---- the hot path -----------------------------------------------------------------
 
-    def render(self, breakers: Breakers | None = None) -> bytes:
-        if breakers is not None:
-            for circuit in breakers.all():
-                is_open = circuit.state() is State.OPEN
-                self.circuit_open.set(1 if is_open else 0, circuit.provider, circuit.provider_model)
-        lines: list[str] = []
-        for family in (self.build_info, self.requests, self.circuit_open, self.transitions, self.retries,
-                       self.listing_up):
-            family.render(lines)
+    def count_request(self, route: str, model: str, status: int, seconds: float) -> None:
+        self.store.add(("tinygw_requests_total", (route, model, str(status)), ""))
+        self._observe("tinygw_request_duration_seconds", (route,), seconds)
+
+    def count_attempt(self, provider: str, provider_model: str, outcome: str) -> None:
+        self.store.add(("tinygw_upstream_attempts_total", (provider, provider_model, outcome), ""))
+
+    def observe_first_byte(self, provider: str, seconds: float) -> None:
+        self._observe("tinygw_upstream_first_byte_seconds", (provider,), seconds)
+
+    def count_retry(self, provider: str, provider_model: str, reason: str) -> None:
+        self.store.add(("tinygw_provider_retries_total", (provider, provider_model, reason), ""))
+
+    def count_transition(self, provider: str, provider_model: str, state: str) -> None:
+        self.store.add(("tinygw_circuit_transitions_total", (provider, provider_model, state), ""))
+
+    def set_circuit_open_until(self, provider: str, provider_model: str, until: float) -> None:
+        """The monotonic time (shared by the machine's processes) the circuit is open
+        until; 0 when it is not open. A scrape reads it against the clock, so a pause
+        that ended shows 0 even before the worker looks at the circuit again."""
+        self.store.set(("tinygw_circuit_open", (provider, provider_model), "until"), until)
+
+    def set_listing_up(self, provider: str, up: bool) -> None:
+        self.store.set(("tinygw_listing_up", (provider,), ""), 1.0 if up else 0.0)
+
+    def _observe(self, name: str, labels: tuple[str, ...], seconds: float) -> None:
+        index = bisect.bisect_left(DURATION_BUCKETS, seconds)
+        le = str(DURATION_BUCKETS[index]) if index < len(DURATION_BUCKETS) else "+Inf"
+        self.store.add((name, labels, le))
+        self.store.add((name, labels, "sum"), seconds)
+
+    # ---- the scrape --------------------------------------------------------------------
+
+    def render(self) -> bytes:
+        now = time.monotonic()
+        summed: dict[Key, float] = {}
+        per_worker: dict[Key, float] = {}
+        for pid, values in self.store.snapshot():
+            alive = pid == self.store.pid or _alive(pid)
+            for (name, labels, part), value in values.items():
+                kind = FAMILIES[name][0]
+                if kind == GAUGE:
+                    if alive:
+                        if part == "until":
+                            value = 1.0 if value > now else 0.0
+                        per_worker[(name, (*labels, str(pid)))] = value
+                else:
+                    summed[(name, labels, part)] = summed.get((name, labels, part), 0.0) + value
+        lines = [
+            "# HELP tinygw_build_info The running build; always 1.",
+            "# TYPE tinygw_build_info gauge",
+            f"tinygw_build_info{{{_labels(self._build)}}} 1",
+        ]
+        for name, (kind, help_text, label_names) in FAMILIES.items():
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} {kind}")
+            if kind == GAUGE:
+                for (family, labels), value in sorted(per_worker.items()):
+                    if family == name:
+                        pairs = zip((*label_names, "worker"), labels)
+                        lines.append(f"{name}{{{_labels(pairs)}}} {_number(value)}")
+            elif kind == COUNTER:
+                for (family, labels, _), value in sorted(summed.items()):
+                    if family == name:
+                        lines.append(f"{name}{{{_labels(zip(label_names, labels))}}} {_number(value)}")
+            else:
+                self._render_histogram(lines, name, label_names, summed)
         return ("\n".join(lines) + "\n").encode()
+
+    @staticmethod
+    def _render_histogram(lines: list[str], name: str, label_names: tuple[str, ...], summed: dict) -> None:
+        series = sorted({labels for (family, labels, _) in summed if family == name})
+        for labels in series:
+            base = list(zip(label_names, labels))
+            cumulative = 0.0
+            for le in (*map(str, DURATION_BUCKETS), "+Inf"):
+                cumulative += summed.get((name, labels, le), 0.0)
+                lines.append(f"{name}_bucket{{{_labels([*base, ('le', le)])}}} {_number(cumulative)}")
+            lines.append(f"{name}_sum{{{_labels(base)}}} {_number(summed.get((name, labels, 'sum'), 0.0))}")
+            lines.append(f"{name}_count{{{_labels(base)}}} {_number(cumulative)}")

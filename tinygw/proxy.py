@@ -54,7 +54,8 @@ class Result(Struct):
 
     status: int
     target: Target | None = None
-    attempts: list[str] = []
+    attempts: list[str] = []  # "provider:status or cause", one per attempt that ended
+    current: str | None = None  # the attempt whose answer is being sent, before it ends
     cut: bool = False  # a stream that ended without a finish, or with an error after output
 
 
@@ -117,7 +118,7 @@ async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, se
             continue
         try:
             if reason is not None:
-                gateway.metrics.retries.inc(circuit.provider, circuit.provider_model, reason)
+                gateway.metrics.count_retry(circuit.provider, circuit.provider_model, reason)
                 if reason == "transient_retry":
                     logs.log(
                         logging.INFO,
@@ -137,6 +138,8 @@ async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, se
             raise
         ticket.done(last.verdict.outcome, None if last.verdict.outcome is not Outcome.FAILURE else last.label)
         result.attempts.append(f"{target.provider}:{last.label}")
+        result.current = None
+        gateway.metrics.count_attempt(circuit.provider, circuit.provider_model, last.label)
         if last.committed:
             result.status = last.answer.status if last.answer is not None else 200
             return result
@@ -181,6 +184,7 @@ async def _attempt(
     except errors.UpstreamError as e:
         return Attempt(outcome.of_error(e), e.cause, error=e)
     elapsed = gateway.clock() - started
+    gateway.metrics.observe_first_byte(target.provider, elapsed)
     try:
         content_type = header(response.headers, b"content-type") or b""
         if inbound.stream and response.status == 200 and content_type.startswith(b"text/event-stream"):
@@ -201,6 +205,7 @@ async def _attempt(
             header(response.headers, b"retry-after"), gateway.settings.breaker.max_open_seconds
         )
     if verdict.outcome is Outcome.SUCCESS:
+        result.current = f"{target.provider}:{response.status}"
         await _send_answer(send, answer)
         attempt.committed = True
     return attempt
@@ -273,6 +278,7 @@ async def _relay_stream(response, send: Send, result: Result) -> Attempt:
             finished |= done
             if event_kind is sse.Kind.OUTPUT or held_bytes > MAX_HELD_BYTES:
                 committed = True
+                result.current = f"{result.target.provider}:200"
                 for later in events[i + 1 :]:
                     later_kind, later_done = sse.kind(later)
                     finished |= later_done
@@ -334,6 +340,7 @@ async def _send_circuit_open(send: Send, result: Result, skipped, resolution: Re
     """Every usable target's circuit is open: 503 with the wait until the next probe."""
     circuit = min(skipped, key=lambda c: c.retry_after() or 0.0)
     result.status = 503
+    result.target = Target(circuit.provider, circuit.provider_model)
     retry_after = circuit.retry_after_header()
     body = error_body(
         f"every target of {resolution.model!r} is unavailable (circuit open); retry after {retry_after} s",

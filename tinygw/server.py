@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+
 from granian import Granian
 from granian.constants import HTTPModes, Interfaces
 from granian.http import HTTP1Settings
 from granian.log import LogLevels
 
-from tinygw import logs
+from tinygw import config, logs
 from tinygw.config import Settings
 
 APP_TARGET = "tinygw.app:app"
@@ -15,7 +18,16 @@ APP_TARGET = "tinygw.app:app"
 
 def serve(settings: Settings) -> None:
     """Run until SIGTERM or SIGINT; in-flight requests get `drain_seconds` to end."""
-    server = Granian(
+    metrics_dir = tempfile.mkdtemp(prefix="tinygw-metrics-")  # this run's workers' counts
+    config.share_metrics_dir(metrics_dir)
+    try:
+        _granian(settings).serve()
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _granian(settings: Settings) -> Granian:
+    return Granian(
         APP_TARGET,
         address=settings.host,
         port=settings.port,
@@ -29,4 +41,3 @@ def serve(settings: Settings) -> None:
         # Granian reads 0 as "wait forever"; a zero drain means stop at once.
         workers_kill_timeout=settings.drain_seconds or 0.001,
     )
-    server.serve()

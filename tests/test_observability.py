@@ -1,0 +1,153 @@
+"""Black-box: metrics across workers, parsed by Prometheus' own parser; the access log;
+debug headers; and no configured key anywhere a gateway writes."""
+
+from __future__ import annotations
+
+import http.client
+import json
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import call, closed_port, metric_value, wait_until
+from tinygw.fake_upstream import FakeUpstream, Reply, json_reply, well_behaved
+
+CHAT = "/v1/chat/completions"
+GATEWAY_KEY = "gw-secret-0c1d"
+PROVIDER_KEYS = {"K_ONE": "sk-prov-one-93aa", "K_TWO": "sk-prov-two-1b7e", "K_ANTH": "sk-ant-5f20"}
+
+
+def provider(fake: FakeUpstream, **extra) -> dict:
+    return {"base_url": f"{fake.url}/v1", "api": "openai", "listing": False, **extra}
+
+
+def test_every_metric_of_spec_section_7_parses(fake, start_gateway):
+    gateway = start_gateway({"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}})
+    for _ in range(3):
+        assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 200
+    text = call("GET", f"{gateway.url}/metrics")[2].decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert {"tinygw_requests", "tinygw_request_duration_seconds", "tinygw_upstream_attempts",
+            "tinygw_upstream_first_byte_seconds", "tinygw_provider_retries", "tinygw_circuit_transitions",
+            "tinygw_circuit_open", "tinygw_listing_up", "tinygw_build_info"} <= set(families)
+    assert metric_value(gateway, "tinygw_requests_total", route=CHAT, model="m", status="200") == 3
+    assert metric_value(gateway, "tinygw_request_duration_seconds_count", route=CHAT) == 3
+    assert metric_value(gateway, "tinygw_request_duration_seconds_bucket", route=CHAT, le="+Inf") == 3
+    assert metric_value(gateway, "tinygw_upstream_attempts_total", provider="p", provider_model="x",
+                        outcome="200") == 3
+    assert metric_value(gateway, "tinygw_upstream_first_byte_seconds_count", provider="p") == 3
+    assert metric_value(gateway, "tinygw_build_info") == 1
+
+
+def test_a_scrape_counts_the_traffic_of_every_worker(fake, start_gateway):
+    gateway = start_gateway({"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}},
+                            TINYGW_WORKERS="2")
+    workers = set()
+
+    def both_workers_answered() -> bool:
+        # each call is a new connection; the kernel spreads them over the two workers
+        workers.add(json.loads(call("GET", f"{gateway.url}/status.json")[2])["worker"]["pid"])
+        return len(workers) == 2
+
+    wait_until(both_workers_answered, seconds=20, what="both workers to answer")
+    n = 40
+    for _ in range(n):
+        assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 200
+    for _ in range(6):  # whichever worker answers the scrape, it counts all n
+        assert metric_value(gateway, "tinygw_requests_total", route=CHAT, model="m", status="200") == n
+        assert metric_value(gateway, "tinygw_request_duration_seconds_count", route=CHAT) == n
+        assert metric_value(gateway, "tinygw_upstream_attempts_total", provider="p", outcome="200") == n
+
+
+def test_an_open_circuit_shows_per_worker_and_ends_with_its_pause(fake, start_gateway):
+    fake.script = lambda r: json_reply(502, {"error": {"message": "down"}})
+    gateway = start_gateway({"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}},
+                            PROVIDER_BREAKER_FAILURES="1", PROVIDER_RETRY_FAST_FAILURES="false",
+                            PROVIDER_BREAKER_OPEN_SECONDS="1")
+    assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 502
+    text = call("GET", f"{gateway.url}/metrics")[2].decode()
+    [sample] = [s for f in text_string_to_metric_families(text) for s in f.samples if s.name == "tinygw_circuit_open"]
+    assert sample.value == 1 and sample.labels["provider_model"] == "x" and sample.labels["worker"].isdigit()
+    # No request reads the circuit again, yet the gauge drops when the pause is over.
+    wait_until(lambda: metric_value(gateway, "tinygw_circuit_open", provider="p") == 0, seconds=5,
+               what="the gauge to drop after the pause")
+
+
+def test_access_log_line(fake, start_gateway):
+    gateway = start_gateway({"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}})
+    assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 200
+    [line] = wait_until(lambda: [r for r in gateway.log_records() if r.get("msg") == "request"],
+                        what="the access log line")
+    assert (line["level"], line["route"], line["model"], line["target"], line["status"], line["attempts"]) == (
+        "info", CHAT, "m", "p:x", 200, "p:200")
+    assert line["duration_ms"] >= 0
+
+
+def test_debug_headers_only_with_routing_debug(fake, start_gateway):
+    answers = iter([502, 200])
+    fake.script = lambda r: json_reply(next(answers), {"ok": True})
+    config = {"providers": {"qwen": provider(fake)}, "models": {"m": {"targets": ["qwen:Q"]}}}
+    debug = start_gateway({**config, "routing": {"debug": True}})
+    _, headers, _ = call("POST", f"{debug.url}{CHAT}", {"model": "m"})
+    assert headers["x-tinygw-attempts"] == "qwen:502,qwen:200"
+    assert (headers["x-tinygw-provider"], headers["x-tinygw-provider-model"]) == ("qwen", "Q")
+    assert headers["x-tinygw-circuit"] == "closed"
+    assert any(r.get("level") == "warning" and "debug" in r.get("msg", "") for r in debug.log_records())
+
+    fake.script = well_behaved()
+    quiet = start_gateway(config)
+    _, headers, _ = call("POST", f"{quiet.url}{CHAT}", {"model": "m"})
+    assert not any(name.lower().startswith("x-tinygw-") for name in headers.keys())
+
+
+def test_no_configured_key_appears_anywhere(fake, start_gateway):
+    """Success and every failure path; logs, metrics, status pages, headers, bodies."""
+    def script(request):
+        body = request.json() or {}
+        model = body.get("model")
+        if model == "rate-limited" and request.headers.get("authorization") == f"Bearer {PROVIDER_KEYS['K_ONE']}":
+            return json_reply(429, {"error": {"message": "slow"}}, headers=[("retry-after", "30")])
+        if model == "broken":
+            return json_reply(500, {"error": {"message": "boom"}})
+        if model == "hang":
+            return Reply(action="hang")
+        return well_behaved()(request)
+
+    fake.script = script
+    config = {
+        "providers": {
+            "p": provider(fake, api_key_env=["K_ONE", "K_TWO"], first_byte_timeout_s=0.3, listing=True),
+            "a": {"base_url": fake.url, "api": "anthropic", "api_key_env": "K_ANTH"},
+            "dead": {"base_url": f"http://127.0.0.1:{closed_port()}/v1", "api": "openai", "api_key_env": "K_ONE"},
+        },
+        "models": {name: {"targets": [f"p:{name}"]} for name in ("ok", "rate-limited", "broken", "hang")}
+        | {"gone": {"targets": ["dead:x"]}, "claude": {"targets": ["a:c"]}},
+        "routing": {"debug": True},
+    }
+    gateway = start_gateway(config, TINYGW_API_KEYS=GATEWAY_KEY, PROVIDER_BREAKER_FAILURES="1",
+                            PROVIDER_LISTING_SECONDS="0.2", TINYGW_MAX_BODY_BYTES="2000", **PROVIDER_KEYS)
+    auth = {"Authorization": f"Bearer {GATEWAY_KEY}"}
+    seen: list[bytes] = []
+
+    def record(status, headers, body):
+        seen.append(str(status).encode() + json.dumps(dict(headers.items())).encode() + body)
+        return status
+
+    for model in ("ok", "rate-limited", "broken", "broken", "hang", "gone", "gone"):
+        record(*call("POST", f"{gateway.url}{CHAT}", {"model": model}, headers=auth))
+    record(*call("POST", f"{gateway.url}{CHAT}", {"model": "ok", "stream": True}, headers=auth))
+    record(*call("POST", f"{gateway.url}/v1/messages", {"model": "claude", "max_tokens": 5},
+                 headers={"x-api-key": GATEWAY_KEY, "anthropic-version": "2023-06-01"}))
+    record(*call("POST", f"{gateway.url}{CHAT}", {"model": "ok"}, headers={"Authorization": "Bearer nope"}))
+    record(*call("POST", f"{gateway.url}{CHAT}", b"{", headers=auth))
+    record(*call("POST", f"{gateway.url}{CHAT}", {"model": "ok", "pad": "x" * 3000}, headers=auth))
+    record(*call("POST", f"{gateway.url}{CHAT}", {"model": "nope"}, headers=auth))
+    for page in ("/metrics", "/status", "/status.json", "/v1/models", "/healthz"):
+        record(*call("GET", f"{gateway.url}{page}", headers=auth))
+    connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=5)  # a client that leaves
+    connection.request("POST", CHAT, body=json.dumps({"model": "hang"}), headers=auth)
+    connection.close()
+    statuses = [int(s[:3]) for s in seen]
+    assert {200, 400, 401, 404, 413, 500, 502, 503, 504} <= set(statuses)
+    everything = b"\n".join(seen) + gateway.logs().encode()
+    for secret in (GATEWAY_KEY, *PROVIDER_KEYS.values()):
+        assert secret.encode() not in everything, f"a configured key leaked: {secret[:6]}…"

@@ -1,0 +1,188 @@
+"""Black-box: the status page, `/status` and `/status.json` (SPEC section 7).
+
+A real gateway whose provider `down` answers 502 to everything, so that two failures
+open its circuit for 300 s, and a healthy provider `up` whose circuit stays closed.
+The last test loads `/status` in a real headless Chromium and keeps its screenshot
+in `artifacts/status.png`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, call, wait_until
+from tinygw.fake_upstream import FakeUpstream, json_reply, well_behaved
+from tinygw.status import render_html
+
+CHAT = "/v1/chat/completions"
+PROVIDER_KEY = "sk-status-secret"
+CHROMIUM = Path("/usr/bin/chromium")
+INSTALL_SECONDS = 600  # apt-get update and install of chromium, at most
+BROWSER_SECONDS = 60  # one headless chromium run, at most
+
+
+@pytest.fixture
+def healthy():
+    upstream = FakeUpstream(well_behaved("up")).start_in_thread()
+    yield upstream
+    upstream.stop_thread()
+
+
+def status_json(gateway) -> dict:
+    status, headers, body = call("GET", f"{gateway.url}/status.json")
+    assert status == 200 and headers["content-type"] == "application/json"
+    return json.loads(body)
+
+
+def provider_entry(data: dict, name: str) -> dict:
+    [entry] = [p for p in data["providers"] if p["name"] == name]
+    return entry
+
+
+@pytest.fixture
+def outage(fake, healthy, start_gateway):
+    """A gateway with `down:Qwen3` open (two 502s) and `up:fake-model` closed, listed."""
+    fake.script = lambda r: json_reply(502, {"error": {"message": "upstream down", "type": "server_error"}})
+    gateway = start_gateway(
+        {
+            "providers": {
+                "down": {"base_url": f"{fake.url}/v1", "api": "openai", "listing": False, "api_key_env": "K1"},
+                "up": {"base_url": f"{healthy.url}/v1", "api": "openai"},
+            },
+            "models": {"m": {"targets": ["down:Qwen3"]}, "n": {"targets": ["up:fake-model"]}},
+        },
+        K1=PROVIDER_KEY,
+        TINYGW_API_KEYS="gw-key-status",  # the status pages ask for none
+        PROVIDER_RETRY_FAST_FAILURES="false",
+        PROVIDER_BREAKER_FAILURES="2",
+        PROVIDER_BREAKER_OPEN_SECONDS="300",
+        PROVIDER_HEALTH_CHECK_SECONDS="0",
+    )
+    key = {"Authorization": "Bearer gw-key-status"}
+    for _ in range(2):
+        assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"}, headers=key)[0] == 502
+    assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"}, headers=key)[0] == 503
+    wait_until(lambda: provider_entry(status_json(gateway), "up")["listing"]["up"], what="the listing of `up`")
+    return gateway
+
+
+def test_status_json_shows_the_open_and_the_closed_circuit_and_the_worker(outage):
+    data = status_json(outage)
+    pid = data["worker"]["pid"]
+    assert isinstance(pid, int) and pid != outage.process.pid  # a worker, not Granian's parent
+    assert pid in {r["pid"] for r in outage.log_records() if r.get("msg") == "worker started"}
+    assert isinstance(data["generated_at_monotonic"], float)
+
+    down = provider_entry(data, "down")
+    assert (down["api"], down["listing"]) == ("openai", {"enabled": False, "up": None, "models": None})
+    [circuit] = down["circuits"]
+    assert (circuit["provider_model"], circuit["state"], circuit["consecutive_failures"]) == (
+        "Qwen3", "Circuit Open", 2)
+    assert circuit["pause_seconds"] == 300
+    assert 1 <= circuit["next_probe_seconds"] <= 300
+    assert circuit["last_error"] == "502"
+
+    up = provider_entry(data, "up")
+    assert up["listing"] == {"enabled": True, "up": True, "models": 1}
+    [circuit] = up["circuits"]
+    assert circuit == {"provider_model": "fake-model", "state": "Circuit Closed", "consecutive_failures": 0,
+                       "pause_seconds": 300, "next_probe_seconds": None, "last_error": None}
+
+
+def test_status_html_shows_the_open_circuit_without_script_or_secrets(outage):
+    status, headers, body = call("GET", f"{outage.url}/status")
+    assert status == 200 and headers["content-type"] == "text/html; charset=utf-8"
+    page = body.decode()
+    assert '<meta http-equiv="refresh" content="5">' in page
+    assert "<script" not in page.lower()
+    assert "Circuit Open" in page and "Circuit Closed" in page
+    assert re.search(r"next probe in \d+ s", page)
+    pid = status_json(outage)["worker"]["pid"]
+    assert f"Answered by worker PID {pid}" in page
+    assert "Listing: up, 1 model" in page and "Listing: off" in page
+    json_body = call("GET", f"{outage.url}/status.json")[2].decode()
+    for text in (page, json_body):
+        assert PROVIDER_KEY not in text and "K1" not in text and "gw-key-status" not in text
+        assert "127.0.0.1" not in text  # no base URL either
+
+
+def test_status_pages_take_get_only(outage):
+    assert call("POST", f"{outage.url}/status", b"")[0] == 405
+    assert call("POST", f"{outage.url}/status.json", b"")[0] == 405
+
+
+def test_every_value_of_the_html_is_escaped():
+    hostile = "<img src=x onerror=alert(1)>"
+    page = render_html({
+        "worker": {"pid": 7},
+        "generated_at_monotonic": 1.0,
+        "providers": [{
+            "name": hostile, "api": "openai", "listing": {"enabled": True, "up": False, "models": None},
+            "circuits": [{"provider_model": hostile, "state": "Circuit Half-Open", "consecutive_failures": 0,
+                          "pause_seconds": 60, "next_probe_seconds": None, "last_error": hostile}],
+        }],
+    })
+    assert hostile not in page and "<img" not in page
+    assert page.count("&lt;img src=x onerror=alert(1)&gt;") == 3
+    assert "Circuit Half-Open" in page and "not up" in page
+
+
+# ---- a real browser --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Path:
+    """/usr/bin/chromium, installed from the distribution's packages when missing."""
+    if CHROMIUM.exists():
+        return CHROMIUM
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            ["bash", "-c", "apt-get update -qq && apt-get install -y -qq chromium"],
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive"},
+            capture_output=True, text=True, timeout=INSTALL_SECONDS,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        pytest.skip(f"chromium is not installed and installing it failed: {type(e).__name__}: {e}")
+    took = time.monotonic() - started
+    if done.returncode != 0 or not CHROMIUM.exists():
+        pytest.skip(f"chromium is not installed and `apt-get install chromium` failed "
+                    f"(exit {done.returncode}) after {took:.0f} s: {done.stderr[-500:]}")
+    print(f"\ninstalled chromium in {took:.0f} s")
+    return CHROMIUM
+
+
+def headless(chromium: Path, profile: Path, *args: str) -> subprocess.CompletedProcess:
+    command = [str(chromium), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync",
+               "--disable-quic", f"--user-data-dir={profile}", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=BROWSER_SECONDS)
+
+
+def test_chromium_renders_the_open_circuit_and_the_seconds_to_its_probe(outage, chromium, tmp_path):
+    url = f"{outage.url}/status"
+    before = provider_entry(status_json(outage), "down")["circuits"][0]["next_probe_seconds"]
+    dom = headless(chromium, tmp_path / "profile-dom", "--dump-dom", url)
+    after = provider_entry(status_json(outage), "down")["circuits"][0]["next_probe_seconds"]
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert "Circuit Open" in dom.stdout and "Circuit Closed" in dom.stdout
+    shown = re.search(r"next probe in (\d+) s", dom.stdout)
+    assert shown, dom.stdout[-2000:]
+    assert math.ceil(after) <= int(shown.group(1)) <= math.ceil(before)
+
+    screenshot = tmp_path / "status.png"
+    shot = headless(chromium, tmp_path / "profile-shot", "--window-size=1200,900", f"--screenshot={screenshot}", url)
+    assert shot.returncode == 0, shot.stderr[-2000:]
+    assert screenshot.exists() and screenshot.stat().st_size > 5 * 1024
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    artifacts = ROOT / "artifacts"
+    artifacts.mkdir(exist_ok=True)
+    shutil.copyfile(screenshot, artifacts / "status.png")

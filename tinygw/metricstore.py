@@ -1,0 +1,133 @@
+"""Where metric values live, so that a scrape of any worker counts every worker.
+
+Granian runs `TINYGW_WORKERS` processes and a scrape reaches one of them. Each worker
+keeps its values in a file of its own, mapped into memory, in a directory that
+`tinygw serve` creates for the run (prometheus_client's multiprocess mode, in ~100
+lines): an increment is a write of 8 bytes into the map, no system call; a scrape
+reads every worker's file. A worker that died keeps its file, so its counts stay.
+
+File layout: 4 bytes of used length (little-endian), 4 of padding, then entries of
+[4-byte key length][key: JSON, padded to 8][8-byte float value]. The used length is
+written after the entry, so a reader never sees half an entry.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from collections.abc import Hashable
+
+import msgspec
+
+Key = tuple  # (family name, label values, part): all strings, hashable, JSON-encodable
+
+_USED = struct.Struct("<I")
+_LENGTH = struct.Struct("<I")
+_VALUE = struct.Struct("<d")
+_HEADER_BYTES = 8
+_INITIAL_BYTES = 64 * 1024
+_FILE_PREFIX = "worker-"
+_FILE_SUFFIX = ".db"
+
+
+def _as_key(value) -> Key:
+    return tuple(_as_key(v) if isinstance(v, list) else v for v in value)
+
+
+class MemoryStore:
+    """One process's values, in a dict: for a single worker without a directory, and tests."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._values: dict[Hashable, float] = {}
+
+    def add(self, key: Key, amount: float = 1.0) -> None:
+        self._values[key] = self._values.get(key, 0.0) + amount
+
+    def set(self, key: Key, value: float) -> None:
+        self._values[key] = value
+
+    def snapshot(self) -> list[tuple[int, dict[Key, float]]]:
+        return [(self.pid, dict(self._values))]
+
+
+class FileStore:
+    """This worker's values in `directory/worker-PID.db`; `snapshot()` reads all workers'."""
+
+    def __init__(self, directory: str) -> None:
+        self.pid = os.getpid()
+        self.directory = directory
+        path = os.path.join(directory, f"{_FILE_PREFIX}{self.pid}{_FILE_SUFFIX}")
+        self._file = open(path, "w+b")  # noqa: SIM115 (open for the worker's life)
+        self._file.truncate(_INITIAL_BYTES)
+        self._map = mmap.mmap(self._file.fileno(), _INITIAL_BYTES)
+        self._size = _INITIAL_BYTES
+        self._used = _HEADER_BYTES
+        _USED.pack_into(self._map, 0, self._used)
+        self._offsets: dict[Key, int] = {}
+
+    def add(self, key: Key, amount: float = 1.0) -> None:
+        offset = self._offsets.get(key)
+        if offset is None:
+            offset = self._append(key)
+        (value,) = _VALUE.unpack_from(self._map, offset)
+        _VALUE.pack_into(self._map, offset, value + amount)
+
+    def set(self, key: Key, value: float) -> None:
+        offset = self._offsets.get(key)
+        if offset is None:
+            offset = self._append(key)
+        _VALUE.pack_into(self._map, offset, value)
+
+    def _append(self, key: Key) -> int:
+        raw = msgspec.json.encode(key)
+        raw += b" " * (-(_LENGTH.size + len(raw)) % 8)
+        entry = _LENGTH.pack(len(raw)) + raw + _VALUE.pack(0.0)
+        while self._used + len(entry) > self._size:
+            self._size *= 2
+            self._file.truncate(self._size)
+            self._map.resize(self._size)
+        start = self._used
+        self._map[start : start + len(entry)] = entry
+        self._used += len(entry)
+        _USED.pack_into(self._map, 0, self._used)
+        offset = start + _LENGTH.size + len(raw)
+        self._offsets[key] = offset
+        return offset
+
+    def snapshot(self) -> list[tuple[int, dict[Key, float]]]:
+        workers = []
+        for name in sorted(os.listdir(self.directory)):
+            if not (name.startswith(_FILE_PREFIX) and name.endswith(_FILE_SUFFIX)):
+                continue
+            try:
+                pid = int(name[len(_FILE_PREFIX) : -len(_FILE_SUFFIX)])
+                with open(os.path.join(self.directory, name), "rb") as f:
+                    data = f.read()
+            except (ValueError, OSError):
+                continue
+            workers.append((pid, parse(data)))
+        return workers
+
+    def close(self) -> None:
+        self._map.close()
+        self._file.close()
+
+
+def parse(data: bytes) -> dict[Key, float]:
+    """The entries of one worker's file."""
+    values: dict[Key, float] = {}
+    if len(data) < _HEADER_BYTES:
+        return values
+    (used,) = _USED.unpack_from(data, 0)
+    position = _HEADER_BYTES
+    while position + _LENGTH.size <= min(used, len(data)):
+        (length,) = _LENGTH.unpack_from(data, position)
+        key_end = position + _LENGTH.size + length
+        if key_end + _VALUE.size > len(data):
+            break
+        key = _as_key(msgspec.json.decode(data[position + _LENGTH.size : key_end]))
+        (values[key],) = _VALUE.unpack_from(data, key_end)
+        position = key_end + _VALUE.size
+    return values
