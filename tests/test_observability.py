@@ -52,6 +52,10 @@ def test_a_scrape_counts_the_traffic_of_every_worker(fake, start_gateway):
     n = 40
     for _ in range(n):
         assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 200
+    served_by = wait_until(lambda: {r["worker"] for r in gateway.log_records() if r.get("msg") == "request"}
+                           if len([r for r in gateway.log_records() if r.get("msg") == "request"]) == n else None,
+                           what="every access log line")
+    assert len(served_by) == 2, "both workers must have served chat traffic for this test to mean anything"
     for _ in range(6):  # whichever worker answers the scrape, it counts all n
         assert metric_value(gateway, "tinygw_requests_total", route=CHAT, model="m", status="200") == n
         assert metric_value(gateway, "tinygw_request_duration_seconds_count", route=CHAT) == n
@@ -70,6 +74,12 @@ def test_an_open_circuit_shows_per_worker_and_ends_with_its_pause(fake, start_ga
     # No request reads the circuit again, yet the gauge drops when the pause is over.
     wait_until(lambda: metric_value(gateway, "tinygw_circuit_open", provider="p") == 0, seconds=5,
                what="the gauge to drop after the pause")
+
+
+def test_every_configured_circuit_has_a_series_from_the_start(fake, start_gateway):
+    gateway = start_gateway({"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x", "p:y"]}}})
+    assert metric_value(gateway, "tinygw_circuit_open", provider="p", provider_model="x") == 0
+    assert metric_value(gateway, "tinygw_circuit_open", provider="p", provider_model="y") == 0
 
 
 def test_access_log_line(fake, start_gateway):
@@ -92,6 +102,24 @@ def test_debug_headers_only_with_routing_debug(fake, start_gateway):
     assert (headers["x-tinygw-provider"], headers["x-tinygw-provider-model"]) == ("qwen", "Q")
     assert headers["x-tinygw-circuit"] == "closed"
     assert any(r.get("level") == "warning" and "debug" in r.get("msg", "") for r in debug.log_records())
+
+    # after a fallback, on a stream, and for a client's own model name with a line break
+    backup = FakeUpstream(well_behaved("backup")).start_in_thread()
+    try:
+        fake.script = lambda r: json_reply(500, {"error": {"message": "no"}})
+        both = start_gateway({"providers": {"qwen": provider(fake), "b": provider(backup)},
+                              "models": {"m": {"targets": ["qwen:Q", "b:B"]}}, "routing": {"debug": True}},
+                             PROVIDER_BREAKER_FAILURES="1")
+        _, headers, _ = call("POST", f"{both.url}{CHAT}", {"model": "m"})
+        assert (headers["x-tinygw-attempts"], headers["x-tinygw-provider"]) == ("qwen:500,b:200", "b")
+        status, headers, _ = call("POST", f"{both.url}{CHAT}", {"model": "m", "stream": True})
+        assert status == 200 and headers["x-tinygw-attempts"] == "b:200"  # qwen's circuit is open: skipped
+        status, headers, _ = call("POST", f"{both.url}{CHAT}", {"model": "qwen/Q"})
+        assert status == 503 and headers["x-tinygw-circuit"] == "open"
+        status, headers, _ = call("POST", f"{both.url}{CHAT}", {"model": "b/a\r\nx-evil: 1"})
+        assert status == 200 and "x-evil" not in headers and "%0D%0A" in headers["x-tinygw-provider-model"]
+    finally:
+        backup.stop_thread()
 
     fake.script = well_behaved()
     quiet = start_gateway(config)

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import sys
+from urllib.parse import quote
 
 import msgspec
 
@@ -163,6 +164,7 @@ async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
             route=route.path,
             model=model,
             status=status,
+            worker=gateway.pid,
             target=str(result.target) if result.target else None,
             attempts=",".join(result.attempts),
             cut=result.cut,
@@ -171,17 +173,24 @@ async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
 
 
 def _debug_headers(gateway: Gateway, result: proxy.Result) -> list[tuple[bytes, bytes]]:
-    """SPEC section 7's x-tinygw-* headers, only with `routing.debug` on."""
+    """SPEC section 7's x-tinygw-* headers, only with `routing.debug` on. The circuit's
+    state is the one when the answer started (a probe's verdict comes after)."""
     attempts = [*result.attempts, *([result.current] if result.current else [])]
-    headers = [(b"x-tinygw-attempts", ",".join(attempts).encode())]
+    headers = [(b"x-tinygw-attempts", _header_value(",".join(attempts)))]
     if result.target is not None:
         circuit = gateway.breakers.circuit(result.target.provider, result.target.upstream_model)
         headers += [
-            (b"x-tinygw-provider", result.target.provider.encode()),
-            (b"x-tinygw-provider-model", result.target.upstream_model.encode()),
+            (b"x-tinygw-provider", _header_value(result.target.provider)),
+            (b"x-tinygw-provider-model", _header_value(result.target.upstream_model)),
             (b"x-tinygw-circuit", circuit.state().value.encode()),
         ]
     return headers
+
+
+def _header_value(text: str) -> bytes:
+    """Visible ASCII as is, anything else percent-encoded: a provider-qualified model
+    is the client's own text, and a line break in a header would break the response."""
+    return quote(text, safe="".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")).encode()
 
 
 async def _cancel_when_client_leaves(receive, task: asyncio.Task, client_left: list[bool]) -> None:

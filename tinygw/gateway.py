@@ -8,6 +8,7 @@ model listings, the metrics. There is no module-level state: tests build their o
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from msgspec import Struct
@@ -48,6 +49,9 @@ class Gateway:
         self.metrics = Metrics(__version__, artifact_sha256, settings.metrics_dir)
         configured = sorted({(t.provider, t.upstream_model) for m in settings.models.values() for t in m.targets})
         self.breakers = Breakers(settings.breaker, clock, self._on_transition, configured)
+        for provider, provider_model in configured:  # a series per circuit from the start
+            self.metrics.set_circuit_open_until(provider, provider_model, 0.0)
+        self.pid = os.getpid()
         self.strategies = Strategies(settings)
         # provider -> upstream model ids of its last successful listing; absent while
         # its listing has not succeeded (tinygw.discovery keeps it up to date)

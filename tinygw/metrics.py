@@ -14,9 +14,10 @@ of which a provider has at most its configured targets plus
 from __future__ import annotations
 
 import bisect
-import os
+import logging
 import time
 
+from tinygw import logs
 from tinygw.metricstore import FileStore, Key, MemoryStore
 
 # Seconds; from a cached answer to a long generation (timeout_s defaults to 600).
@@ -54,20 +55,16 @@ def _number(value: float) -> str:
     return str(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class Metrics:
     def __init__(self, version: str, artifact_sha256: str, directory: str | None = None) -> None:
         self._build = (("version", version), ("artifact_sha256", artifact_sha256))
-        self.store = FileStore(directory) if directory else MemoryStore()
+        self.store = MemoryStore()
+        if directory:
+            try:
+                self.store = FileStore(directory)
+            except OSError as e:
+                logs.log(logging.WARNING, "metrics kept per worker: the shared directory is unusable",
+                         error=type(e).__name__)
 
     # ---- the hot path -----------------------------------------------------------------
 
@@ -108,9 +105,10 @@ class Metrics:
         now = time.monotonic()
         summed: dict[Key, float] = {}
         per_worker: dict[Key, float] = {}
-        for pid, values in self.store.snapshot():
-            alive = pid == self.store.pid or _alive(pid)
+        for pid, alive, values in self.store.snapshot():
             for (name, labels, part), value in values.items():
+                if name not in FAMILIES:
+                    continue  # written by another version of tinygw
                 kind = FAMILIES[name][0]
                 if kind == GAUGE:
                     if alive:

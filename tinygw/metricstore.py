@@ -5,6 +5,9 @@ keeps its values in a file of its own, mapped into memory, in a directory that
 `tinygw serve` creates for the run (prometheus_client's multiprocess mode, in ~100
 lines): an increment is a write of 8 bytes into the map, no system call; a scrape
 reads every worker's file. A worker that died keeps its file, so its counts stay.
+A file is named by its worker's pid and start time (a reused pid never reopens an old
+file), and a live worker holds a lock on it: a scrape tells live workers from dead
+ones by trying that lock, not by the pid, which the system may have given to another.
 
 File layout: 4 bytes of used length (little-endian), 4 of padding, then entries of
 [4-byte key length][key: JSON, padded to 8][8-byte float value]. The used length is
@@ -13,9 +16,11 @@ written after the entry, so a reader never sees half an entry.
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import struct
+import time
 from collections.abc import Hashable
 
 import msgspec
@@ -36,11 +41,14 @@ def _as_key(value) -> Key:
 
 
 class MemoryStore:
-    """One process's values, in a dict: for a single worker without a directory, and tests."""
+    """One process's values, in a dict: for a worker without a directory, and tests."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
         self._values: dict[Hashable, float] = {}
+
+    def owns(self, pid: int) -> bool:
+        return pid == self.pid
 
     def add(self, key: Key, amount: float = 1.0) -> None:
         self._values[key] = self._values.get(key, 0.0) + amount
@@ -48,8 +56,9 @@ class MemoryStore:
     def set(self, key: Key, value: float) -> None:
         self._values[key] = value
 
-    def snapshot(self) -> list[tuple[int, dict[Key, float]]]:
-        return [(self.pid, dict(self._values))]
+    def snapshot(self) -> list[tuple[int, bool, dict[Key, float]]]:
+        """(pid, alive, values) of every worker."""
+        return [(self.pid, True, dict(self._values))]
 
 
 class FileStore:
@@ -58,8 +67,9 @@ class FileStore:
     def __init__(self, directory: str) -> None:
         self.pid = os.getpid()
         self.directory = directory
-        path = os.path.join(directory, f"{_FILE_PREFIX}{self.pid}{_FILE_SUFFIX}")
-        self._file = open(path, "w+b")  # noqa: SIM115 (open for the worker's life)
+        self.path = os.path.join(directory, f"{_FILE_PREFIX}{self.pid}-{time.time_ns()}{_FILE_SUFFIX}")
+        self._file = open(self.path, "x+b")  # noqa: SIM115 (open for the worker's life)
+        fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while alive
         self._file.truncate(_INITIAL_BYTES)
         self._map = mmap.mmap(self._file.fileno(), _INITIAL_BYTES)
         self._size = _INITIAL_BYTES
@@ -96,23 +106,44 @@ class FileStore:
         self._offsets[key] = offset
         return offset
 
-    def snapshot(self) -> list[tuple[int, dict[Key, float]]]:
+    def owns(self, pid: int) -> bool:
+        return pid == self.pid
+
+    def snapshot(self) -> list[tuple[int, bool, dict[Key, float]]]:
+        """(pid, alive, values) of every worker whose file can be read; a file that
+        cannot be read or parsed is left out, not allowed to fail the scrape."""
+        try:
+            names = sorted(os.listdir(self.directory))
+        except OSError:
+            names = []
         workers = []
-        for name in sorted(os.listdir(self.directory)):
+        for name in names:
             if not (name.startswith(_FILE_PREFIX) and name.endswith(_FILE_SUFFIX)):
                 continue
+            path = os.path.join(self.directory, name)
             try:
-                pid = int(name[len(_FILE_PREFIX) : -len(_FILE_SUFFIX)])
-                with open(os.path.join(self.directory, name), "rb") as f:
-                    data = f.read()
-            except (ValueError, OSError):
+                pid = int(name[len(_FILE_PREFIX) : -len(_FILE_SUFFIX)].split("-")[0])
+                with open(path, "rb") as f:
+                    alive = path == self.path or _locked(f.fileno())
+                    values = parse(f.read())
+            except (ValueError, OSError, struct.error, msgspec.MsgspecError):
                 continue
-            workers.append((pid, parse(data)))
+            workers.append((pid, alive, values))
         return workers
 
     def close(self) -> None:
         self._map.close()
         self._file.close()
+
+
+def _locked(fd: int) -> bool:
+    """Does a live worker hold its file's lock?"""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
 
 
 def parse(data: bytes) -> dict[Key, float]:

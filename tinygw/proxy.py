@@ -133,8 +133,12 @@ async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, se
             attempts += 1
             result.target = target
             last = await _attempt(gateway, upstream, inbound, target, key_index, send, result)
+        except asyncio.CancelledError:  # the client left mid-attempt (the one await above)
+            ticket.done(Outcome.NEUTRAL)
+            gateway.metrics.count_attempt(circuit.provider, circuit.provider_model, "client_closed")
+            raise
         except BaseException:
-            ticket.done(Outcome.NEUTRAL)  # the client left mid-attempt: no verdict
+            ticket.done(Outcome.NEUTRAL)
             raise
         ticket.done(last.verdict.outcome, None if last.verdict.outcome is not Outcome.FAILURE else last.label)
         result.attempts.append(f"{target.provider}:{last.label}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 
@@ -18,12 +19,17 @@ APP_TARGET = "tinygw.app:app"
 
 def serve(settings: Settings) -> None:
     """Run until SIGTERM or SIGINT; in-flight requests get `drain_seconds` to end."""
-    metrics_dir = tempfile.mkdtemp(prefix="tinygw-metrics-")  # this run's workers' counts
-    config.share_metrics_dir(metrics_dir)
+    try:  # this run's workers' counts, in memory (tmpfs) where the system has it
+        metrics_dir = tempfile.mkdtemp(prefix="tinygw-metrics-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    except OSError:
+        metrics_dir = None  # each worker then counts its own traffic only
+    if metrics_dir:
+        config.share_metrics_dir(metrics_dir)
     try:
         _granian(settings).serve()
     finally:
-        shutil.rmtree(metrics_dir, ignore_errors=True)
+        if metrics_dir:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 def _granian(settings: Settings) -> Granian:

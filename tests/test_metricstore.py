@@ -1,0 +1,69 @@
+"""The per-worker metric files: what a scrape sees of live, dead and broken workers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import ROOT
+from tinygw.metrics import Metrics
+from tinygw.metricstore import FileStore, MemoryStore
+
+
+def samples(metrics: Metrics) -> dict:
+    text = metrics.render().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def count_in_another_process(directory, requests: int) -> None:
+    """A worker that counts and exits: its file stays, unlocked."""
+    code = (f"from tinygw.metrics import Metrics\nm = Metrics('1', '', {str(directory)!r})\n"
+            f"for _ in range({requests}): m.count_request('/r', 'm', 200, 0.01)\n"
+            "m.set_listing_up('p', True)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_a_dead_workers_counts_stay_and_its_gauges_go(tmp_path):
+    count_in_another_process(tmp_path, 3)
+    mine = Metrics("1", "", str(tmp_path))
+    mine.count_request("/r", "m", 200, 0.01)
+    mine.set_listing_up("p", True)
+    seen = samples(mine)
+    assert seen[("tinygw_requests_total", (("model", "m"), ("route", "/r"), ("status", "200")))] == 4
+    listing = [k for k in seen if k[0] == "tinygw_listing_up"]
+    assert listing == [("tinygw_listing_up", (("provider", "p"), ("worker", str(os.getpid()))))]
+
+
+def test_a_reused_pid_does_not_reopen_an_old_file(tmp_path):
+    first = Metrics("1", "", str(tmp_path))
+    first.count_request("/r", "m", 200, 0.01)
+    second = Metrics("1", "", str(tmp_path))  # same pid, as a reused one would be
+    second.count_request("/r", "m", 200, 0.01)
+    assert samples(second)[("tinygw_requests_total", (("model", "m"), ("route", "/r"), ("status", "200")))] == 2
+
+
+def test_a_broken_file_does_not_break_the_scrape(tmp_path):
+    mine = Metrics("1", "", str(tmp_path))
+    mine.count_request("/r", "m", 200, 0.01)
+    (tmp_path / "worker-1-1.db").write_bytes(b"\xff" * 64)
+    (tmp_path / "worker-2-2.db").write_bytes(b"\x20\x00\x00\x00\x00\x00\x00\x00" + b"\x0c\x00\x00\x00[\"nope\",[]]")
+    assert samples(mine)[("tinygw_requests_total", (("model", "m"), ("route", "/r"), ("status", "200")))] == 1
+
+
+def test_an_unusable_directory_falls_back_to_memory(tmp_path):
+    metrics = Metrics("1", "", str(tmp_path / "missing"))
+    assert isinstance(metrics.store, MemoryStore)
+    metrics.count_request("/r", "m", 200, 0.01)
+    assert samples(metrics)[("tinygw_requests_total", (("model", "m"), ("route", "/r"), ("status", "200")))] == 1
+
+
+def test_a_file_grows_past_its_first_size(tmp_path):
+    store = FileStore(str(tmp_path))
+    for i in range(3000):
+        store.add(("tinygw_requests_total", ("/r", f"model-{i}", "200"), ""), i)
+    [(pid, alive, values)] = store.snapshot()
+    assert alive and len(values) == 3000 and values[("tinygw_requests_total", ("/r", "model-2999", "200"), "")] == 2999
