@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: all demo test bench lock clean
+.PHONY: all demo test bench lock clean build reproduce test-frozen
 
 all: $(STAMP)
 
@@ -19,8 +19,22 @@ $(STAMP): requirements/runtime.lock requirements/dev.lock
 demo: $(STAMP)
 	$(PY) -m tinygw demo
 
+# tests/test_frozen.py runs against build/dist/tinygw, which may predate the sources: `make test-frozen`.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --ignore=tests/test_frozen.py
+
+# build/dist/tinygw and build/dist/release.json (SPEC section 8); see build/build.sh.
+build: $(STAMP)
+	sh build/build.sh
+
+# Two builds from two temporary copies of the tree must be byte-identical.
+reproduce: $(STAMP)
+	$(PY) build/reproduce.py
+
+# Build, then test the executable: its own tests, then every suite against it (TINYGW_BINARY).
+test-frozen: build
+	$(PY) -m pytest -q tests/test_frozen.py
+	TINYGW_BINARY=$(CURDIR)/build/dist/tinygw $(PY) -m pytest -q --ignore=tests/test_frozen.py
 
 bench: $(STAMP)
 	$(PY) bench/run.py
@@ -32,4 +46,4 @@ lock:
 	cd requirements && $(PYTHON) -m uv pip compile -q --python-version 3.11 --generate-hashes --no-header dev.in -o dev.lock
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache build/dist build/work

@@ -1,0 +1,121 @@
+"""release.json: what a client (or its auditor) needs to check that a gateway runs this build.
+
+SPEC section 8. Run by build/build.sh with the venv's Python, the one that built the artifact:
+
+    release.py check-locks
+        exit 1, naming each package, unless the venv holds exactly the versions the locks pin
+    release.py write ARTIFACT OUTPUT --source-commit SHA --source-date-epoch N
+        write OUTPUT (release.json) for the executable ARTIFACT
+
+The measurement is the one attest/launch makes before it execs the artifact: one event,
+the artifact's sha384, extended into a zeroed RTMR3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import json
+import platform
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCKS = (ROOT / "requirements" / "runtime.lock", ROOT / "requirements" / "dev.lock")  # hashed in this order
+
+# A TDX RTMR holds one SHA-384 value: 48 bytes, all zero at boot.
+RTMR_BYTES = 48
+EVENT_TYPE = "tinygw.artifact"
+
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)", re.MULTILINE)
+
+
+def expected_rtmr3(digest_hex: str) -> str:
+    """RTMR3 after one extend of a zeroed register with `digest_hex` (a sha384, hex).
+
+    TDX extends a runtime measurement register as new = SHA384(old ‖ digest), and the
+    register starts as 48 zero bytes, so a register that holds only the artifact's event
+    reads SHA384(0x00 * 48 ‖ sha384(artifact)). Returns lowercase hex."""
+    digest = bytes.fromhex(digest_hex)
+    if len(digest) != RTMR_BYTES:
+        raise ValueError(f"an RTMR event digest is {RTMR_BYTES} bytes (sha384), got {len(digest)}")
+    return hashlib.sha384(bytes(RTMR_BYTES) + digest).hexdigest()
+
+
+def lock_sha256() -> str:
+    """sha256 of runtime.lock's bytes followed by dev.lock's bytes."""
+    return hashlib.sha256(b"".join(lock.read_bytes() for lock in LOCKS)).hexdigest()
+
+
+def lock_mismatches() -> list[str]:
+    """Each pinned package whose installed version differs from its pin (empty when in sync)."""
+    problems = []
+    for lock in LOCKS:
+        for name, pinned in _PIN.findall(lock.read_text()):
+            try:
+                installed = importlib.metadata.version(name)
+            except importlib.metadata.PackageNotFoundError:
+                installed = None
+            if installed != pinned:
+                problems.append(f"{name}: {lock.name} pins {pinned}, the venv has {installed or 'nothing'}")
+    return problems
+
+
+def _digests(path: Path) -> tuple[int, str, str]:
+    sha256, sha384 = hashlib.sha256(), hashlib.sha384()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            sha256.update(block)
+            sha384.update(block)
+    return path.stat().st_size, sha256.hexdigest(), sha384.hexdigest()
+
+
+def release(artifact: Path, source_commit: str, source_date_epoch: int) -> dict:
+    """The release record of `artifact`, in the schema attest/verify reads."""
+    import PyInstaller
+
+    sys.path.insert(0, str(ROOT))
+    import tinygw
+
+    size, sha256, sha384 = _digests(artifact)
+    return {
+        "version": tinygw.__version__,
+        "source_commit": source_commit,
+        "source_date_epoch": source_date_epoch,
+        "python_version": platform.python_version(),
+        "pyinstaller_version": PyInstaller.__version__,
+        "lock_sha256": lock_sha256(),
+        "artifact": {"name": artifact.name, "size": size, "sha256": sha256, "sha384": sha384},
+        "measurement": {
+            "register": "rtmr3",
+            "event": {"type": EVENT_TYPE, "digest_sha384": sha384},
+            "expected_rtmr3": expected_rtmr3(sha384),
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="release.py", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("check-locks")
+    write = commands.add_parser("write")
+    write.add_argument("artifact", type=Path)
+    write.add_argument("output", type=Path)
+    write.add_argument("--source-commit", required=True)
+    write.add_argument("--source-date-epoch", type=int, required=True)
+    args = parser.parse_args(argv)
+
+    if args.command == "check-locks":
+        problems = lock_mismatches()
+        for problem in problems:
+            print(f"release.py: {problem}", file=sys.stderr)
+        return 1 if problems else 0
+    record = release(args.artifact, args.source_commit, args.source_date_epoch)
+    args.output.write_text(json.dumps(record, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
