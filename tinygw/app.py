@@ -17,6 +17,7 @@ from urllib.parse import quote
 import msgspec
 
 from tinygw import config, discovery, logs, proxy
+from tinygw.attestation import attestation_page
 from tinygw.errors import ConfigError
 from tinygw.gateway import Gateway
 from tinygw.routing import ROUTES, resolve
@@ -299,4 +300,5 @@ async def _metrics(gateway: Gateway, scope, send) -> None:
     await send({"type": "http.response.body", "body": gateway.metrics.render()})
 
 
-_PAGES = {"/healthz": _healthz, "/v1/models": _models, "/metrics": _metrics, "/status": status_page, "/status.json": status_json}
+_PAGES = {"/healthz": _healthz, "/v1/models": _models, "/metrics": _metrics, "/status": status_page, "/status.json": status_json,
+          "/attestation": attestation_page}

@@ -27,6 +27,12 @@ DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
 
 METRICS_DIR_VARIABLE = "TINYGW_METRICS_DIR"
 
+# Where attestation measures and reports (SPEC section 8). attest/launch reads the same
+# variables with the same defaults; tests point them at fake trees.
+DEFAULT_RTMR_PATH = "/sys/devices/virtual/misc/tdx_guest/measurements/rtmr3:sha384"
+DEFAULT_TSM_REPORT_DIR = "/sys/kernel/config/tsm/report"
+DEFAULT_EVENT_LOG = "/run/tinygw/event-log.jsonl"
+
 
 # ---- the JSON document (TINYGW_CONFIG) -------------------------------------------
 
@@ -127,6 +133,12 @@ class Settings(Struct, frozen=True, kw_only=True):
     # Where the workers of one `tinygw serve` keep their metrics (tinygw.metricstore);
     # set by serve itself for its workers, not configuration, so not in the hash.
     metrics_dir: str | None = None
+    # Paths of the measurement register, the configfs-tsm report interface and the
+    # launcher's event log: where the machine keeps them, not configuration, so not in
+    # the hash.
+    rtmr_path: str = DEFAULT_RTMR_PATH
+    tsm_report_dir: str = DEFAULT_TSM_REPORT_DIR
+    event_log: str = DEFAULT_EVENT_LOG
 
     def effective(self) -> dict:
         """The non-secret configuration, as `tinygw check` prints and hashes it."""
@@ -204,6 +216,11 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     if word in _FALSE:
         return False
     raise ConfigError(name, f"not a boolean (true/false): {raw!r}")
+
+
+def _path(env: Mapping[str, str], name: str, default: str) -> str:
+    raw = env.get(name)
+    return default if raw is None or raw.strip() == "" else raw
 
 
 def _read_file(name: str, path: str) -> str:
@@ -387,6 +404,9 @@ def from_environ(env: Mapping[str, str] | None = None) -> Settings:
         health_check_seconds=_number(env, "PROVIDER_HEALTH_CHECK_SECONDS", 10.0, low=0, high=86400),
         listing_seconds=_number(env, "PROVIDER_LISTING_SECONDS", 60.0, low=0, high=86400),
         metrics_dir=env.get(METRICS_DIR_VARIABLE) or None,
+        rtmr_path=_path(env, "TINYGW_RTMR_PATH", DEFAULT_RTMR_PATH),
+        tsm_report_dir=_path(env, "TINYGW_TSM_REPORT_DIR", DEFAULT_TSM_REPORT_DIR),
+        event_log=_path(env, "TINYGW_EVENT_LOG", DEFAULT_EVENT_LOG),
     )
 
 

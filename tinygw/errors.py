@@ -68,3 +68,15 @@ class PoolTimeout(UpstreamError):
     """Every one of the provider's `max_connections` stayed busy until the deadline."""
 
     cause = "timeout"
+
+
+class EvidenceUnavailable(Exception):
+    """No attestation evidence can be given now (503); the message says which step failed."""
+
+    code = "evidence_unavailable"
+
+
+class Raced(EvidenceUnavailable):
+    """The report entry's `generation` changed while it was read: someone else wrote."""
+
+    code = "attestation_raced"

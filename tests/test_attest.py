@@ -1,0 +1,543 @@
+"""attest/launch, GET /attestation and attest/verify, against fake sysfs and configfs-tsm trees.
+
+No root and no TDX hardware: `FakeTdx` stands in for both kernel interfaces, and is
+honest about what matters, that RTMR3 moves only by what is written into it, never by
+the event log. Its register file is a FIFO that a thread reads, extending the register
+by each 48-byte write as the kernel's sysfs file does (a regular file would keep only
+the last write). Its report directory is a plain one: for each new entry with a 64-byte
+`inblob` a second thread writes `generation`, `provider` and, last, an `outblob` laid
+out as a TDX quote v4, with the register's RTMR3 at offset 520 and the inblob as
+REPORTDATA at offset 568. It signs nothing: the quote signature is the platform
+verifier's business, and attest/verify says it skipped it.
+
+The artifact is a small shell script that execs the gateway from source (or, with
+TINYGW_BINARY set, the frozen binary itself), so no PyInstaller build is needed here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import http.server
+import json
+import os
+import platform
+import shutil
+import struct
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import conftest
+from conftest import ROOT, call, wait_until
+from tinygw import __version__, attestation, config
+from tinygw.fake_upstream import FakeUpstream
+
+LAUNCH = ROOT / "attest" / "launch"
+VERIFY = ROOT / "attest" / "verify"
+SECRET = "sk-attest-never-shown"
+
+
+# ---- the fake platform -----------------------------------------------------------------
+
+
+def tdx_quote_v4(rtmr3: bytes, report_data: bytes) -> bytes:
+    header = struct.pack("<HHI", 4, 2, 0x81) + bytes(40)  # version 4, ECDSA P-256 key, TEE type TDX
+    body = bytearray(584)  # the TD quote body: TCB, MRSEAM, ..., MRTD, RTMR0-3, REPORTDATA
+    body[472:520] = rtmr3
+    body[520:584] = report_data
+    signature = bytes(4096)  # a real one holds the ECDSA signature and the PCK certificate chain
+    return header + bytes(body) + struct.pack("<I", len(signature)) + signature
+
+
+class FakeTdx:
+    def __init__(self, root: Path) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self.rtmr_path = root / "rtmr3:sha384"
+        self.report_dir = root / "tsm" / "report"
+        self.report_dir.mkdir(parents=True)
+        self._scratch = root / "platform"  # where answers are written before they are moved in
+        self._scratch.mkdir()
+        self.rtmr3 = bytes(48)
+        self.writes: list[bytes] = []
+        os.mkfifo(self.rtmr_path)
+        # Held open for reading, so that a writer's open never blocks and reads never do.
+        self._register_fd = os.open(self.rtmr_path, os.O_RDONLY | os.O_NONBLOCK)
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=f, daemon=True) for f in (self._register, self._tsm)]
+        for thread in self._threads:
+            thread.start()
+
+    def env(self) -> dict[str, str]:
+        return {"TINYGW_RTMR_PATH": str(self.rtmr_path), "TINYGW_TSM_REPORT_DIR": str(self.report_dir)}
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(5)
+        os.close(self._register_fd)
+
+    def _register(self) -> None:
+        pending = b""
+        while not self._stop.is_set():
+            try:
+                pending += os.read(self._register_fd, 4096)
+            except BlockingIOError:
+                pass
+            while len(pending) >= 48:
+                digest, pending = pending[:48], pending[48:]
+                self.rtmr3 = hashlib.sha384(self.rtmr3 + digest).digest()
+                self.writes.append(digest)
+            time.sleep(0.005)
+
+    def _tsm(self) -> None:
+        answered: set[str] = set()
+        while not self._stop.is_set():
+            for entry in self.report_dir.iterdir():
+                if entry.name in answered:
+                    continue
+                try:
+                    inblob = (entry / "inblob").read_bytes()
+                    if len(inblob) == 64:
+                        self._put(entry / "generation", b"1\n")
+                        self._put(entry / "provider", b"tdx_guest\n")
+                        self._put(entry / "outblob", tdx_quote_v4(self.rtmr3, inblob))
+                        answered.add(entry.name)
+                except OSError:  # not written yet, or already removed by the gateway
+                    pass
+            time.sleep(0.005)
+
+    def _put(self, path: Path, content: bytes) -> None:
+        spare = self._scratch / uuid.uuid4().hex
+        spare.write_bytes(content)
+        os.replace(spare, path)
+
+
+# ---- artifacts, releases, processes -----------------------------------------------------
+
+
+def make_artifact(directory: Path) -> Path:
+    """The gateway as one executable file: the frozen build when there is one."""
+    if os.environ.get("TINYGW_BINARY"):
+        return Path(os.environ["TINYGW_BINARY"]).resolve()
+    return script_artifact(directory)
+
+
+def script_artifact(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    artifact = directory / "tinygw"
+    artifact.write_text(f'#!/bin/sh\n# a stand-in for build/dist/tinygw\nexec "{sys.executable}" -m tinygw "$@"\n')
+    artifact.chmod(0o755)
+    return artifact
+
+
+def one_byte_changed(artifact: Path, directory: Path) -> Path:
+    copy = directory / "tinygw-modified"
+    shutil.copyfile(artifact, copy)
+    data = bytearray(copy.read_bytes())
+    at = data.find(b"stand-in")  # a letter of the script's comment, so that it still runs
+    data[at if at >= 0 else -1] ^= 0x20  # or the frozen binary's last byte
+    copy.write_bytes(bytes(data))
+    copy.chmod(0o755)
+    return copy
+
+
+def sha384(path: Path) -> str:
+    return hashlib.sha384(path.read_bytes()).hexdigest()
+
+
+def write_release(artifact: Path, path: Path) -> dict:
+    """release.json as build/release.py writes it, for this test's artifact."""
+    data = artifact.read_bytes()
+    digest = hashlib.sha384(data).hexdigest()
+    release = {
+        "version": __version__,
+        "source_commit": "0" * 40,
+        "source_date_epoch": 0,
+        "python_version": platform.python_version(),
+        "pyinstaller_version": "none (a test's stand-in artifact)",
+        "lock_sha256": "0" * 64,
+        "artifact": {"name": "tinygw", "size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "sha384": digest},
+        "measurement": {
+            "register": "rtmr3",
+            "event": {"type": "tinygw.artifact", "digest_sha384": digest},
+            "expected_rtmr3": hashlib.sha384(bytes(48) + bytes.fromhex(digest)).hexdigest(),
+        },
+    }
+    path.write_text(json.dumps(release, indent=2))
+    return release
+
+
+def gateway_config(upstream_url: str) -> dict:
+    return {
+        "providers": {"up": {"base_url": f"{upstream_url}/v1", "api": "openai", "api_key_env": "UP_KEY", "listing": False}},
+        "models": {"m": {"targets": ["up:m"]}},
+    }
+
+
+def launched_gateway(artifact: Path, upstream_url: str, env: dict[str, str], log_path: Path) -> conftest.Gateway:
+    """conftest's real gateway process, started as `attest/launch ARTIFACT serve`."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(conftest, "gateway_command", lambda: [str(LAUNCH), str(artifact)])
+        return conftest.Gateway(gateway_config(upstream_url), {"UP_KEY": SECRET, **env}, log_path)
+
+
+def launch(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [str(LAUNCH), *args], env={"PATH": os.environ["PATH"], **env}, cwd=cwd,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def verify(*args: str) -> tuple[int, dict[str, str], str]:
+    """attest/verify's exit status, {check: PASS | FAIL | SKIP}, and its output."""
+    done = subprocess.run([str(VERIFY), *args], capture_output=True, text=True, timeout=60,
+                          env={"PATH": os.environ["PATH"]})
+    verdicts = {}
+    for line in done.stdout.splitlines():
+        verdict, _, rest = line.partition(" ")
+        if verdict in ("PASS", "FAIL", "SKIP"):
+            verdicts[rest.partition(":")[0]] = verdict
+    return done.returncode, verdicts, done.stdout + done.stderr
+
+
+def nonce_hex() -> str:
+    return os.urandom(32).hex()
+
+
+def events_of(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+# ---- attest/launch ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tiny_artifact(tmp_path) -> Path:
+    """An artifact that says it ran, with its pid and arguments, in a path with a space."""
+    artifact = tmp_path / "my tools" / "gw"
+    artifact.parent.mkdir()
+    artifact.write_text('#!/bin/sh\necho "ran $$ $*"\n')
+    artifact.chmod(0o755)
+    return artifact
+
+
+def test_launch_refuses_to_run_unmeasured_unless_told(tmp_path, tiny_artifact):
+    env = {"TINYGW_RTMR_PATH": str(tmp_path / "no-register"), "TINYGW_EVENT_LOG": str(tmp_path / "log" / "events")}
+    refused = launch([str(tiny_artifact), "serve"], env, tmp_path)
+    out, err = refused.communicate(timeout=10)
+    assert refused.returncode == 3 and out == ""
+    assert "refusing to run unmeasured" in err and "TINYGW_ALLOW_UNMEASURED=1" in err
+
+    allowed = launch([str(tiny_artifact), "serve"], {**env, "TINYGW_ALLOW_UNMEASURED": "1"}, tmp_path)
+    out, err = allowed.communicate(timeout=10)
+    assert allowed.returncode == 0 and out == f"ran {allowed.pid} serve\n"
+    assert "unmeasured" in err
+    assert not (tmp_path / "log").exists()  # nothing was measured, so there is no event
+
+
+def test_launch_extends_rtmr3_logs_the_event_and_execs(tmp_path, tiny_artifact):
+    tdx = FakeTdx(tmp_path / "tdx")
+    try:
+        log = tmp_path / "run" / "tinygw" / "event-log.jsonl"
+        env = {**tdx.env(), "TINYGW_EVENT_LOG": str(log)}
+        digest = sha384(tiny_artifact)
+        # A relative path: the launcher hashes, logs and execs the same absolute one.
+        process = launch(["my tools/gw", "serve", "--x"], env, tmp_path)
+        out, err = process.communicate(timeout=10)
+        assert process.returncode == 0
+        assert out == f"ran {process.pid} serve --x\n"  # the same process: exec, not a child
+        event = {"register": "rtmr3", "type": "tinygw.artifact", "digest_sha384": digest, "artifact": str(tiny_artifact)}
+        assert events_of(log) == [event]
+        assert "extended rtmr3" in err and digest in err
+
+        expected = write_release(tiny_artifact, tmp_path / "release.json")["measurement"]["expected_rtmr3"]
+        wait_until(lambda: tdx.rtmr3.hex() == expected, what="RTMR3 to hold the release's expected value")
+        assert tdx.writes == [bytes.fromhex(digest)]  # 48 raw bytes
+
+        again = launch([str(tiny_artifact)], env, tmp_path)
+        assert again.wait(10) == 0
+        assert events_of(log) == [event, event]
+        twice = hashlib.sha384(bytes.fromhex(expected) + bytes.fromhex(digest)).hexdigest()
+        wait_until(lambda: tdx.rtmr3.hex() == twice, what="RTMR3 to be extended a second time")
+    finally:
+        tdx.stop()
+
+
+# ---- GET /attestation ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """A gateway started by attest/launch on the fake TDX platform, and its release.json."""
+    root = tmp_path_factory.mktemp("measured")
+    tdx = FakeTdx(root / "tdx")
+    upstream = FakeUpstream().start_in_thread()
+    artifact = make_artifact(root / "dist")
+    release = write_release(artifact, root / "release.json")
+    event_log = root / "run" / "event-log.jsonl"
+    gateway = None
+    try:
+        gateway = launched_gateway(artifact, upstream.url, {**tdx.env(), "TINYGW_EVENT_LOG": str(event_log)},
+                                   root / "gateway.log")
+        wait_until(lambda: tdx.rtmr3.hex() == release["measurement"]["expected_rtmr3"], what="the launch's measurement")
+        yield SimpleNamespace(
+            root=root, tdx=tdx, artifact=artifact, release=release, release_path=root / "release.json",
+            event_log=event_log, gateway=gateway, config_sha256=config.from_environ(gateway.env).config_sha256(),
+        )
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        upstream.stop_thread()
+        tdx.stop()
+
+
+def test_attestation_answers_with_the_quote_and_the_event_log(measured):
+    nonce = nonce_hex()
+    status, headers, body = call("GET", f"{measured.gateway.url}/attestation?nonce={nonce.upper()}")
+    assert status == 200, body
+    assert headers["cache-control"] == "no-store"
+    answer = json.loads(body)
+    frozen = bool(os.environ.get("TINYGW_BINARY"))
+    assert answer["version"] == __version__
+    assert answer["artifact_sha384"] == (measured.release["artifact"]["sha384"] if frozen else None)
+    assert answer["artifact_sha256"] == (measured.release["artifact"]["sha256"] if frozen else None)
+    assert answer["config_sha256"] == measured.config_sha256
+    assert answer["nonce"] == nonce
+    expected = hashlib.sha512(b"tinygw.attest.v1" + bytes.fromhex(nonce) + bytes.fromhex(measured.config_sha256))
+    assert answer["report_data"] == expected.hexdigest()
+    assert answer["event_log"] == events_of(measured.event_log) and len(answer["event_log"]) == 1
+    assert answer["evidence"]["provider"] == "tdx_guest"
+    quote = base64.b64decode(answer["evidence"]["outblob"])
+    assert quote[568:632] == expected.digest() and quote[520:568] == measured.tdx.rtmr3
+    assert list(measured.tdx.report_dir.iterdir()) == []  # the entry was removed
+    assert SECRET.encode() not in body
+
+    # The measured gateway is the gateway: it proxies.
+    status, _, body = call("POST", f"{measured.gateway.url}/v1/chat/completions",
+                           {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 200, body
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "",
+        "nonce=",
+        f"nonce={'ab' * 31}",  # 31 bytes
+        f"nonce={'ab' * 65}",  # 65 bytes
+        f"nonce={'ab' * 32}a",  # odd length
+        f"nonce={'zz' * 32}",
+        f"nonce={'ab' * 16}%20{'ab' * 16}",  # bytes.fromhex would allow the space
+        f"nonce={'ab' * 32}&nonce={'cd' * 32}",
+    ],
+)
+def test_attestation_rejects_a_bad_nonce(measured, query):
+    status, _, body = call("GET", f"{measured.gateway.url}/attestation?{query}")
+    assert status == 400
+    error = json.loads(body)["error"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_nonce")
+    assert "nonce" in error["message"]
+
+
+def test_attestation_without_hardware_says_so(tmp_path, start_gateway, fake):
+    """Not launched, no TSM interface: evidence "none" and an empty log, and verify fails
+    it (or, with --allow-no-evidence, skips the quote checks but still finds no measurement)."""
+    gateway = start_gateway(gateway_config(fake.url), UP_KEY=SECRET,
+                            TINYGW_TSM_REPORT_DIR=str(tmp_path / "no-tsm"), TINYGW_EVENT_LOG=str(tmp_path / "no-log"))
+    for nonce in ("ab" * 32, "cd" * 64):
+        status, _, body = call("GET", f"{gateway.url}/attestation?nonce={nonce}")
+        assert status == 200, body
+        answer = json.loads(body)
+        assert answer["nonce"] == nonce and answer["evidence"] == {"provider": "none"} and answer["event_log"] == []
+        assert SECRET.encode() not in body
+
+    artifact = make_artifact(tmp_path / "dist")
+    code, verdicts, output = verify("--artifact", str(artifact), "--url", gateway.url)
+    assert code == 1, output
+    assert verdicts == {"nonce echoed": "PASS", "report_data": "FAIL", "event log replays to RTMR3": "FAIL",
+                        "artifact measured": "FAIL", "quote signature": "FAIL"}, output
+    assert "no hardware evidence" in output
+    code, verdicts, output = verify("--artifact", str(artifact), "--url", gateway.url, "--allow-no-evidence")
+    assert code == 1, output
+    assert verdicts == {"nonce echoed": "PASS", "report_data": "SKIP", "event log replays to RTMR3": "SKIP",
+                        "artifact measured": "FAIL", "quote signature": "SKIP"}, output
+
+
+def in_process_attestation(report_dir: Path, nonce: bytes) -> tuple[int, dict]:
+    settings = config.from_environ({"TINYGW_CONFIG": "{}", "TINYGW_TSM_REPORT_DIR": str(report_dir),
+                                    "TINYGW_EVENT_LOG": str(report_dir / "no-log")})
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"query_string": b"nonce=" + nonce.hex().encode()}
+    asyncio.run(attestation.attestation_page(SimpleNamespace(settings=settings), scope, send))
+    return sent[0]["status"], json.loads(sent[1]["body"])
+
+
+def test_a_changed_generation_is_a_race(tmp_path, monkeypatch):
+    tdx = FakeTdx(tmp_path / "tdx")
+    generations = []
+    read = attestation._read
+
+    def read_with_a_rival(path, limit, what):
+        content = read(path, limit, what)
+        if what == "generation":
+            generations.append(content)
+            if len(generations) == 2:  # someone else wrote the inblob in between
+                return b"2\n"
+        return content
+
+    monkeypatch.setattr(attestation, "_read", read_with_a_rival)
+    try:
+        status, answer = in_process_attestation(tdx.report_dir, os.urandom(32))
+    finally:
+        tdx.stop()
+    assert status == 503
+    assert answer["error"]["message"] == "attestation raced; retry"
+    assert answer["error"]["code"] == "attestation_raced"
+    assert list(tdx.report_dir.iterdir()) == []
+
+
+def test_a_silent_tsm_provider_is_a_bounded_503(tmp_path, monkeypatch):
+    monkeypatch.setattr(attestation, "EVIDENCE_SECONDS", 0.2)
+    report_dir = tmp_path / "report"
+    report_dir.mkdir()  # a report interface that never answers
+    status, answer = in_process_attestation(report_dir, os.urandom(64))
+    assert status == 503
+    assert answer["error"]["code"] == "evidence_unavailable"
+    assert "gave no generation within 0.2 s" in answer["error"]["message"]
+    assert list(report_dir.iterdir()) == []
+
+
+# ---- attest/verify ---------------------------------------------------------------------------
+
+ALL_CHECKS = ["nonce echoed", "report_data", "event log replays to RTMR3", "artifact measured", "config", "quote signature"]
+
+
+def test_verify_passes_the_genuine_gateway(measured, tmp_path):
+    code, verdicts, output = verify("--release", str(measured.release_path), "--url", measured.gateway.url,
+                                    "--config-sha256", measured.config_sha256)
+    assert code == 0, output
+    assert list(verdicts) == ALL_CHECKS, output
+    assert set(verdicts.values()) == {"PASS", "SKIP"} and verdicts["quote signature"] == "SKIP", output
+    assert "no platform verifier installed" in output
+
+    code, verdicts, output = verify("--artifact", str(measured.artifact), "--url", measured.gateway.url)
+    assert code == 0 and "config" not in verdicts, output
+
+    # A platform verifier gets the quote's path as its last argument; its exit status decides.
+    checker = tmp_path / "check-quote"
+    checker.write_text(f"#!{sys.executable}\nimport sys\nsys.exit(open(sys.argv[-1], 'rb').read(2) != b'\\x04\\x00')\n")
+    checker.chmod(0o755)
+    code, verdicts, output = verify("--release", str(measured.release_path), "--url", measured.gateway.url,
+                                    "--platform-verifier", f"{checker} --strict")
+    assert code == 0 and verdicts["quote signature"] == "PASS", output
+    code, verdicts, output = verify("--release", str(measured.release_path), "--url", measured.gateway.url,
+                                    "--platform-verifier", "false")
+    assert code == 1 and verdicts["quote signature"] == "FAIL", output
+
+
+def test_verify_fails_a_one_byte_change_in_the_artifact(measured, tmp_path):
+    modified = one_byte_changed(measured.artifact, tmp_path)
+    code, verdicts, output = verify("--artifact", str(modified), "--url", measured.gateway.url)
+    assert code == 1, output
+    assert verdicts["artifact measured"] == "FAIL", output
+    assert [name for name, verdict in verdicts.items() if verdict == "FAIL"] == ["artifact measured"], output
+
+
+@contextlib.contextmanager
+def always_answering(body: bytes):
+    """A server that answers every GET with `body`: a gateway that replays an old answer."""
+
+    class Replay(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Replay)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_verify_fails_a_replayed_answer(measured):
+    status, _, captured = call("GET", f"{measured.gateway.url}/attestation?nonce={nonce_hex()}")
+    assert status == 200
+    with always_answering(captured) as url:
+        code, verdicts, output = verify("--release", str(measured.release_path), "--url", url)
+    assert code == 1, output
+    assert verdicts["nonce echoed"] == "FAIL" and verdicts["report_data"] == "FAIL", output
+    # Everything else in the old answer is genuine; only freshness gives it away.
+    assert verdicts["event log replays to RTMR3"] == "PASS" and verdicts["artifact measured"] == "PASS", output
+
+
+def test_verify_counts_every_rtmr3_event_and_only_those(measured):
+    """The genuine digest filed under another register proves nothing, and a second
+    binary measured into RTMR3 under another label still ran there."""
+    status, _, body = call("GET", f"{measured.gateway.url}/attestation?nonce={nonce_hex()}")
+    answer = json.loads(body)
+    genuine = measured.release["artifact"]["sha384"]
+    answer["event_log"] = [{"register": "rtmr2", "type": "tinygw.artifact", "digest_sha384": genuine}]
+    with always_answering(json.dumps(answer).encode()) as url:
+        code, verdicts, output = verify("--release", str(measured.release_path), "--url", url)
+    assert code == 1 and verdicts["artifact measured"] == "FAIL" and "no rtmr3 event" in output, output
+    answer["event_log"] = [{"register": "rtmr3", "type": "tinygw.artifact", "digest_sha384": genuine},
+                           {"register": "rtmr3", "type": "config", "digest_sha384": "0" * 96}]
+    with always_answering(json.dumps(answer).encode()) as url:
+        code, verdicts, output = verify("--release", str(measured.release_path), "--url", url)
+    assert code == 1 and verdicts["artifact measured"] == "FAIL" and "also measures 'config'" in output, output
+
+
+def test_verify_fails_a_changed_configuration(measured):
+    other = gateway_config("http://127.0.0.1:1")
+    other["routing"] = {"max_attempts": 3}
+    other_sha256 = config.from_environ({**measured.gateway.env, "TINYGW_CONFIG": json.dumps(other)}).config_sha256()
+    assert other_sha256 != measured.config_sha256
+    code, verdicts, output = verify("--release", str(measured.release_path), "--url", measured.gateway.url,
+                                    "--config-sha256", other_sha256)
+    assert code == 1, output
+    assert [name for name, verdict in verdicts.items() if verdict == "FAIL"] == ["config"], output
+
+
+def test_verify_fails_an_event_log_that_does_not_replay(tmp_path, fake):
+    """A modified artifact was launched (so RTMR3 holds its digest); then its event log
+    is rewritten to claim the genuine one. The log now names the right artifact, but
+    does not replay to the register."""
+    tdx = FakeTdx(tmp_path / "tdx")
+    genuine = script_artifact(tmp_path / "dist")  # the copy must run
+    write_release(genuine, tmp_path / "release.json")
+    modified = one_byte_changed(genuine, tmp_path)
+    log = tmp_path / "event-log.jsonl"
+    gateway = launched_gateway(modified, fake.url, {**tdx.env(), "TINYGW_EVENT_LOG": str(log)}, tmp_path / "gw.log")
+    try:
+        wait_until(lambda: len(tdx.writes) == 1, what="the launch's measurement")
+        assert tdx.writes == [bytes.fromhex(sha384(modified))]
+        log.write_text(log.read_text().replace(sha384(modified), sha384(genuine)))
+
+        code, verdicts, output = verify("--release", str(tmp_path / "release.json"), "--url", gateway.url)
+    finally:
+        gateway.stop()
+        tdx.stop()
+    assert code == 1, output
+    assert verdicts["artifact measured"] == "PASS", output
+    assert [name for name, verdict in verdicts.items() if verdict == "FAIL"] == ["event log replays to RTMR3"], output

@@ -1,0 +1,188 @@
+"""GET /attestation?nonce=HEX (SPEC section 8): the evidence a client checks us with.
+
+The gateway vouches for nothing itself: it binds the client's nonce and its config
+hash into `report_data`, has the hardware sign that in a quote (configfs-tsm: a fresh
+entry per request, `report_data` into `inblob`, the quote from `outblob`, `generation`
+read before and after), and hands over the launcher's event log, which a verifier
+replays to the quote's RTMR3. Its own executable's hashes are informational only.
+A bad nonce is a 400; no evidence now, a 503 that names the step, never a secret.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import logging
+import os
+import re
+import secrets
+import sys
+from urllib.parse import parse_qs
+
+import msgspec
+
+from tinygw import __version__, logs
+from tinygw.errors import EvidenceUnavailable, Raced
+from tinygw.wire import JSON_HEADERS, error_body
+
+# report_data = SHA-512(DOMAIN || nonce || config_sha256): 64 bytes, the quote's REPORTDATA.
+DOMAIN = b"tinygw.attest.v1"
+NONCE_MIN_BYTES, NONCE_MAX_BYTES = 32, 64
+# A kernel makes the quote during the read of `outblob`; a slower provider (or a test's
+# fake) may take a moment. This bounds the whole fetch.
+EVIDENCE_SECONDS = 5.0
+POLL_SECONDS = 0.02
+# A TDX quote with its certificate chain is 5 to 10 KiB; an event log, a line per launch.
+BLOB_MAX_BYTES = EVENT_LOG_MAX_BYTES = 1 << 20
+
+_HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")
+_encode = msgspec.json.Encoder()
+_HEADERS = [*JSON_HEADERS, (b"cache-control", b"no-store")]
+
+
+def parse_nonce(query_string: bytes) -> bytes:
+    """The nonce of `?nonce=HEX`; ValueError, a message for the client, when it is bad."""
+    values = parse_qs(query_string.decode("latin-1"), keep_blank_values=True).get("nonce", [])
+    if len(values) != 1:
+        raise ValueError(f"give one nonce: /attestation?nonce=HEX ({NONCE_MIN_BYTES} to {NONCE_MAX_BYTES} bytes)")
+    if not _HEX.fullmatch(values[0]):
+        raise ValueError("the nonce must be hex: an even number of digits 0-9, a-f")
+    nonce = bytes.fromhex(values[0])
+    if not NONCE_MIN_BYTES <= len(nonce) <= NONCE_MAX_BYTES:
+        raise ValueError(f"the nonce must be {NONCE_MIN_BYTES} to {NONCE_MAX_BYTES} bytes, got {len(nonce)}")
+    return nonce
+
+
+def report_data(nonce: bytes, config_sha256: str) -> bytes:
+    return hashlib.sha512(DOMAIN + nonce + bytes.fromhex(config_sha256)).digest()
+
+
+def artifact_digests() -> tuple[str | None, str | None]:
+    """(sha256, sha384) of the running executable when frozen, else (None, None)."""
+    if not getattr(sys, "frozen", False):
+        return None, None
+    try:
+        with open(sys.executable, "rb") as f:
+            sha256 = hashlib.file_digest(f, "sha256").hexdigest()
+            f.seek(0)
+            return sha256, hashlib.file_digest(f, "sha384").hexdigest()
+    except OSError as e:
+        raise EvidenceUnavailable(f"cannot read the gateway's own executable: {e.strerror}") from None
+
+
+def read_event_log(path: str) -> list:
+    """The launcher's events, one JSON value per line; [] when there is no log."""
+    try:
+        raw = _read(path, EVENT_LOG_MAX_BYTES, "the event log")
+    except OSError as e:
+        raise EvidenceUnavailable(f"cannot read the event log: {e.strerror}") from None
+    events = []
+    for number, line in enumerate(raw.splitlines(), 1):
+        if line.strip():
+            try:
+                events.append(msgspec.json.decode(line))
+            except msgspec.DecodeError:
+                raise EvidenceUnavailable(f"the event log's line {number} is not JSON") from None
+    return events
+
+
+async def fetch_evidence(report_dir: str, data: bytes) -> dict:
+    """{"provider", "outblob"} from configfs-tsm, or {"provider": "none"} without it."""
+    if not await asyncio.to_thread(os.path.isdir, report_dir):
+        return {"provider": "none"}
+    deadline = asyncio.get_running_loop().time() + EVIDENCE_SECONDS
+    entry = os.path.join(report_dir, f"tinygw-{secrets.token_hex(8)}")
+    try:
+        await asyncio.to_thread(os.mkdir, entry)
+    except OSError as e:
+        raise EvidenceUnavailable(f"cannot create a TSM report entry: {e.strerror}") from None
+    try:
+        await asyncio.to_thread(_write, os.path.join(entry, "inblob"), data)
+        before = await _read_when_ready(entry, "generation", deadline)
+        outblob = await _read_when_ready(entry, "outblob", deadline)
+        provider = await _read_when_ready(entry, "provider", deadline)
+        after = await _read_when_ready(entry, "generation", deadline)
+    except OSError as e:
+        raise EvidenceUnavailable(f"the TSM report failed: {e.strerror}") from None
+    finally:
+        await asyncio.to_thread(_remove_entry, entry)
+    if before != after:
+        raise Raced("attestation raced; retry")
+    return {"provider": provider.decode("ascii", "replace").strip(), "outblob": base64.b64encode(outblob).decode()}
+
+
+async def attestation_page(gateway, scope, send) -> None:
+    try:
+        nonce = parse_nonce(scope.get("query_string", b""))
+    except ValueError as e:
+        await _send(send, 400, error_body(str(e), "invalid_request_error", "invalid_nonce"))
+        return
+    config_sha256 = gateway.settings.config_sha256()
+    data = report_data(nonce, config_sha256)
+    try:
+        artifact_sha256, artifact_sha384 = await asyncio.to_thread(artifact_digests)
+        evidence = await fetch_evidence(gateway.settings.tsm_report_dir, data)
+        events = await asyncio.to_thread(read_event_log, gateway.settings.event_log)
+    except EvidenceUnavailable as e:
+        logs.log(logging.WARNING, "attestation failed", reason=str(e))
+        await _send(send, 503, error_body(str(e), "attestation_unavailable", e.code))
+        return
+    answer = {
+        "version": __version__,
+        "artifact_sha256": artifact_sha256,
+        "artifact_sha384": artifact_sha384,
+        "config_sha256": config_sha256,
+        "nonce": nonce.hex(),
+        "report_data": data.hex(),
+        "event_log": events,
+        "evidence": evidence,
+    }
+    await _send(send, 200, _encode.encode(answer))
+
+
+async def _send(send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": _HEADERS})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _read_when_ready(entry: str, name: str, deadline: float) -> bytes:
+    """A report attribute's content, waiting (up to `deadline`) while it is missing or empty."""
+    loop = asyncio.get_running_loop()
+    while not (content := await asyncio.to_thread(_read, os.path.join(entry, name), BLOB_MAX_BYTES, name)):
+        if loop.time() > deadline:
+            raise EvidenceUnavailable(f"the TSM provider gave no {name} within {EVIDENCE_SECONDS:g} s")
+        await asyncio.sleep(POLL_SECONDS)
+    return content
+
+
+def _read(path: str, limit: int, what: str) -> bytes:
+    """The file's content, b"" when there is no such file."""
+    try:
+        with open(path, "rb") as f:
+            content = f.read(limit + 1)
+    except FileNotFoundError:
+        return b""
+    if len(content) > limit:
+        raise EvidenceUnavailable(f"{what} is over {limit} bytes")
+    return content
+
+
+def _write(path: str, data: bytes) -> None:
+    """`data` in one write(2); configfs takes it when the file is closed."""
+    with open(path, "wb", buffering=0) as f:
+        if f.write(data) != len(data):
+            raise EvidenceUnavailable("the TSM report interface took part of report_data")
+
+
+def _remove_entry(entry: str) -> None:
+    """configfs drops an entry's attributes with it; a plain directory (tests) needs them unlinked."""
+    try:
+        os.rmdir(entry)
+    except OSError:
+        try:
+            for name in os.listdir(entry):
+                os.unlink(os.path.join(entry, name))
+            os.rmdir(entry)
+        except OSError as e:
+            logs.log(logging.WARNING, "TSM report entry left behind", entry=entry, reason=e.strerror)
