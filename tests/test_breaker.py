@@ -13,7 +13,7 @@ from tinygw.breaker import (
     Outcome,
     State,
 )
-from tinygw.config import Breaker
+from tinygw.settings import Breaker
 
 S, F, N = Outcome.SUCCESS, Outcome.FAILURE, Outcome.NEUTRAL
 

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import closed_port
 from tinygw import errors
-from tinygw.config import Origin
+from tinygw.settings import Origin
 from tinygw.fake_upstream import FakeUpstream, Reply, json_reply, sse_reply
 from tinygw.pool import Pool, Timeouts
 

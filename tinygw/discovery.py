@@ -30,7 +30,7 @@ import msgspec
 
 from tinygw import errors, logs
 from tinygw.breaker import Circuit, State
-from tinygw.config import Provider
+from tinygw.settings import Provider
 from tinygw.gateway import Gateway, Upstream
 
 # A listing or health answer over this size is a failure: room for thousands of model

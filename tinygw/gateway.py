@@ -16,7 +16,7 @@ from msgspec import Struct
 from tinygw import __version__, logs
 from tinygw.auth import InboundAuth
 from tinygw.breaker import Breakers, Circuit, Clock, State
-from tinygw.config import Provider, Settings
+from tinygw.settings import Provider, Settings
 from tinygw.keys import KeyRing
 from tinygw.metrics import Metrics
 from tinygw.pool import Pool, Timeouts, tls_context

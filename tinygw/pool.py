@@ -17,7 +17,7 @@ import certifi
 from msgspec import Struct
 
 from tinygw import errors
-from tinygw.config import Origin
+from tinygw.settings import Origin
 from tinygw.connection import Connection, open_connection
 
 # A connection idle longer than this is closed instead of reused. Servers close idle

@@ -23,7 +23,7 @@ from msgspec import Struct
 
 from tinygw import errors, logs, outcome, sse
 from tinygw.breaker import Outcome
-from tinygw.config import Target
+from tinygw.settings import Target
 from tinygw.gateway import Gateway, Upstream
 from tinygw.outcome import Verdict
 from tinygw.routing import Resolution, Route

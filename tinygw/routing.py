@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from msgspec import Struct
 
-from tinygw.config import Model, Settings, Target
+from tinygw.settings import Model, Settings, Target
 
 
 class Route(Struct, frozen=True):

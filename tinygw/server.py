@@ -12,7 +12,7 @@ from granian.http import HTTP1Settings
 from granian.log import LogLevels
 
 from tinygw import config, logs
-from tinygw.config import Settings
+from tinygw.settings import Settings
 
 APP_TARGET = "tinygw.app:app"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 
-from tinygw.config import Model, Settings, Target
+from tinygw.settings import Model, Settings, Target
 
 
 class Strategies:

@@ -1,0 +1,168 @@
+"""What the configuration is: the JSON document's types and the effective Settings.
+
+Frozen msgspec Structs, keyword-only, unknown fields forbidden, limits in the types
+(so a bad value names its path). `tinygw.config` reads them from the environment;
+everything else receives them. `Settings.config_sha256()` is the hash that
+`tinygw check` prints and `/attestation` reports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+from tinygw.secret import Secret
+
+# A request body above this many bytes is refused with 413 (SPEC section 3).
+DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
+
+METRICS_DIR_VARIABLE = "TINYGW_METRICS_DIR"
+
+# Where attestation measures and reports (SPEC section 8). attest/launch reads the same
+# variables with the same defaults; tests point them at fake trees.
+DEFAULT_RTMR_PATH = "/sys/devices/virtual/misc/tdx_guest/measurements/rtmr3:sha384"
+DEFAULT_TSM_REPORT_DIR = "/sys/kernel/config/tsm/report"
+DEFAULT_EVENT_LOG = "/run/tinygw/event-log.jsonl"
+
+
+# ---- the JSON document (TINYGW_CONFIG) -------------------------------------------
+
+Seconds = Annotated[float, Meta(gt=0)]
+
+
+class ProviderDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    base_url: str
+    api: Literal["openai", "anthropic"]
+    api_key_env: str | list[str] | None = None
+    headers: dict[str, str] = {}
+    weight: Annotated[int, Meta(ge=1)] = 1
+    connect_timeout_s: Seconds = 10.0
+    first_byte_timeout_s: Seconds = 120.0
+    timeout_s: Seconds = 600.0
+    max_connections: Annotated[int, Meta(ge=1, le=65536)] = 64
+    listing: bool = True
+    health_path: str | None = None
+
+
+class ModelDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    targets: Annotated[list[str], Meta(min_length=1)]
+    strategy: Literal["failover", "round_robin", "weighted", "shuffle"] = "failover"
+
+
+class RoutingDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    debug: bool = False
+    max_attempts: Annotated[int, Meta(ge=1, le=16)] = 2
+
+
+class ConfigDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    # Entries are decoded one by one, so that an error's path names the entry.
+    providers: dict[str, msgspec.Raw] = {}
+    models: dict[str, msgspec.Raw] = {}
+    routing: RoutingDoc = RoutingDoc()
+
+
+
+# ---- the effective configuration ---------------------------------------------------
+
+
+class Origin(Struct, frozen=True):
+    """Where a provider lives: what the upstream pool connects to."""
+
+    scheme: Literal["http", "https"]
+    host: str
+    port: int
+    path: str  # the base_url's path, without a trailing slash ("" or "/v1")
+
+
+class Target(Struct, frozen=True):
+    """One `provider:upstream_model` entry of a model's targets."""
+
+    provider: str
+    upstream_model: str
+
+    def __str__(self) -> str:
+        return f"{self.provider}:{self.upstream_model}"
+
+
+class Provider(Struct, frozen=True, kw_only=True):
+    name: str
+    doc: ProviderDoc
+    origin: Origin
+    keys: tuple[Secret, ...]
+    key_env: tuple[str, ...]
+
+
+class Model(Struct, frozen=True, kw_only=True):
+    name: str
+    targets: tuple[Target, ...]
+    strategy: str
+
+
+class Breaker(Struct, frozen=True, kw_only=True):
+    failures: int = 5  # 0 turns breakers off
+    open_seconds: float = 30.0
+    max_open_seconds: float = 300.0
+    half_open_probes: int = 1
+
+
+class Settings(Struct, frozen=True, kw_only=True):
+    host: str = "127.0.0.1"
+    port: int = 8080
+    workers: int = 1
+    log_level: str = "info"
+    drain_seconds: float = 30.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    api_keys: tuple[Secret, ...] = ()
+    providers: dict[str, Provider] = {}
+    models: dict[str, Model] = {}
+    routing: RoutingDoc = RoutingDoc()
+    breaker: Breaker = Breaker()
+    retry_fast_failures: bool = True
+    health_check_seconds: float = 10.0
+    listing_seconds: float = 60.0
+    # Where the workers of one `tinygw serve` keep their metrics (tinygw.metricstore);
+    # set by serve itself for its workers, not configuration, so not in the hash.
+    metrics_dir: str | None = None
+    # Paths of the measurement register, the configfs-tsm report interface and the
+    # launcher's event log: where the machine keeps them, not configuration, so not in
+    # the hash.
+    rtmr_path: str = DEFAULT_RTMR_PATH
+    tsm_report_dir: str = DEFAULT_TSM_REPORT_DIR
+    event_log: str = DEFAULT_EVENT_LOG
+
+    def effective(self) -> dict:
+        """The non-secret configuration, as `tinygw check` prints and hashes it."""
+        return {
+            "providers": {
+                name: {
+                    **msgspec.to_builtins(p.doc),
+                    "api_key_env": list(p.key_env),
+                }
+                for name, p in sorted(self.providers.items())
+            },
+            "models": {
+                name: {"targets": [str(t) for t in m.targets], "strategy": m.strategy}
+                for name, m in sorted(self.models.items())
+            },
+            "routing": msgspec.to_builtins(self.routing),
+            "breaker": msgspec.to_builtins(self.breaker),
+            "retry_fast_failures": self.retry_fast_failures,
+            "health_check_seconds": self.health_check_seconds,
+            "listing_seconds": self.listing_seconds,
+            "gateway": {
+                "max_body_bytes": self.max_body_bytes,
+                "drain_seconds": self.drain_seconds,
+                "inbound_auth": bool(self.api_keys),
+            },
+        }
+
+    def config_sha256(self) -> str:
+        """sha256 of the canonical JSON (sorted keys, no spaces) of `effective()`."""
+        return hashlib.sha256(canonical_json(self.effective())).hexdigest()
+
+
+def canonical_json(value: object) -> bytes:
+    return msgspec.json.encode(value, order="sorted")
