@@ -20,9 +20,11 @@ if [ -e "$ROOT/.git" ]; then
     : "${SOURCE_DATE_EPOCH:=$(git -C "$ROOT" log -1 --format=%ct)}"
     if [ -n "$(git -C "$ROOT" status --porcelain)" ]; then
         echo "build.sh: warning: uncommitted changes: release.json names commit $SOURCE_COMMIT, the artifact is built from the work tree" >&2
+        : "${SOURCE_TREE_CLEAN:=false}"
     fi
+    : "${SOURCE_TREE_CLEAN:=true}"
 fi
-: "${SOURCE_COMMIT:=unknown}" "${SOURCE_DATE_EPOCH:=0}"
+: "${SOURCE_COMMIT:=unknown}" "${SOURCE_DATE_EPOCH:=0}" "${SOURCE_TREE_CLEAN:=unknown}"
 PYTHONHASHSEED=0
 export PYTHONHASHSEED SOURCE_DATE_EPOCH
 
@@ -33,5 +35,5 @@ cd "$ROOT"
 "$PYTHON" -m PyInstaller --log-level WARN --clean --noconfirm \
     --distpath "$OUTDIR" --workpath "$ROOT/build/work" "$ROOT/build/tinygw.spec"
 "$PYTHON" "$ROOT/build/release.py" write "$OUTDIR/tinygw" "$OUTDIR/release.json" \
-    --source-commit "$SOURCE_COMMIT" --source-date-epoch "$SOURCE_DATE_EPOCH"
+    --source-commit "$SOURCE_COMMIT" --source-date-epoch "$SOURCE_DATE_EPOCH" --source-tree-clean "$SOURCE_TREE_CLEAN"
 echo "build.sh: $OUTDIR/tinygw sha256 $(sha256sum "$OUTDIR/tinygw" | cut -d' ' -f1)"

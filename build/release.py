@@ -72,7 +72,7 @@ def _digests(path: Path) -> tuple[int, str, str]:
     return path.stat().st_size, sha256.hexdigest(), sha384.hexdigest()
 
 
-def release(artifact: Path, source_commit: str, source_date_epoch: int) -> dict:
+def release(artifact: Path, source_commit: str, source_date_epoch: int, source_tree_clean: bool | None = None) -> dict:
     """The release record of `artifact`, in the schema attest/verify reads."""
     import PyInstaller
 
@@ -83,6 +83,8 @@ def release(artifact: Path, source_commit: str, source_date_epoch: int) -> dict:
     return {
         "version": tinygw.__version__,
         "source_commit": source_commit,
+        # false: built from uncommitted changes on top of source_commit; null: not known
+        "source_tree_clean": source_tree_clean,
         "source_date_epoch": source_date_epoch,
         "python_version": platform.python_version(),
         "pyinstaller_version": PyInstaller.__version__,
@@ -105,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     write.add_argument("output", type=Path)
     write.add_argument("--source-commit", required=True)
     write.add_argument("--source-date-epoch", type=int, required=True)
+    write.add_argument("--source-tree-clean", choices=("true", "false", "unknown"), default="unknown")
     args = parser.parse_args(argv)
 
     if args.command == "check-locks":
@@ -112,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         for problem in problems:
             print(f"release.py: {problem}", file=sys.stderr)
         return 1 if problems else 0
-    record = release(args.artifact, args.source_commit, args.source_date_epoch)
+    clean = {"true": True, "false": False}.get(args.source_tree_clean)
+    record = release(args.artifact, args.source_commit, args.source_date_epoch, clean)
     args.output.write_text(json.dumps(record, indent=2) + "\n")
     return 0
 

@@ -60,6 +60,8 @@ def source_identity() -> dict[str, str]:
                                         text=True).stdout.strip(),
         "SOURCE_DATE_EPOCH": os.environ.get("SOURCE_DATE_EPOCH") or subprocess.run(
             [*git, "log", "-1", "--format=%ct"], check=True, capture_output=True, text=True).stdout.strip(),
+        "SOURCE_TREE_CLEAN": "false" if subprocess.run([*git, "status", "--porcelain"], check=True,
+                                                       capture_output=True, text=True).stdout.strip() else "true",
     }
 
 

@@ -37,6 +37,7 @@ from types import SimpleNamespace
 import pytest
 
 import conftest
+from tinygw.gateway import Gateway
 from conftest import ROOT, call, wait_until
 from tinygw import __version__, attestation, config
 from tinygw.fake_upstream import FakeUpstream
@@ -63,6 +64,8 @@ class FakeTdx:
         root.mkdir(parents=True, exist_ok=True)
         self.rtmr_path = root / "rtmr3:sha384"
         self.report_dir = root / "tsm" / "report"
+        self.launch_dir = root / "run"  # the guest-memory directory the launcher copies into
+        self.launch_dir.mkdir(parents=True, exist_ok=True)
         self.report_dir.mkdir(parents=True)
         self._scratch = root / "platform"  # where answers are written before they are moved in
         self._scratch.mkdir()
@@ -77,7 +80,8 @@ class FakeTdx:
             thread.start()
 
     def env(self) -> dict[str, str]:
-        return {"TINYGW_RTMR_PATH": str(self.rtmr_path), "TINYGW_TSM_REPORT_DIR": str(self.report_dir)}
+        return {"TINYGW_RTMR_PATH": str(self.rtmr_path), "TINYGW_TSM_REPORT_DIR": str(self.report_dir),
+                "TINYGW_LAUNCH_DIR": str(self.launch_dir)}
 
     def stop(self) -> None:
         self._stop.set()
@@ -228,6 +232,22 @@ def tiny_artifact(tmp_path) -> Path:
     artifact.write_text('#!/bin/sh\necho "ran $$ $*"\n')
     artifact.chmod(0o755)
     return artifact
+
+
+def test_launch_runs_the_copy_it_measured_not_the_path_it_was_given(tmp_path):
+    tdx = FakeTdx(tmp_path / "tdx")
+    try:
+        artifact = tmp_path / "disk" / "gw"
+        artifact.parent.mkdir()
+        artifact.write_text('#!/bin/sh\necho "$0 $TMPDIR"\n')
+        artifact.chmod(0o755)
+        env = {**tdx.env(), "TINYGW_EVENT_LOG": str(tmp_path / "events")}
+        out, _ = launch([str(artifact)], env, tmp_path).communicate(timeout=10)
+        ran, tmpdir = out.split()
+        assert Path(ran).parent == Path(tmpdir) and Path(ran).parent.parent == tdx.launch_dir
+        assert sha384(Path(ran)) == sha384(artifact) == events_of(tmp_path / "events")[0]["digest_sha384"]
+    finally:
+        tdx.stop()
 
 
 def test_launch_refuses_to_run_unmeasured_unless_told(tmp_path, tiny_artifact):
@@ -381,7 +401,7 @@ def in_process_attestation(report_dir: Path, nonce: bytes) -> tuple[int, dict]:
         sent.append(message)
 
     scope = {"query_string": b"nonce=" + nonce.hex().encode()}
-    asyncio.run(attestation.attestation_page(SimpleNamespace(settings=settings), scope, send))
+    asyncio.run(attestation.attestation_page(Gateway(settings), scope, send))
     return sent[0]["status"], json.loads(sent[1]["body"])
 
 
@@ -422,19 +442,22 @@ def test_a_silent_tsm_provider_is_a_bounded_503(tmp_path, monkeypatch):
 
 # ---- attest/verify ---------------------------------------------------------------------------
 
-ALL_CHECKS = ["nonce echoed", "report_data", "event log replays to RTMR3", "artifact measured", "config", "quote signature"]
+ALL_CHECKS = ["nonce echoed", "report_data", "event log replays to RTMR3", "artifact measured", "config",
+              "TD not in debug mode", "quote signature"]
+UNVERIFIED = 4  # attest/verify's exit status when nothing FAILed but a check was SKIPped
 
 
 def test_verify_passes_the_genuine_gateway(measured, tmp_path):
     code, verdicts, output = verify("--release", str(measured.release_path), "--url", measured.gateway.url,
                                     "--config-sha256", measured.config_sha256)
-    assert code == 0, output
+    assert code == UNVERIFIED, output  # consistent, but no platform verifier checked the quote
     assert list(verdicts) == ALL_CHECKS, output
     assert set(verdicts.values()) == {"PASS", "SKIP"} and verdicts["quote signature"] == "SKIP", output
     assert "no platform verifier installed" in output
 
-    code, verdicts, output = verify("--artifact", str(measured.artifact), "--url", measured.gateway.url)
-    assert code == 0 and "config" not in verdicts, output
+    code, verdicts, output = verify("--artifact", str(measured.artifact), "--url", measured.gateway.url,
+                                    "--accept-unverified", "--expect-mrtd", "00" * 48)
+    assert code == 0 and "config" not in verdicts and verdicts["MRTD"] == "PASS", output
 
     # A platform verifier gets the quote's path as its last argument; its exit status decides.
     checker = tmp_path / "check-quote"
@@ -489,6 +512,52 @@ def test_verify_fails_a_replayed_answer(measured):
     assert verdicts["nonce echoed"] == "FAIL" and verdicts["report_data"] == "FAIL", output
     # Everything else in the old answer is genuine; only freshness gives it away.
     assert verdicts["event log replays to RTMR3"] == "PASS" and verdicts["artifact measured"] == "PASS", output
+
+
+def test_verify_reads_freshness_from_the_quote_not_only_the_json(measured):
+    """An old quote under a JSON answer rewritten for each new nonce: only the quote's
+    REPORTDATA can tell, and it must."""
+    status, _, captured = call("GET", f"{measured.gateway.url}/attestation?nonce={nonce_hex()}")
+    old = json.loads(captured)
+
+    class Rewriting(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            nonce = bytes.fromhex(self.path.split("nonce=")[1])
+            data = hashlib.sha512(b"tinygw.attest.v1" + nonce + bytes.fromhex(old["config_sha256"])).hexdigest()
+            body = json.dumps({**old, "nonce": nonce.hex(), "report_data": data}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Rewriting)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        code, verdicts, output = verify("--release", str(measured.release_path),
+                                        "--url", f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 1 and verdicts["nonce echoed"] == "PASS" and verdicts["report_data"] == "FAIL", output
+    assert "quote's REPORTDATA" in output
+
+
+def test_verify_fails_a_debug_td_and_another_image(measured):
+    status, _, captured = call("GET", f"{measured.gateway.url}/attestation?nonce={nonce_hex()}")
+    answer = json.loads(captured)
+    quote = bytearray(base64.b64decode(answer["evidence"]["outblob"]))
+    quote[48 + 120] |= 1  # TDATTRIBUTES.DEBUG
+    answer["evidence"]["outblob"] = base64.b64encode(bytes(quote)).decode()
+    with always_answering(json.dumps(answer).encode()) as url:
+        code, verdicts, output = verify("--release", str(measured.release_path), "--url", url)
+    assert code == 1 and verdicts["TD not in debug mode"] == "FAIL", output
+    code, verdicts, output = verify("--release", str(measured.release_path), "--url", measured.gateway.url,
+                                    "--expect-mrtd", "11" * 48)
+    assert code == 1 and verdicts["MRTD"] == "FAIL", output
 
 
 def test_verify_counts_every_rtmr3_event_and_only_those(measured):

@@ -94,10 +94,10 @@ async def fetch_evidence(report_dir: str, data: bytes) -> dict:
     deadline = asyncio.get_running_loop().time() + EVIDENCE_SECONDS
     entry = os.path.join(report_dir, f"tinygw-{secrets.token_hex(8)}")
     try:
-        await asyncio.to_thread(os.mkdir, entry)
-    except OSError as e:
-        raise EvidenceUnavailable(f"cannot create a TSM report entry: {e.strerror}") from None
-    try:
+        try:
+            await asyncio.to_thread(os.mkdir, entry)
+        except OSError as e:
+            raise EvidenceUnavailable(f"cannot create a TSM report entry: {e.strerror}") from None
         await asyncio.to_thread(_write, os.path.join(entry, "inblob"), data)
         before = await _read_when_ready(entry, "generation", deadline)
         outblob = await _read_when_ready(entry, "outblob", deadline)
@@ -107,7 +107,9 @@ async def fetch_evidence(report_dir: str, data: bytes) -> dict:
         raise EvidenceUnavailable(f"the TSM report failed: {e.strerror}") from None
     finally:
         await asyncio.to_thread(_remove_entry, entry)
-    if before != after:
+    # A fresh entry that only we wrote to is at generation 1; anything else means another
+    # writer changed the request, before or while the quote was made.
+    if before != after or before.strip() != b"1":
         raise Raced("attestation raced; retry")
     return {"provider": provider.decode("ascii", "replace").strip(), "outblob": base64.b64encode(outblob).decode()}
 
@@ -121,8 +123,13 @@ async def attestation_page(gateway, scope, send) -> None:
     config_sha256 = gateway.settings.config_sha256()
     data = report_data(nonce, config_sha256)
     try:
-        artifact_sha256, artifact_sha384 = await asyncio.to_thread(artifact_digests)
-        evidence = await fetch_evidence(gateway.settings.tsm_report_dir, data)
+        if gateway.artifact_digests is None:  # the executable does not change while it runs
+            gateway.artifact_digests = await asyncio.to_thread(artifact_digests)
+        artifact_sha256, artifact_sha384 = gateway.artifact_digests
+        if gateway.evidence_slot.locked():  # one quote at a time: the platform makes them slowly
+            raise EvidenceUnavailable("busy with another attestation; retry")
+        async with gateway.evidence_slot:
+            evidence = await fetch_evidence(gateway.settings.tsm_report_dir, data)
         events = await asyncio.to_thread(read_event_log, gateway.settings.event_log)
     except EvidenceUnavailable as e:
         logs.log(logging.WARNING, "attestation failed", reason=str(e))

@@ -7,6 +7,7 @@ model listings, the metrics. There is no module-level state: tests build their o
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -52,6 +53,9 @@ class Gateway:
         for provider, provider_model in configured:  # a series per circuit from the start
             self.metrics.set_circuit_open_until(provider, provider_model, 0.0)
         self.pid = os.getpid()
+        # /attestation: the executable's digests, computed once; one quote at a time
+        self.artifact_digests: tuple[str | None, str | None] | None = None
+        self.evidence_slot = asyncio.Semaphore(1)
         self.strategies = Strategies(settings)
         # provider -> upstream model ids of its last successful listing; absent while
         # its listing has not succeeded (tinygw.discovery keeps it up to date)
