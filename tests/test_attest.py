@@ -480,11 +480,13 @@ def test_verify_fails_a_one_byte_change_in_the_artifact(measured, tmp_path):
 
 
 @contextlib.contextmanager
-def always_answering(body: bytes):
-    """A server that answers every GET with `body`: a gateway that replays an old answer."""
+def always_answering(answer):
+    """A server that answers every GET with `answer`: bytes (a gateway that replays an
+    old answer), or a function of the request's path that makes the bytes."""
 
     class Replay(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
+            body = answer(self.path) if callable(answer) else answer
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -520,28 +522,13 @@ def test_verify_reads_freshness_from_the_quote_not_only_the_json(measured):
     status, _, captured = call("GET", f"{measured.gateway.url}/attestation?nonce={nonce_hex()}")
     old = json.loads(captured)
 
-    class Rewriting(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            nonce = bytes.fromhex(self.path.split("nonce=")[1])
-            data = hashlib.sha512(b"tinygw.attest.v1" + nonce + bytes.fromhex(old["config_sha256"])).hexdigest()
-            body = json.dumps({**old, "nonce": nonce.hex(), "report_data": data}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def rewritten(path: str) -> bytes:
+        nonce = bytes.fromhex(path.split("nonce=")[1])
+        data = hashlib.sha512(b"tinygw.attest.v1" + nonce + bytes.fromhex(old["config_sha256"])).hexdigest()
+        return json.dumps({**old, "nonce": nonce.hex(), "report_data": data}).encode()
 
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Rewriting)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        code, verdicts, output = verify("--release", str(measured.release_path),
-                                        "--url", f"http://127.0.0.1:{server.server_address[1]}")
-    finally:
-        server.shutdown()
-        server.server_close()
+    with always_answering(rewritten) as url:
+        code, verdicts, output = verify("--release", str(measured.release_path), "--url", url)
     assert code == 1 and verdicts["nonce echoed"] == "PASS" and verdicts["report_data"] == "FAIL", output
     assert "quote's REPORTDATA" in output
 
