@@ -61,12 +61,14 @@ def log(msg: str) -> None:
 class Proc:
     """A child in a new session (so its own process group), output to temp files."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str] | None = None, stdout=None) -> None:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str] | None = None, stdout=None,
+                 cwd: Path | str = ROOT, tmpdir: str | None = None) -> None:
         self.name = name
+        self.tmpdir = tmpdir  # removed by cleanup_files()
         self.err_file = tempfile.NamedTemporaryFile(prefix=f"bench-{name}-", suffix=".stderr", delete=False)
         self.popen = subprocess.Popen(
             argv,
-            cwd=ROOT,
+            cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=stdout if stdout is not None else subprocess.DEVNULL,
@@ -109,6 +111,8 @@ class Proc:
             os.unlink(self.err_file.name)
         except OSError:
             pass
+        if self.tmpdir:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -235,28 +239,136 @@ def start_gateway(upstream_port: int) -> tuple[Proc, int]:
         TINYGW_DRAIN_SECONDS="2",  # bounds the shutdown at the end
     )
     env.pop("TINYGW_CONFIG_FILE", None)
-    proc = Proc("gateway", [gateway_python(), "-m", "tinygw", "serve"], env=env)
-    deadline = time.monotonic() + 60
+    proc = Proc("tinygw", [gateway_python(), "-m", "tinygw", "serve"], env=env)
+    try:
+        wait_ready(proc, port, "/healthz", 60)
+    except BaseException:
+        proc.stop()
+        proc.cleanup_files()
+        raise
+    return proc, port
+
+
+def wait_ready(proc: Proc, port: int, path: str, timeout: float) -> None:
+    """Poll GET path until it answers 200, the process exits, or timeout seconds pass."""
+    deadline = time.monotonic() + timeout
     last = ""
     while True:
         if proc.popen.poll() is not None:
-            raise RuntimeError(f"tinygw exited with {proc.popen.returncode} before it was healthy:\n"
+            raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode} before it was ready:\n"
                                f"{proc.stderr_text()}")
         try:
-            with urllib.request.urlopen(f"http://{HOST}:{port}/healthz", timeout=2) as r:
+            with urllib.request.urlopen(f"http://{HOST}:{port}{path}", timeout=2) as r:
                 if r.status == 200:
-                    break
+                    return
                 last = f"status {r.status}"
         except (urllib.error.URLError, OSError) as e:
             last = str(e)
         if time.monotonic() > deadline:
-            raise RuntimeError(f"tinygw did not answer GET /healthz with 200 within 60 s (last: {last}):\n"
-                               f"{proc.stderr_text()}")
+            raise RuntimeError(f"{proc.name} did not answer GET {path} with 200 within {timeout:g} s "
+                               f"(last: {last}):\n{proc.stderr_text()}")
         time.sleep(0.1)
-    return proc, port
 
 
-def check_once(port: int, what: str, gateway: Proc | None) -> None:
+# ---- the peer: LiteLLM's proxy, in a venv of its own ---------------------------------
+
+PEER_VENV = HERE / ".venv-litellm"  # git-ignored; a benchmark-only peer, never in the project's locks
+PEER_STAMP = PEER_VENV / ".installed"
+PEER_INSTALL_TIMEOUT = 1200
+PEER_START_TIMEOUT = 180
+
+
+def ensure_litellm() -> tuple[Path, str, float | None] | None:
+    """bench/.venv-litellm with `litellm[proxy]`: (its litellm CLI, version, install seconds or None if
+    it was already there), or None (after printing why) if it cannot be had."""
+    bin_dir = PEER_VENV / "bin"
+    cli, py = bin_dir / "litellm", bin_dir / "python"
+    install_s = None
+    if not (PEER_STAMP.exists() and cli.exists() and py.exists()):
+        log(f"bench: installing the peer: python3 -m venv {os.path.relpath(PEER_VENV, ROOT)} && "
+            "pip install 'litellm[proxy]' (first use only; may take minutes)")
+        t0 = time.monotonic()
+        python3 = shutil.which("python3") or sys.executable
+        try:
+            subprocess.run([python3, "-m", "venv", "--clear", str(PEER_VENV)], check=True, timeout=300,
+                           stdin=subprocess.DEVNULL, capture_output=True)
+            subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                            "litellm[proxy]"], check=True, timeout=PEER_INSTALL_TIMEOUT,
+                           stdin=subprocess.DEVNULL, capture_output=True)
+        except subprocess.CalledProcessError as e:
+            tail = (e.stderr or b"").decode("utf-8", "replace").strip().splitlines()[-5:]
+            print(f"peer:    LiteLLM could not be installed into {os.path.relpath(PEER_VENV, ROOT)} "
+                  f"(exit {e.returncode}: {' | '.join(tail) or 'no output'}); running without the peer")
+            return None
+        except (subprocess.TimeoutExpired, OSError) as e:
+            print(f"peer:    LiteLLM could not be installed into {os.path.relpath(PEER_VENV, ROOT)} ({e}); "
+                  "running without the peer")
+            return None
+        install_s = time.monotonic() - t0
+        PEER_STAMP.write_text(f"litellm[proxy] installed in {install_s:.0f} s\n")
+    try:
+        version = subprocess.run([str(py), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
+                                 capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    except (subprocess.SubprocessError, OSError) as e:
+        print(f"peer:    the LiteLLM venv {os.path.relpath(PEER_VENV, ROOT)} is broken ({e}); running without "
+              f"the peer (delete that folder to reinstall)")
+        return None
+    return cli, version, install_s
+
+
+# LiteLLM's proxy config: the same instant upstream, as an OpenAI-compatible model named `bench`. No
+# master key, like tinygw here (which needs no inbound key on loopback): LiteLLM refuses to start without
+# one unless told that this is deliberate; with one it would also check the key on every request.
+LITELLM_CONFIG = """\
+model_list:
+  - model_name: bench
+    litellm_params:
+      model: openai/bench-model
+      api_base: http://{host}:{upstream_port}/v1
+      api_key: dummy
+general_settings:
+  dangerously_permit_weak_or_unset_master_key: true
+"""
+
+
+def start_litellm(cli: Path, upstream_port: int) -> tuple[Proc, int, float]:
+    """`litellm --config FILE --host 127.0.0.1 --port P --num_workers 1` (uvicorn, one process), quiet, no
+    database, no telemetry, no fetch of the remote model cost map; ready once /health/liveliness answers
+    200 and one chat request succeeds. Returns (process, port, seconds from spawn to ready)."""
+    port = free_port()
+    tmpdir = tempfile.mkdtemp(prefix="bench-litellm-")  # its cwd too, so it reads no .env of ours
+    config = Path(tmpdir) / "config.yaml"
+    config.write_text(LITELLM_CONFIG.format(host=HOST, upstream_port=upstream_port))
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("LITELLM_", "DATABASE_", "REDIS_", "OPENAI_")) and k not in ("DIRECT_URL",)}
+    env.update(
+        LITELLM_LOG="ERROR",
+        LITELLM_TELEMETRY="False",           # older releases
+        LITELLM_TELEMETRY_DISABLED="True",   # current releases' veto (litellm/proxy/telemetry/settings.py)
+        LITELLM_LOCAL_MODEL_COST_MAP="True",  # no fetch of the cost map from the internet at start-up
+    )
+    argv = [str(cli), "--config", str(config), "--host", HOST, "--port", str(port), "--num_workers", "1"]
+    t0 = time.monotonic()
+    proc = Proc("litellm", argv, env=env, cwd=tmpdir, tmpdir=tmpdir)
+    try:
+        wait_ready(proc, port, "/health/liveliness", PEER_START_TIMEOUT)
+        deadline = time.monotonic() + 30
+        while True:  # the first chat request, which also loads the model route
+            try:
+                check_once(port, "litellm", proc)
+                break
+            except (RuntimeError, urllib.error.URLError, OSError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+    except BaseException:
+        proc.stop()
+        proc.cleanup_files()
+        raise
+    return proc, port, time.monotonic() - t0
+
+
+def check_once(port: int, what: str, proc: Proc | None) -> None:
     """One request before measuring, so a broken setup fails loudly, not as a fast table."""
     req = urllib.request.Request(f"http://{HOST}:{port}{PATH}", data=BODY.encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
@@ -266,7 +378,7 @@ def check_once(port: int, what: str, gateway: Proc | None) -> None:
     except urllib.error.HTTPError as e:
         status, body = e.code, e.read()
     if status != 200 or b"chat.completion" not in body:
-        extra = f"\n--- tinygw stderr ---\n{gateway.stderr_text()}" if gateway else ""
+        extra = f"\n--- {proc.name} stderr ---\n{proc.stderr_text()}" if proc else ""
         raise RuntimeError(f"{what}: POST {PATH} answered {status}: {body[:500]!r}{extra}")
 
 
@@ -352,27 +464,67 @@ def fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def print_table(summary: list[dict]) -> None:
-    head = ["conc", "req/s direct", "req/s tinygw", "p50 direct", "p50 tinygw", "p99 direct", "p99 tinygw",
-            "+p50 (ms)", "gw CPU/req (µs)", "gw peak RSS (MiB)"]
+GATEWAYS = ("tinygw", "litellm")
+
+
+def ratio(a, b) -> str:
+    return "-" if a is None or b is None or b <= 0 or a < 0 else f"{a / b:.3g}x"
+
+
+def print_table(summary: list[dict], names: list[str]) -> None:
+    head = ["conc", "target", "req/s", "p50 (ms)", "p99 (ms)", "+p50 (ms)", "CPU/req (µs)", "peak RSS (MiB)",
+            "wrk errors"]
     rows = []
     for s in summary:
-        d, g = s["direct"], s["tinygw"]
-        rows.append([
-            str(s["concurrency"]),
-            fmt(d["rps"], ",.0f"), fmt(g["rps"], ",.0f"),
-            fmt(d["p50_us"] / 1000, ".3f") + " ms", fmt(g["p50_us"] / 1000, ".3f") + " ms",
-            fmt(d["p99_us"] / 1000, ".3f") + " ms", fmt(g["p99_us"] / 1000, ".3f") + " ms",
-            fmt(s["added_p50_ms"], "+.3f"),
-            fmt(g["gateway_cpu_us_per_request"], ",.0f"),
-            fmt(s["gateway_peak_rss_bytes"] / 2**20, ".1f"),
-        ])
+        for t in names:
+            m = s["targets"].get(t)
+            if m is None:
+                continue
+            gw = t in GATEWAYS
+            rss = s["peak_rss_bytes"].get(t)
+            rows.append([
+                str(s["concurrency"]), t,
+                fmt(m["rps"], ",.0f"),
+                fmt(m["p50_us"] / 1000, ".3f"), fmt(m["p99_us"] / 1000, ".3f"),
+                fmt(s["added_p50_ms"].get(t), "+.3f") if gw else "-",
+                fmt(m["cpu_us_per_request"], ",.0f") if gw else "-",
+                fmt(rss / 2**20 if rss is not None else None, ".1f") if gw else "-",
+                str(m["errors"]),
+            ])
+    _print_rows(head, rows)
+    pairs = [s for s in summary if "litellm" in s["targets"] and "tinygw" in s["targets"]]
+    if pairs:
+        print()
+        head = ["conc", "req/s tinygw/litellm", "+p50 tinygw/litellm", "CPU/req tinygw/litellm",
+                "peak RSS tinygw/litellm"]
+        rows = []
+        for s in pairs:
+            g, l = s["targets"]["tinygw"], s["targets"]["litellm"]
+            rows.append([str(s["concurrency"]), ratio(g["rps"], l["rps"]),
+                         ratio(s["added_p50_ms"]["tinygw"], s["added_p50_ms"]["litellm"]),
+                         ratio(g["cpu_us_per_request"], l["cpu_us_per_request"]),
+                         ratio(s["peak_rss_bytes"]["tinygw"], s["peak_rss_bytes"]["litellm"])])
+        _print_rows(head, rows)
+
+
+def _print_rows(head: list[str], rows: list[list[str]]) -> None:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-    line = "  ".join(h.rjust(w) for h, w in zip(head, widths))
+    aligns = [str.ljust if h == "target" else str.rjust for h in head]
+    line = "  ".join(al(h, w) for h, w, al in zip(head, widths, aligns))
     print(line)
     print("-" * len(line))
     for r in rows:
-        print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+        print("  ".join(al(c, w) for c, w, al in zip(r, widths, aligns)))
+
+
+def tinygw_version() -> str:
+    try:
+        for line in (ROOT / "tinygw" / "__init__.py").read_text().splitlines():
+            if line.startswith("__version__"):
+                return line.split("=", 1)[1].strip().strip("\"'")
+    except OSError:
+        pass
+    return "?"
 
 
 # ---- main ---------------------------------------------------------------------------
@@ -389,6 +541,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="measured runs per configuration; median reported (3)")
     ap.add_argument("--concurrency", default="1,32",
                     help="comma-separated connection counts (default 1,32); wrk threads = min(2, c)")
+    ap.add_argument("--no-peer", action="store_true",
+                    help="skip the peer (LiteLLM's proxy, installed on first use into bench/.venv-litellm)")
     ap.add_argument("--json", metavar="PATH", help="also write the raw numbers as JSON to PATH")
     args = ap.parse_args(argv)
     if args.seconds <= 0 or args.repeats < 1 or args.warmup < 0:
@@ -408,72 +562,129 @@ def main(argv: list[str] | None = None) -> int:
 
     wrk = ensure_wrk()
     wrk_version = subprocess.run([wrk, "-v"], capture_output=True, text=True, timeout=10).stdout.splitlines()
+    peer = None
+    peer_info: dict = {"name": "litellm", "enabled": False}
+    if args.no_peer:
+        print("peer:    none (--no-peer)")
+    else:
+        peer = ensure_litellm()
+        if peer is not None:
+            cli, version, install_s = peer
+            peer_info.update(enabled=True, version=version, venv=os.path.relpath(PEER_VENV, ROOT),
+                             install_s=install_s, start_s={})
+            how = f"installed now in {install_s:.0f} s" if install_s is not None else "already installed"
+            print(f"peer:    LiteLLM {version} (litellm[proxy] in {peer_info['venv']}, {how}); "
+                  "1 uvicorn worker, no database, no master key")
+    sys.stdout.flush()
     procs: list[Proc] = []
     lua_file = tempfile.NamedTemporaryFile("w", prefix="bench-wrk-", suffix=".lua", delete=False)
     lua_file.write(WRK_LUA)
     lua_file.close()
     raw: dict = {"command": command, "machine": machine(), "nproc": os.cpu_count(),
                  "wrk": wrk_version[0] if wrk_version else "", "seconds": args.seconds, "warmup": args.warmup,
-                 "repeats": args.repeats, "levels": []}
+                 "repeats": args.repeats, "tinygw_version": tinygw_version(), "peer": peer_info, "levels": []}
     failed = False
-    gateway_stderr = ""
+    stderr_of: dict[str, str] = {"tinygw": "", "litellm": ""}
     try:
         upstream, up_port = start_upstream()
         procs.append(upstream)
         check_once(up_port, "the instant upstream", None)
         summary = []
         for conns in levels:
-            # A fresh gateway per concurrency level, so its peak RSS belongs to that level.
+            # A fresh gateway (and peer) per concurrency level, so its peak RSS belongs to that level.
             gateway, gw_port = start_gateway(up_port)
             procs.append(gateway)
             check_once(gw_port, "tinygw", gateway)
-            idle = tree_usage(gateway.pid)
-            log(f"bench: c={conns}: tinygw pids {idle['pids']} (RSS {idle['rss_bytes'] / 2**20:.1f} MiB idle)")
-            runs: dict[str, list[dict]] = {"direct": [], "tinygw": []}
-            watch = {"gateway": gateway.pid, "upstream": upstream.pid}
+            targets: list[tuple[str, int, Proc | None]] = [("direct", up_port, None), ("tinygw", gw_port, gateway)]
+            watch = {"upstream": upstream.pid, "tinygw": gateway.pid}
+            idle = {"tinygw": tree_usage(gateway.pid)}
+            if peer is not None:
+                log(f"bench: c={conns}: starting LiteLLM (may take tens of seconds)")
+                try:
+                    peer_proc, peer_port, start_s = start_litellm(peer[0], up_port)
+                except RuntimeError as e:
+                    print(f"WARNING: LiteLLM did not start for c={conns}; this level runs without the peer: "
+                          f"{str(e)[-3000:]}")
+                else:
+                    procs.append(peer_proc)
+                    peer_info["start_s"][str(conns)] = start_s
+                    targets.append(("litellm", peer_port, peer_proc))
+                    watch["litellm"] = peer_proc.pid
+                    idle["litellm"] = tree_usage(peer_proc.pid)
+                    log(f"bench: c={conns}: LiteLLM ready in {start_s:.1f} s")
+            for name, u in idle.items():
+                log(f"bench: c={conns}: {name} pids {u['pids']} (RSS {u['rss_bytes'] / 2**20:.1f} MiB idle)")
+            runs: dict[str, list[dict]] = {t: [] for t, _, _ in targets}
             for rep in range(args.repeats):
-                for target, port in (("direct", up_port), ("tinygw", gw_port)):
+                for target, port, proc in targets:
                     r = measured_run(wrk, lua_file.name, port, conns, args.seconds, args.warmup, watch)
                     runs[target].append(r)
                     log(f"bench: c={conns} rep {rep + 1}/{args.repeats} {target}: {r['rps']:,.0f} req/s, "
                         f"p50 {r['p50_us']} µs, p99 {r['p99_us']} µs, errors {r['error_count']}")
-                    if gateway.popen.poll() is not None:
-                        raise RuntimeError(f"tinygw exited with {gateway.popen.returncode} during the c={conns} "
-                                           f"runs:\n{gateway.stderr_text()}")
-            end = tree_usage(gateway.pid)
-            med = {t: {k: median([r[k] for r in rs]) for k in
-                       ("rps", "p50_us", "p99_us", "gateway_cpu_us_per_request", "upstream_cpu_us_per_request")}
-                   for t, rs in runs.items()}
+                    for _, _, p in targets:
+                        if p is not None and p.popen.poll() is not None:
+                            raise RuntimeError(f"{p.name} exited with {p.popen.returncode} during the c={conns} "
+                                               f"runs:\n{p.stderr_text()}")
+            end = {name: tree_usage(pid) for name, pid in watch.items() if name in GATEWAYS}
+            med: dict[str, dict] = {}
             for t, rs in runs.items():
+                own = "upstream" if t == "direct" else t
+                med[t] = {k: median([r[k] for r in rs]) for k in ("rps", "p50_us", "p99_us",
+                                                                   "upstream_cpu_us_per_request")}
+                med[t]["cpu_us_per_request"] = median([r[f"{own}_cpu_us_per_request"] for r in rs])
                 med[t]["errors"] = sum(r["error_count"] for r in rs)
+            # CPU a gateway burnt while the *other* targets were measured (its own timers, idle work):
+            # it competes with them for the machine's CPUs, so it is recorded.
+            background = {}
+            for g in end:
+                other = [r[f"{g}_cpu_s"] / r["duration_s"] * 100 for t, rs in runs.items() if t != g for r in rs
+                         if r["duration_s"]]
+                background[g] = median(other)
             level = {
                 "concurrency": conns,
                 "wrk_threads": min(2, conns),
-                "direct": med["direct"],
-                "tinygw": med["tinygw"],
-                "added_p50_ms": (med["tinygw"]["p50_us"] - med["direct"]["p50_us"]) / 1000,
-                "gateway_peak_rss_bytes": end["hwm_bytes"],
-                "gateway_idle_rss_bytes": idle["rss_bytes"],
-                "gateway_pids": end["pids"],
+                "targets": med,
+                "added_p50_ms": {g: (med[g]["p50_us"] - med["direct"]["p50_us"]) / 1000 for g in end},
+                "peak_rss_bytes": {g: end[g]["hwm_bytes"] for g in end},
+                "idle_rss_bytes": {g: idle[g]["rss_bytes"] for g in end},
+                "pids": {g: end[g]["pids"] for g in end},
+                "background_cpu_percent_of_a_core": background,
                 "runs": runs,
             }
             summary.append(level)
             raw["levels"].append(level)
-            gateway_stderr += gateway.stderr_text()
-            gateway.stop()
+            for _, _, p in reversed(targets):
+                if p is not None:
+                    stderr_of[p.name] += p.stderr_text()
+                    p.stop()
+        names = ["direct", "tinygw", "litellm"]
         print()
-        print_table(summary)
+        print(f"direct = the instant upstream; tinygw {raw['tinygw_version']} (this tree, 1 Granian worker)"
+              + (f"; litellm {peer_info['version']} (peer, 1 uvicorn worker)" if peer_info["enabled"] else ""))
+        print_table(summary, names)
         print()
-        print("p50/p99: wrk latency percentiles. +p50: tinygw p50 - direct p50. gw CPU/req: utime+stime of the "
-              "tinygw process tree (server + Granian workers) during the measured run / requests completed. "
-              "gw peak RSS: VmHWM summed over that tree, at the end of the level's runs.")
-        errors = [(s["concurrency"], t, s[t]["errors"]) for s in summary for t in ("direct", "tinygw")
-                  if s[t]["errors"]]
-        for conns, target, n in errors:
-            print(f"WARNING: c={conns} {target}: wrk counted {n} errors (connect/read/write/non-2xx/timeout); "
-                  "see --json for details")
-        if gateway_stderr.strip():
-            print(f"--- tinygw stderr ---\n{gateway_stderr[-8000:]}")
+        print("p50/p99: wrk latency percentiles. +p50: the gateway's p50 - direct p50. CPU/req: utime+stime of the "
+              "gateway's process tree during its measured run / requests completed. peak RSS: VmHWM summed over "
+              "that tree, at the end of the level's runs."
+              + (" Ratios: tinygw's median / LiteLLM's median (below 1 means tinygw's is lower: better for "
+                 "+p50, CPU/req and RSS, worse for req/s)." if any("litellm" in s["targets"] for s in summary)
+                 else ""))
+        if peer_info["enabled"] and peer_info["start_s"]:
+            print("litellm start-up (spawn to first answered chat): "
+                  + ", ".join(f"c={c}: {t:.1f} s" for c, t in peer_info["start_s"].items()))
+        for s in summary:
+            bg = {g: v for g, v in s["background_cpu_percent_of_a_core"].items() if v is not None}
+            if bg and len(s["targets"]) > 2:
+                print(f"c={s['concurrency']}: CPU used in the background while the other targets were measured: "
+                      + ", ".join(f"{g} {v:.1f}% of a core" for g, v in bg.items()))
+        for s in summary:
+            for t, m in s["targets"].items():
+                if m["errors"]:
+                    print(f"WARNING: c={s['concurrency']} {t}: wrk counted {m['errors']} errors "
+                          "(connect/read/write/non-2xx/timeout); see --json for details")
+        for name, text in stderr_of.items():
+            if text.strip():
+                print(f"--- {name} stderr ---\n{text[-8000:]}")
     except KeyboardInterrupt as e:
         log(f"bench: interrupted ({e}); cleaning up")
         failed = True
