@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -52,7 +53,8 @@ def gateway_command() -> list[str]:
 class Gateway:
     """A real `tinygw serve` process on a free loopback port."""
 
-    def __init__(self, config: dict, env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, config: dict, env: dict[str, str], log_path: Path, soft_open_files: int | None = None,
+                 prefix: list[str] | None = None) -> None:
         self.port = free_port()
         self.log_path = log_path
         self.env = {
@@ -63,8 +65,14 @@ class Gateway:
             **env,
         }
         self._log = open(log_path, "wb")
+        def limit_open_files() -> None:  # as on hosts whose default soft limit is low
+            if soft_open_files is not None:
+                hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+                resource.setrlimit(resource.RLIMIT_NOFILE, (soft_open_files, hard))
+
         self.process = subprocess.Popen(
-            [*gateway_command(), "serve"], env=self.env, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT
+            [*(prefix or []), *gateway_command(), "serve"], env=self.env, cwd=ROOT, stdout=self._log,
+            stderr=subprocess.STDOUT, preexec_fn=limit_open_files,
         )
         try:
             wait_until(self._ready, START_SECONDS, "the gateway to answer /healthz")
@@ -119,8 +127,8 @@ def fake():
 def start_gateway(tmp_path):
     started: list[Gateway] = []
 
-    def start(config: dict, **env: str) -> Gateway:
-        gateway = Gateway(config, env, tmp_path / f"gateway-{len(started)}.log")
+    def start(config: dict, soft_open_files: int | None = None, prefix: list[str] | None = None, **env: str) -> Gateway:
+        gateway = Gateway(config, env, tmp_path / f"gateway-{len(started)}.log", soft_open_files, prefix)
         started.append(gateway)
         return gateway
 

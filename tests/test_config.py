@@ -207,3 +207,37 @@ def test_a_worker_whose_startup_fails_stops_the_server():
 def test_version():
     done = run_cli(["version"], {})
     assert done.returncode == 0 and done.stdout.startswith("tinygw ")
+
+
+# ---- SPEC section 10: what a careless operator may set -------------------------------
+
+
+@pytest.mark.parametrize("url", ["http://api example.com/v1", "http://api.example.com/v1\r\nX-Injected: 1",
+                                 "http://api.example.com:0/v1", "http://api.example.com:/v1",
+                                 "http://api.exa%20mple.com/v1", "https://api.example.com/v1?key=1"])
+def test_check_refuses_a_base_url_that_cannot_be_a_request_target(url):
+    doc = {"providers": {"a": {**PROVIDERS["a"], "base_url": url}}, "models": GOOD["models"]}
+    done = run_cli(["check"], env(doc))
+    assert done.returncode == 2
+    assert "TINYGW_CONFIG $.providers.a.base_url" in done.stderr and "X-Injected" not in done.stderr
+
+
+@pytest.mark.parametrize("variable", ["A_KEY_FILE", "TINYGW_CONFIG_FILE", "TINYGW_API_KEYS_FILE"])
+@pytest.mark.parametrize("kind", ["/dev/zero", "fifo", "huge"])
+def test_a_file_that_never_ends_stops_the_start_naming_its_variable(tmp_path, variable, kind):
+    if kind == "fifo":
+        path = tmp_path / "fifo"
+        os.mkfifo(path)  # no writer: opening it for reading would wait forever
+    elif kind == "huge":
+        path = tmp_path / "huge"
+        path.write_bytes(b"k" * (2 * 1024 * 1024))
+    else:
+        path = kind
+    environ = env(**{variable: str(path)})
+    if variable == "A_KEY_FILE":
+        del environ["A_KEY"]
+    if variable == "TINYGW_CONFIG_FILE":
+        del environ["TINYGW_CONFIG"]
+    done = run_cli(["check"], environ, seconds=20)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"tinygw: configuration error: {variable}: ")

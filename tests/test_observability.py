@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import subprocess
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import call, closed_port, metric_value, wait_until
@@ -38,9 +40,25 @@ def test_every_metric_of_spec_section_7_parses(fake, start_gateway):
     assert metric_value(gateway, "tinygw_build_info") == 1
 
 
-def test_a_scrape_counts_the_traffic_of_every_worker(fake, start_gateway):
+# A private mount namespace whose /dev/shm is read-only, as on some locked-down hosts.
+READ_ONLY_SHM = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                 'mount -t tmpfs -o ro tinygw-test /dev/shm && exec "$@"', "sh"]
+
+
+def read_only_shm_or_skip() -> list[str]:
+    probe = subprocess.run([*READ_ONLY_SHM, "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a read-only /dev/shm here: {probe.stderr.strip()[:200]}")
+    return READ_ONLY_SHM
+
+
+@pytest.mark.parametrize("shm", ["writable", "read-only"])
+def test_a_scrape_counts_the_traffic_of_every_worker(fake, start_gateway, shm):
+    prefix = read_only_shm_or_skip() if shm == "read-only" else None
     gateway = start_gateway({"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}},
-                            TINYGW_WORKERS="2")
+                            prefix=prefix, TINYGW_WORKERS="2")
+    warned = [r for r in gateway.log_records() if r.get("msg") == "metrics directory is not in /dev/shm"]
+    assert len(warned) == (1 if shm == "read-only" else 0)  # said in the log, never silent
     workers = set()
 
     def both_workers_answered() -> bool:

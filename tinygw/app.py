@@ -112,7 +112,20 @@ async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
         if not gateway.auth.allows(headers):
             status = await _error(send, 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key")
             return
-        body = await _read_body(receive, headers, gateway.settings.max_body_bytes)
+        try:
+            body = await _read_body(receive, headers, gateway.settings.max_body_bytes,
+                                    gateway.settings.client_timeout_seconds)
+        except ClientLeft:
+            # Granian reports a malformed chunked body the same way as a client that
+            # left: answer 400 (a client that really left will not read it).
+            status = await _error(send, 400, "the request body is incomplete or its chunked framing is malformed",
+                                  "invalid_request_error", "invalid_body")
+            return
+        except TimeoutError:
+            limit = gateway.settings.client_timeout_seconds
+            status = await _error(send, 408, f"no byte of the request body for {limit:g} s",
+                                  "invalid_request_error", "request_timeout")
+            return
         if body is None:
             limit = gateway.settings.max_body_bytes
             status = await _error(
@@ -201,21 +214,23 @@ async def _cancel_when_client_leaves(receive, task: asyncio.Task, client_left: l
     task.cancel()
 
 
-async def _read_body(receive, headers, limit: int) -> bytes | None:
-    """The whole request body, or None when it is over `limit` bytes."""
+async def _read_body(receive, headers, limit: int, timeout_seconds: float) -> bytes | None:
+    """The whole request body, or None when it is over `limit` bytes. Raises
+    TimeoutError when `timeout_seconds` pass without a byte of it (SPEC section 10)."""
     declared = header(headers, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         return None
     parts = []
     size = 0
     while True:
-        message = await receive()
+        async with asyncio.timeout(timeout_seconds):
+            message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientLeft
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            await _discard_body(receive, message)
+            await _discard_body(receive, message, timeout_seconds)
             return None
         parts.append(chunk)
         if not message.get("more_body"):
@@ -227,10 +242,14 @@ async def _read_body(receive, headers, limit: int) -> bytes | None:
 DISCARD_BYTES = 1024 * 1024
 
 
-async def _discard_body(receive, message) -> None:
+async def _discard_body(receive, message, timeout_seconds: float) -> None:
     discarded = 0
     while message.get("more_body") and discarded < DISCARD_BYTES:
-        message = await receive()
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                message = await receive()
+        except TimeoutError:
+            return
         if message["type"] == "http.disconnect":
             raise ClientLeft
         discarded += len(message.get("body", b""))

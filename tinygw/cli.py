@@ -47,8 +47,14 @@ def main(argv: list[str] | None = None) -> None:
     command = args[0] if args else ""
     if command == "serve":
         from tinygw import server
+        from tinygw.errors import ConfigError
 
-        server.serve(_settings_or_exit())
+        settings = _settings_or_exit()
+        try:
+            server.serve(settings)
+        except ConfigError as e:
+            print(f"tinygw: configuration error: {e}", file=sys.stderr)
+            sys.exit(EXIT_CONFIG)
     elif command == "check":
         import msgspec
 

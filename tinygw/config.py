@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import stat
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
@@ -86,12 +87,29 @@ def _path(env: Mapping[str, str], name: str, default: str) -> str:
     return default if raw is None or raw.strip() == "" else raw
 
 
-def _read_file(name: str, path: str) -> str:
+# Files named by the environment are read whole at start, up to these sizes: a path to
+# /dev/zero or a FIFO must stop the start with a message, never hang it.
+MAX_SECRET_FILE_BYTES = 64 * 1024
+MAX_CONFIG_FILE_BYTES = 1024 * 1024
+
+
+def _read_file(name: str, path: str, limit: int = MAX_CONFIG_FILE_BYTES) -> str:
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+        # O_NONBLOCK: opening a FIFO must not wait for a writer.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         raise ConfigError(name, f"cannot read {path!r}: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ConfigError(name, f"{path!r} is not a regular file")
+            data = f.read(limit + 1)
+        except OSError as e:
+            raise ConfigError(name, f"cannot read {path!r}: {e.strerror}") from None
+    if len(data) > limit:
+        raise ConfigError(name, f"{path!r} is over {limit} bytes")
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError(name, f"{path!r} is not UTF-8 text") from None
 
@@ -102,7 +120,7 @@ def _secret(env: Mapping[str, str], name: str) -> Secret:
     if value is not None and file_path is not None:
         raise ConfigError(name, f"both {name} and {name}_FILE are set; set one")
     if file_path is not None:
-        value = _read_file(f"{name}_FILE", file_path)
+        value = _read_file(f"{name}_FILE", file_path, MAX_SECRET_FILE_BYTES)
         if value.endswith("\n"):
             value = value[:-1]
             if value.endswith("\r"):
@@ -155,19 +173,39 @@ def _decode(where: str, raw: bytes, kind: type, prefix: str = "$"):
         raise ConfigError(where, f"malformed JSON: {e}") from None
 
 
+# A host name as DNS and the URL standard allow it (letters, digits, '-', '.', '_'),
+# or an IP address; anything else (a space, a line break, '%') is refused.
+_HOST_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_.])?")
+
+
 def parse_base_url(where: str, url: str) -> Origin:
+    # Visible ASCII only: a space or a line break would end up in the request line.
+    if not url or any(not "\x21" <= c <= "\x7e" for c in url):
+        raise ConfigError(where, "must be visible ASCII without spaces or control characters")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https"):
         raise ConfigError(where, f"must start with http:// or https://, got {url!r}")
     if not parts.hostname:
         raise ConfigError(where, f"has no host: {url!r}")
-    if parts.query or parts.fragment or parts.username or parts.password:
+    if parts.query or parts.fragment or parts.username or parts.password or "?" in url or "#" in url:
         raise ConfigError(where, "must not carry a query, fragment or credentials")
+    host = parts.hostname
+    if not _HOST_NAME.fullmatch(host):
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise ConfigError(where, f"has a bad host: {url!r}") from None
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        port = parts.port
     except ValueError:
         raise ConfigError(where, f"has a bad port: {url!r}") from None
-    return Origin(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
+    if port is None:
+        if parts.netloc.endswith(":"):
+            raise ConfigError(where, f"has an empty port: {url!r}")
+        port = 443 if parts.scheme == "https" else 80
+    if not 1 <= port <= 65535:
+        raise ConfigError(where, f"has a bad port: {url!r}")
+    return Origin(parts.scheme, host, port, parts.path.rstrip("/"))
 
 
 def _provider(env: Mapping[str, str], where: str, name: str, doc: ProviderDoc) -> Provider:
@@ -257,6 +295,7 @@ def from_environ(env: Mapping[str, str] | None = None) -> Settings:
         workers=_number(env, "TINYGW_WORKERS", 1, kind=int, low=1, high=256),
         log_level=log_level,
         drain_seconds=_number(env, "TINYGW_DRAIN_SECONDS", 30.0, low=0, high=3600),
+        client_timeout_seconds=_number(env, "TINYGW_CLIENT_TIMEOUT_SECONDS", 30.0, low=0.1, high=3600),
         max_body_bytes=_number(env, "TINYGW_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, kind=int, low=1, high=2**31),
         api_keys=api_keys,
         providers=providers,

@@ -35,8 +35,14 @@ class Connection:
     # ---- reuse ---------------------------------------------------------------------
 
     def is_idle(self) -> bool:
-        """True when this connection may carry the next request."""
+        """True when this connection may carry the next request: the last answer ended
+        exactly where its framing said (SPEC section 10). Bytes past its end (beyond a
+        content-length, a body after a 204 or 304), in h11's buffer or the socket's,
+        would be read as the next request's answer: that connection is discarded."""
         if self.closed or self._h11.our_state is not h11.IDLE or self._h11.their_state is not h11.IDLE:
+            return False
+        trailing, closed = self._h11.trailing_data
+        if trailing or closed:
             return False
         # An idle connection that has something to read was closed by the provider
         # (or is speaking out of turn): either way it must not carry a request.
@@ -72,6 +78,11 @@ class Connection:
         while True:
             event = await self._next_event(deadline, timeout)
             if isinstance(event, h11.Response):
+                # h11 bounds a head that arrives in pieces; one that arrives in a single
+                # read is bounded here.
+                if _head_bytes(event) > MAX_HEAD_BYTES:
+                    self.close()
+                    raise errors.RemoteProtocolError(f"the response head is over {MAX_HEAD_BYTES} bytes")
                 return event.status_code, event.headers
             if not isinstance(event, h11.InformationalResponse):
                 self.close()
@@ -122,6 +133,12 @@ class Connection:
         """Close the connection at once; safe to call twice."""
         self.closed = True
         self._stream.close()
+
+
+def _head_bytes(event: h11.Response) -> int:
+    """The size of a response head as sent: status line, and each header with its
+    separator and line end."""
+    return 15 + len(event.reason) + sum(len(k) + len(v) + 4 for k, v in event.headers)
 
 
 _TIMEOUT_WORDS = {

@@ -61,7 +61,10 @@ class ResponseTooLarge(ReadError):
 
 
 class RemoteProtocolError(UpstreamError):
-    """The provider spoke HTTP/1.1 wrongly. Its fault, not ours."""
+    """The provider spoke HTTP/1.1 wrongly (or sent a body the gateway cannot decode).
+    Its fault, not ours."""
+
+    cause = "protocol_error"
 
 
 class PoolTimeout(UpstreamError):

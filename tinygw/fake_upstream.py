@@ -22,6 +22,7 @@ class FakeRequest(Struct):
     path: str
     headers: dict[str, str]
     body: bytes
+    connection: int = 0  # which connection it came on: the fake's count of accepted ones
 
     def json(self):
         return json.loads(self.body) if self.body else None
@@ -30,7 +31,9 @@ class FakeRequest(Struct):
 class Reply(Struct):
     """What to answer. `action`: answer | hang (never answer) | close (no answer) |
     cut (send the head and `chunks`, then close without ending the body) |
-    answer_close (answer in full, keep-alive, then close the idle connection)."""
+    answer_close (answer in full, keep-alive, then close the idle connection) |
+    raw (write `body` as the whole response, in one write, and keep the connection:
+    for answers that break HTTP on purpose, such as bytes past their content-length)."""
 
     status: int = 200
     headers: list[tuple[str, str]] = field(default_factory=list)
@@ -184,11 +187,13 @@ class FakeUpstream:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.open_connections += 1
         self.accepted += 1
+        connection = self.accepted
         try:
             while True:
                 request = await _read_request(reader)
                 if request is None:
                     return
+                request.connection = connection
                 if self.record:
                     self.requests.append(request)
                 reply = self.script(request)
@@ -254,6 +259,10 @@ async def _write(reader, writer: asyncio.StreamWriter, reply: Reply, upstream: F
         return False
     if reply.action == "close":
         return False
+    if reply.action == "raw":
+        writer.write(reply.body)
+        await writer.drain()
+        return True
     head = [f"HTTP/1.1 {reply.status} {_REASONS.get(reply.status, 'Status')}"]
     head += [f"{k}: {v}" for k, v in reply.headers]
     if reply.chunks is None:

@@ -66,5 +66,5 @@ def carries_error(body: bytes) -> bool:
         return False
     try:
         return _decode_error_field.decode(body).error is not None
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, RecursionError):  # not judged: passed through as it is
         return False

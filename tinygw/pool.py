@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import zlib
 from collections import deque
 
 import certifi
@@ -27,10 +28,13 @@ from tinygw.connection import Connection, open_connection
 IDLE_SECONDS = 4.0
 
 
-# A non-streamed answer is read whole before it is sent on; past this size it is
-# refused (502) instead. Large enough for a full batch of 2,048 embeddings of 3,072
-# dimensions as JSON, small enough that a few at once cannot exhaust a worker.
-MAX_RESPONSE_BYTES = 256 * 1024 * 1024
+# What `read()` takes whole when no smaller limit is given (model listings pass their
+# own). The proxy never reads an answer whole: it holds at most 1 MiB of it (proxy.py).
+MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+
+# A compressed answer is decoded in pieces of at most this many bytes, so that a small
+# compressed chunk cannot expand into a large one in memory (a "zip bomb").
+DECODED_PIECE_BYTES = 64 * 1024
 
 
 class Timeouts(Struct, frozen=True):
@@ -115,7 +119,13 @@ class Pool:
                 connection.close()
             self._slots.release()
             raise
-        return Response(self, connection, status, response_headers, deadline)
+        response = Response(self, connection, status, response_headers, deadline)
+        try:
+            response._decoder = decoder_for(response_headers)
+        except errors.RemoteProtocolError:
+            await response.aclose()
+            raise
+        return response
 
     def _give_back(self, connection: Connection, reusable: bool) -> None:
         if reusable and connection.is_idle():
@@ -130,10 +140,62 @@ class Pool:
             self._idle.pop().close()
 
 
-class Response:
-    """A response whose head has arrived. Read its body, or close it: both free the slot."""
+class Decoder:
+    """Undoes a `content-encoding` of gzip or deflate, in bounded pieces.
 
-    __slots__ = ("status", "headers", "_pool", "_connection", "_deadline", "_done")
+    The gateway asks for `accept-encoding: identity`; a provider that compresses anyway
+    is decoded rather than relayed as mislabeled bytes (SPEC section 10). Any other
+    coding cannot be read: the answer is a protocol error (502)."""
+
+    __slots__ = ("_z", "_deflate", "_started")
+
+    def __init__(self, coding: bytes) -> None:
+        self._deflate = coding == b"deflate"
+        # gzip: its header; deflate: zlib-wrapped as RFC 9110 says, raw as some send
+        self._z = zlib.decompressobj(15 if self._deflate else 31)
+        self._started = False
+
+    def feed(self, data: bytes) -> bytes:
+        try:
+            out = self._z.decompress(data, DECODED_PIECE_BYTES)
+        except zlib.error:
+            if not (self._deflate and not self._started):
+                raise errors.RemoteProtocolError("the answer's compressed body is corrupt") from None
+            self._z = zlib.decompressobj(-15)  # raw deflate after all
+            return self.feed(data)
+        self._started = True
+        return out
+
+    def pending(self) -> bytes:
+        """More of what was fed, while a piece was cut at DECODED_PIECE_BYTES."""
+        tail = self._z.unconsumed_tail
+        return self.feed(tail) if tail else b""
+
+    def finish(self) -> None:
+        if not self._started:  # an empty body: nothing was encoded
+            return
+        if not self._z.eof or self._z.unused_data:
+            raise errors.RemoteProtocolError("the answer's compressed body is cut short or has trailing bytes")
+
+
+def decoder_for(headers: list[tuple[bytes, bytes]]) -> Decoder | None:
+    """The decoder that an answer's `content-encoding` needs, or None for identity;
+    raises RemoteProtocolError for a coding the gateway cannot undo."""
+    codings = [c.strip().lower() for k, v in headers if k == b"content-encoding" for c in v.split(b",") if c.strip()]
+    codings = [c for c in codings if c != b"identity"]
+    if not codings:
+        return None
+    if len(codings) == 1 and codings[0] in (b"gzip", b"x-gzip", b"deflate"):
+        return Decoder(b"deflate" if codings[0] == b"deflate" else b"gzip")
+    raise errors.RemoteProtocolError("the answer is compressed with a coding the gateway cannot decode")
+
+
+class Response:
+    """A response whose head has arrived. Read its body, or close it: both free the slot.
+
+    The body comes decoded: a gzip or deflate `content-encoding` is undone here."""
+
+    __slots__ = ("status", "headers", "_pool", "_connection", "_deadline", "_done", "_decoder")
 
     def __init__(
         self, pool: Pool, connection: Connection, status: int, headers: list[tuple[bytes, bytes]], deadline: float
@@ -144,13 +206,21 @@ class Response:
         self._connection = connection
         self._deadline = deadline
         self._done = False
+        self._decoder: Decoder | None = None
 
     async def next_chunk(self) -> bytes | None:
         """The next piece of the body as it arrives, or None once it has ended."""
         if self._done:
             return None
         try:
+            if self._decoder is not None and (piece := self._decoder.pending()):
+                return piece
             data = await self._connection.receive_data(self._deadline, errors.TotalTimeout)
+            if self._decoder is not None:
+                if data is None:
+                    self._decoder.finish()
+                else:
+                    data = self._decoder.feed(data)
         except BaseException:
             await self.aclose()
             raise
@@ -159,17 +229,26 @@ class Response:
             self._pool._give_back(self._connection, reusable=True)
         return data
 
-    async def read(self, limit: int = MAX_RESPONSE_BYTES) -> bytes:
-        """The whole body; over `limit` bytes the response is dropped instead."""
+    async def read_upto(self, limit: int) -> tuple[bytes, bool]:
+        """The body's first bytes, until its end or until more than `limit` bytes
+        arrived; and whether the body has ended. The rest is read with next_chunk."""
         parts = []
         size = 0
-        while (chunk := await self.next_chunk()) is not None:
-            size += len(chunk)
-            if size > limit:
-                await self.aclose()
-                raise errors.ResponseTooLarge(f"the answer is over {limit} bytes")
+        while size <= limit:
+            chunk = await self.next_chunk()
+            if chunk is None:
+                return b"".join(parts), True
             parts.append(chunk)
-        return b"".join(parts)
+            size += len(chunk)
+        return b"".join(parts), False
+
+    async def read(self, limit: int = MAX_RESPONSE_BYTES) -> bytes:
+        """The whole body; over `limit` bytes the response is dropped instead."""
+        data, ended = await self.read_upto(limit)
+        if not ended:
+            await self.aclose()
+            raise errors.ResponseTooLarge(f"the answer is over {limit} bytes")
+        return data
 
     async def aclose(self) -> None:
         """Drop the response. An unfinished body discards its connection. Safe twice."""

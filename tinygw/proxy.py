@@ -5,8 +5,9 @@ skipped (not an attempt). An attempt's ending is judged by `tinygw.outcome`; wha
 loop does next follows SPEC section 4: another key of the provider after a 429, the
 next target after a failure that may fall back, the one quick retry when no target is
 left, and at most `routing.max_attempts` attempts. Nothing reaches the client until an
-attempt is final: a non-streamed answer is read whole first, and a stream's leading
-events without output are held back until output arrives.
+attempt is final: a non-streamed answer is held (up to HOLD_BYTES) until it can be
+judged, and a stream's leading events without output are held back until output
+arrives.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from tinygw.breaker import Outcome
 from tinygw.settings import Target
 from tinygw.gateway import Gateway, Upstream
 from tinygw.outcome import Verdict
+from tinygw.pool import Response
 from tinygw.routing import Resolution, Route
 from tinygw.wire import JSON_HEADERS, error_body, forward_headers, header, relay_headers, rewrite_model, sse_error_event
 
@@ -36,6 +38,12 @@ QUICK_RETRY_DELAY_SECONDS = 0.25
 
 # Leading events held back before output are bounded: past this, they are sent on.
 MAX_HELD_BYTES = 1024 * 1024
+
+# A non-streamed answer is held whole, to be judged (a 200 carrying an `error`), only
+# up to this size; a larger one is relayed as it arrives (SPEC section 10), so that a
+# worker's memory does not grow with answer size. A 200 this large is not an error
+# object; a larger error answer is passed through (or dropped) as it arrives.
+HOLD_BYTES = 1024 * 1024
 
 
 class Inbound(Struct, frozen=True):
@@ -60,11 +68,18 @@ class Result(Struct):
 
 
 class Answer(Struct):
-    """A provider's complete answer, not yet sent: it is sent if no later attempt is made."""
+    """A provider's answer, not yet sent: it is sent if no later attempt is made.
+    `rest` is the provider's response still being read when the answer was too large
+    to hold (`body` is then its beginning); it must be relayed or closed."""
 
     status: int
     headers: list[tuple[bytes, bytes]]
     body: bytes
+    rest: Response | None = None
+
+    async def discard(self) -> None:
+        if self.rest is not None:
+            await self.rest.aclose()
 
 
 class Attempt(Struct):
@@ -106,76 +121,82 @@ async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, se
     reason: str | None = None  # why the next attempt is made
     last: Attempt | None = None
     skipped = []
-    while index < len(queue) and attempts < settings.routing.max_attempts:
-        target = queue[index]
-        circuit = gateway.breakers.circuit(target.provider, target.upstream_model)
-        if reason == "transient_retry":
-            await asyncio.sleep(QUICK_RETRY_DELAY_SECONDS)  # before allow(): the circuit may move meanwhile
-        ticket = circuit.allow()
-        if ticket is None:
-            skipped.append(circuit)
-            index += 1
-            continue
-        try:
-            if reason is not None:
-                gateway.metrics.count_retry(circuit.provider, circuit.provider_model, reason)
-                if reason == "transient_retry":
-                    logs.log(
-                        logging.INFO,
-                        "retrying provider after a quick failure",
-                        provider=target.provider,
-                        provider_model=target.upstream_model,
-                        failure=last.label,
-                        delay_ms=int(QUICK_RETRY_DELAY_SECONDS * 1000),
-                    )
-            upstream = gateway.upstreams[target.provider]
-            key_index = upstream.keys.pick(gateway.clock())
-            attempts += 1
-            result.target = target
-            last = await _attempt(gateway, upstream, inbound, target, key_index, send, result)
-        except asyncio.CancelledError:  # the client left mid-attempt (the one await above)
-            ticket.done(Outcome.NEUTRAL)
-            gateway.metrics.count_attempt(circuit.provider, circuit.provider_model, "client_closed")
-            raise
-        except BaseException:
-            ticket.done(Outcome.NEUTRAL)
-            raise
-        ticket.done(last.verdict.outcome, None if last.verdict.outcome is not Outcome.FAILURE else last.label)
-        result.attempts.append(f"{target.provider}:{last.label}")
-        result.current = None
-        gateway.metrics.count_attempt(circuit.provider, circuit.provider_model, last.label)
-        if last.committed:
-            result.status = last.answer.status if last.answer is not None else 200
-            return result
-
-        # What next (SPEC section 4).
-        now = gateway.clock()
-        if last.label == "429":
-            upstream.keys.rest(key_index, now, last.retry_after_seconds)
-            if upstream.keys.has_other(key_index, now):
-                reason = "key_rotation"
+    try:
+        while index < len(queue) and attempts < settings.routing.max_attempts:
+            if last is not None and last.answer is not None:
+                await last.answer.discard()  # another attempt may follow: this answer is not sent
+            target = queue[index]
+            circuit = gateway.breakers.circuit(target.provider, target.upstream_model)
+            if reason == "transient_retry":
+                await asyncio.sleep(QUICK_RETRY_DELAY_SECONDS)  # before allow(): the circuit may move meanwhile
+            ticket = circuit.allow()
+            if ticket is None:
+                skipped.append(circuit)
+                index += 1
                 continue
-        if not last.verdict.may_fall_back:
-            break
-        if any(gateway.breakers.circuit(t.provider, t.upstream_model).available() for t in queue[index + 1 :]):
-            reason = "fallback"
-            index += 1
-            continue
-        if (
-            last.verdict.quick
-            and settings.retry_fast_failures
-            and not quick_retry_used
-            and attempts < settings.routing.max_attempts
-            and circuit.available()
-        ):
-            quick_retry_used = True
-            reason = "transient_retry"
-            continue
-        break
+            try:
+                if reason is not None:
+                    gateway.metrics.count_retry(circuit.provider, circuit.provider_model, reason)
+                    if reason == "transient_retry":
+                        logs.log(
+                            logging.INFO,
+                            "retrying provider after a quick failure",
+                            provider=target.provider,
+                            provider_model=target.upstream_model,
+                            failure=last.label,
+                            delay_ms=int(QUICK_RETRY_DELAY_SECONDS * 1000),
+                        )
+                upstream = gateway.upstreams[target.provider]
+                key_index = upstream.keys.pick(gateway.clock())
+                attempts += 1
+                result.target = target
+                last = await _attempt(gateway, upstream, inbound, target, key_index, send, result)
+            except asyncio.CancelledError:  # the client left mid-attempt (the one await above)
+                ticket.done(Outcome.NEUTRAL)
+                gateway.metrics.count_attempt(circuit.provider, circuit.provider_model, "client_closed")
+                raise
+            except BaseException:
+                ticket.done(Outcome.NEUTRAL)
+                raise
+            ticket.done(last.verdict.outcome, None if last.verdict.outcome is not Outcome.FAILURE else last.label)
+            result.attempts.append(f"{target.provider}:{last.label}")
+            result.current = None
+            gateway.metrics.count_attempt(circuit.provider, circuit.provider_model, last.label)
+            if last.committed:
+                result.status = last.answer.status if last.answer is not None else 200
+                return result
 
-    if last is not None:
-        return await _send_final(send, result, last, result.target)
-    return await _send_circuit_open(send, result, skipped, resolution)
+            # What next (SPEC section 4).
+            now = gateway.clock()
+            if last.label == "429":
+                upstream.keys.rest(key_index, now, last.retry_after_seconds)
+                if upstream.keys.has_other(key_index, now):
+                    reason = "key_rotation"
+                    continue
+            if not last.verdict.may_fall_back:
+                break
+            if any(gateway.breakers.circuit(t.provider, t.upstream_model).available() for t in queue[index + 1 :]):
+                reason = "fallback"
+                index += 1
+                continue
+            if (
+                last.verdict.quick
+                and settings.retry_fast_failures
+                and not quick_retry_used
+                and attempts < settings.routing.max_attempts
+                and circuit.available()
+            ):
+                quick_retry_used = True
+                reason = "transient_retry"
+                continue
+            break
+
+        if last is not None:
+            return await _send_final(send, result, last, result.target)
+        return await _send_circuit_open(send, result, skipped, resolution)
+    finally:  # whatever ended the request, no provider answer is left half-read
+        if last is not None and last.answer is not None:
+            await last.answer.discard()
 
 
 async def _attempt(
@@ -189,17 +210,20 @@ async def _attempt(
         return Attempt(outcome.of_error(e), e.cause, error=e)
     elapsed = gateway.clock() - started
     gateway.metrics.observe_first_byte(target.provider, elapsed)
+    held = False  # the answer keeps the response open: it is relayed or discarded later
     try:
         content_type = header(response.headers, b"content-type") or b""
         if inbound.stream and response.status == 200 and content_type.startswith(b"text/event-stream"):
             return await _relay_stream(response, send, result)
-        data = await response.read()
+        data, ended = await response.read_upto(HOLD_BYTES)
+        held = not ended
     except errors.UpstreamError as e:
         return Attempt(outcome.of_error(e), e.cause, error=e)
     finally:
-        await response.aclose()
-    answer = Answer(response.status, relay_headers(response.headers), data)
-    if response.status == 200 and (b"json" in content_type or not content_type) and outcome.carries_error(data):
+        if not held:
+            await response.aclose()
+    answer = Answer(response.status, relay_headers(response.headers), data, None if ended else response)
+    if ended and response.status == 200 and (b"json" in content_type or not content_type) and outcome.carries_error(data):
         answer.status = 502  # SPEC: a 200 carrying an error is a failure; the client gets 502
         return Attempt(outcome.ERROR_IN_BODY, "200+error", answer=answer)
     verdict = outcome.of_status(response.status, elapsed)
@@ -210,8 +234,11 @@ async def _attempt(
         )
     if verdict.outcome is Outcome.SUCCESS:
         result.current = f"{target.provider}:{response.status}"
-        await _send_answer(send, answer)
         attempt.committed = True
+        if not await _send_answer(send, answer):
+            result.cut = True
+            attempt.verdict = Verdict(Outcome.FAILURE, may_fall_back=False)
+            attempt.label = f"{response.status}+cut"
     return attempt
 
 
@@ -313,17 +340,34 @@ async def _end_stream_with_error(send: Send, result: Result, message: str, cause
     return Attempt(Verdict(Outcome.FAILURE, may_fall_back=False), f"200+{cause}", committed=True)
 
 
-async def _send_answer(send: Send, answer: Answer) -> None:
-    headers = [*answer.headers, (b"content-length", b"%d" % len(answer.body))]
-    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
-    await send({"type": "http.response.body", "body": answer.body})
+async def _send_answer(send: Send, answer: Answer) -> bool:
+    """Send `answer`: whole when it was held whole, else its beginning and then the
+    rest as it arrives. False when the provider failed partway: the client's answer
+    then ends without its last chunk, which HTTP clients report as an incomplete body."""
+    if answer.rest is None:
+        headers = [*answer.headers, (b"content-length", b"%d" % len(answer.body))]
+        await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+        await send({"type": "http.response.body", "body": answer.body})
+        return True
+    await send({"type": "http.response.start", "status": answer.status, "headers": answer.headers})
+    await send({"type": "http.response.body", "body": answer.body, "more_body": True})
+    while True:
+        try:
+            chunk = await answer.rest.next_chunk()
+        except errors.UpstreamError:
+            return False  # nothing more is sent: the client's answer is cut, not ended
+        if chunk is None:
+            await send({"type": "http.response.body", "body": b""})
+            return True
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
 
 async def _send_final(send: Send, result: Result, last: Attempt, target: Target) -> Result:
     """The last attempt failed: pass its answer through, or say why there is none."""
     if last.answer is not None:
         result.status = last.answer.status
-        await _send_answer(send, last.answer)
+        if not await _send_answer(send, last.answer):
+            result.cut = True
         return result
     e = last.error
     result.status = 504 if e.cause == "timeout" else 502

@@ -1,9 +1,18 @@
-"""Serving the ASGI app on Granian, with the Settings already validated."""
+"""Serving the ASGI app on Granian, with the Settings already validated.
+
+Before Granian starts: the open-file limit is raised, the port is checked to be free
+(Granian binds with SO_REUSEPORT, so a second gateway would otherwise share the port
+silently), and a directory for the workers' shared metrics is made. Granian's own
+limits on clients are set here, deliberately (SPEC section 10).
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+import resource
 import shutil
+import socket
 import tempfile
 
 from granian import Granian
@@ -12,27 +21,99 @@ from granian.http import HTTP1Settings
 from granian.log import LogLevels
 
 from tinygw import config, logs
+from tinygw.errors import ConfigError
 from tinygw.settings import Settings
 
 APP_TARGET = "tinygw.app:app"
 
+# Connections a worker holds open at once (Granian's `backpressure`: a connection
+# takes a permit from accept to close, idle keep-alive ones included). Bounded by the
+# open-file limit less what the worker needs for its own upstream connections and
+# files; and at most this many, since every connection costs some memory.
+MAX_CLIENT_CONNECTIONS = 32768
+RESERVED_FILES = 256
+
+# Connections waiting to be accepted (the kernel's listen backlog; it caps it at
+# net.core.somaxconn).
+LISTEN_BACKLOG = 4096
+
 
 def serve(settings: Settings) -> None:
-    """Run until SIGTERM or SIGINT; in-flight requests get `drain_seconds` to end."""
-    try:  # this run's workers' counts, in memory (tmpfs) where the system has it
-        metrics_dir = tempfile.mkdtemp(prefix="tinygw-metrics-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-    except OSError:
-        metrics_dir = None  # each worker then counts its own traffic only
+    """Run until SIGTERM or SIGINT; in-flight requests get `drain_seconds` to end.
+    Raises ConfigError when the port is taken."""
+    logs.configure(settings.log_level)
+    refuse_taken_port(settings.host, settings.port)
+    open_files = raise_open_file_limit()
+    metrics_dir = _metrics_dir(settings.workers)
     if metrics_dir:
         config.share_metrics_dir(metrics_dir)
     try:
-        _granian(settings).serve()
+        _granian(settings, open_files).serve()
     finally:
         if metrics_dir:
             shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
-def _granian(settings: Settings) -> Granian:
+def refuse_taken_port(host: str, port: int) -> None:
+    """Bind the address once without SO_REUSEPORT: Linux refuses that while any socket
+    listens there, a gateway with SO_REUSEPORT included."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError:
+        return  # Granian says what is wrong with the address
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Granian: TIME_WAIT is no obstacle
+        try:
+            probe.bind(address)
+        except OSError as e:
+            raise ConfigError("TINYGW_PORT", f"{host}:{port} is taken ({os.strerror(e.errno)}): is a gateway "
+                                             "already serving there?") from None
+
+
+def raise_open_file_limit() -> int:
+    """Raise the soft limit on open files to the hard one (the workers inherit it), so
+    that thousands of idle clients cannot exhaust it; the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def client_connections(settings: Settings, open_files: int) -> int:
+    """Granian's `backpressure` for a worker with this open-file limit."""
+    upstream = sum(p.doc.max_connections for p in settings.providers.values())
+    return max(64, min(MAX_CLIENT_CONNECTIONS, open_files - upstream - RESERVED_FILES))
+
+
+def _metrics_dir(workers: int) -> str | None:
+    """This run's directory for the workers' counts: in memory (/dev/shm) where it can
+    be made, else in the temporary directory; said in the log when it is not in
+    memory, and when there is none (each worker then counts its own traffic only)."""
+    for parent in ("/dev/shm", None):
+        if parent is not None and not os.path.isdir(parent):
+            continue
+        try:
+            path = tempfile.mkdtemp(prefix="tinygw-metrics-", dir=parent)
+        except OSError as e:
+            logs.log(logging.WARNING, "cannot make the metrics directory", parent=parent or tempfile.gettempdir(),
+                     error=os.strerror(e.errno) if e.errno else type(e).__name__)
+            continue
+        if parent is None:
+            logs.log(logging.WARNING, "metrics directory is not in /dev/shm", path=path)
+        return path
+    if workers > 1:
+        logs.log(logging.WARNING, "metrics kept per worker: a scrape counts one worker's traffic", workers=workers)
+    return None
+
+
+def _granian(settings: Settings, open_files: int) -> Granian:
     return Granian(
         APP_TARGET,
         address=settings.host,
@@ -41,7 +122,14 @@ def _granian(settings: Settings) -> Granian:
         workers=settings.workers,
         http=HTTPModes.http1,
         websockets=False,
-        http1_settings=HTTP1Settings(keep_alive=True),
+        backlog=LISTEN_BACKLOG,
+        backpressure=client_connections(settings, open_files),
+        http1_settings=HTTP1Settings(
+            keep_alive=True,
+            # A request head (and an idle keep-alive connection's next one) must arrive
+            # within this; bodies are bounded between bytes by the app.
+            header_read_timeout=int(settings.client_timeout_seconds * 1000),
+        ),
         log_level=LogLevels(settings.log_level),
         log_dictconfig=logs.granian_log_config(settings.log_level),
         # Granian reads 0 as "wait forever"; a zero drain means stop at once.

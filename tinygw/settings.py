@@ -115,6 +115,9 @@ class Settings(Struct, frozen=True, kw_only=True):
     log_level: str = "info"
     drain_seconds: float = 30.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # How long a request's head may take to arrive, and the longest pause between
+    # bytes of its body (SPEC section 10).
+    client_timeout_seconds: float = 30.0
     api_keys: tuple[Secret, ...] = ()
     providers: dict[str, Provider] = {}
     models: dict[str, Model] = {}
@@ -155,6 +158,7 @@ class Settings(Struct, frozen=True, kw_only=True):
             "gateway": {
                 "max_body_bytes": self.max_body_bytes,
                 "drain_seconds": self.drain_seconds,
+                "client_timeout_seconds": self.client_timeout_seconds,
                 "inbound_auth": bool(self.api_keys),
             },
         }

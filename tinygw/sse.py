@@ -63,7 +63,7 @@ def kind(event: bytes) -> tuple[Kind, bool]:
         return Kind.OUTPUT, True
     try:
         value = _decode.decode(data)
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, RecursionError):  # nested too deeply: not judged
         return Kind.OUTPUT, False
     if not isinstance(value, dict):
         return Kind.OUTPUT, False

@@ -24,6 +24,13 @@ _decode_any = msgspec.json.Decoder()
 _encode = msgspec.json.Encoder()
 
 
+# A model name is a label in logs, metrics and circuits: longer ones are refused (SPEC
+# section 10), so that a client cannot pin memory or grow pages with its model names.
+MAX_MODEL_BYTES = 256
+
+TOO_DEEP = "the request body's JSON is nested too deeply"
+
+
 class BadBody(ValueError):
     """The client's body is not a JSON object with a string `model`."""
 
@@ -35,8 +42,12 @@ def read_head(body: bytes) -> RequestHead:
         raise BadBody(f"invalid request body: {e}") from None
     except msgspec.DecodeError:
         raise BadBody("the request body is not valid JSON") from None
+    except RecursionError:  # msgspec's depth bound is the interpreter's recursion limit
+        raise BadBody(TOO_DEEP) from None
     if not head.model:
         raise BadBody("the request body has no 'model'")
+    if len(head.model.encode()) > MAX_MODEL_BYTES:
+        raise BadBody(f"the request's 'model' is over {MAX_MODEL_BYTES} bytes")
     return head
 
 
@@ -58,6 +69,8 @@ def rewrite_model(body: bytes, requested: str, upstream: str) -> bytes:
         document = _decode_any.decode(body)
     except msgspec.MsgspecError as e:  # valid JSON that Python cannot hold (1e400)
         raise BadBody(f"invalid request body: {e}") from None
+    except RecursionError:
+        raise BadBody(TOO_DEEP) from None
     document["model"] = upstream
     return _encode.encode(document)
 
@@ -79,7 +92,12 @@ HOP_BY_HOP = frozenset(
     }
 )
 _NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length", b"authorization", b"x-api-key", b"accept-encoding", b"expect"}
-_NOT_RELAYED = HOP_BY_HOP | {b"content-length", b"content-encoding", b"date", b"server"}
+# A provider's answer reaches the client with these headers only (SPEC section 10):
+# never its cookies, HSTS, CORS, a redirect's target, or headers that look like the
+# gateway's own (x-tinygw-*). Framing headers are the gateway's to set.
+_RELAYED = frozenset({b"content-type", b"x-request-id", b"request-id", b"retry-after", b"retry-after-ms",
+                      b"x-should-retry"})
+_RELAYED_PREFIXES = (b"x-ratelimit-", b"ratelimit", b"openai-", b"anthropic-")
 
 
 def _named_by_connection(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
@@ -94,9 +112,8 @@ def forward_headers(client_headers: list[tuple[bytes, bytes]]) -> list[tuple[byt
 
 
 def relay_headers(upstream_headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """The provider's headers that go back to the client."""
-    drop = _NOT_RELAYED | _named_by_connection(upstream_headers)
-    return [(k, v) for k, v in upstream_headers if k not in drop]
+    """The provider's headers that go back to the client: a fixed set."""
+    return [(k, v) for k, v in upstream_headers if k in _RELAYED or k.startswith(_RELAYED_PREFIXES)]
 
 
 def header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
