@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: all demo test bench lock clean build reproduce test-frozen
+.PHONY: all demo test fuzz bench soak lock clean build reproduce test-frozen
 
 all: $(STAMP)
 
@@ -23,6 +23,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q --ignore=tests/test_frozen.py
 
+# The fuzz tests with many more examples, from a random seed (`make test` runs a few, derandomized).
+fuzz: $(STAMP)
+	HYPOTHESIS_PROFILE=long $(PY) -m pytest -q tests/test_fuzz.py
+
 # build/dist/tinygw and build/dist/release.json (SPEC section 8); see build/build.sh.
 build: $(STAMP)
 	sh build/build.sh
@@ -38,6 +42,11 @@ test-frozen: build
 
 bench: $(STAMP)
 	$(PY) bench/run.py
+
+# A bounded chaos soak on loopback (not part of `make test`): `make soak SOAK_SECONDS=60`.
+SOAK_SECONDS ?= 180
+soak: $(STAMP)
+	$(PY) bench/soak.py --seconds $(SOAK_SECONDS)
 
 # Re-pin after editing requirements/*.in (needs network access to the package index).
 lock:

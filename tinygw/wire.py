@@ -60,12 +60,14 @@ def rewrite_model(body: bytes, requested: str, upstream: str) -> bytes:
     """`body` with its top-level model set to `upstream`, the rest left as it was."""
     if requested == upstream:
         return body
-    if body.count(b'"model"') == 1 and (match := _MODEL_PAIR.search(body)) is not None:
-        spliced = body[: match.start(1)] + _encode.encode(upstream)[1:-1] + body[match.end(1) :]
-        if _decode_head.decode(spliced).model == upstream:
-            return spliced
-    # Ambiguous (a nested "model" key, escapes): re-encode the whole document.
+    # The depth msgspec accepts is the interpreter's recursion limit less the stack in
+    # use: a body read fine by read_head may be too deep here, a few frames further down.
     try:
+        if body.count(b'"model"') == 1 and (match := _MODEL_PAIR.search(body)) is not None:
+            spliced = body[: match.start(1)] + _encode.encode(upstream)[1:-1] + body[match.end(1) :]
+            if _decode_head.decode(spliced).model == upstream:
+                return spliced
+        # Ambiguous (a nested "model" key, escapes): re-encode the whole document.
         document = _decode_any.decode(body)
     except msgspec.MsgspecError as e:  # valid JSON that Python cannot hold (1e400)
         raise BadBody(f"invalid request body: {e}") from None
