@@ -4,16 +4,16 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: all demo test fuzz bench soak lock clean build reproduce test-frozen
+.PHONY: all demo test fuzz bench soak verifier rehearse lock clean build reproduce test-frozen
 
 all: $(STAMP)
 
 # The virtualenv, from the hashed locks alone: runtime and test dependencies.
-$(STAMP): requirements/runtime.lock requirements/dev.lock
+$(STAMP): requirements/runtime.lock requirements/dev.lock requirements/verify.lock
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "tinygw needs Python >= 3.11")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --require-hashes --no-deps \
-		-r requirements/runtime.lock -r requirements/dev.lock
+		-r requirements/runtime.lock -r requirements/dev.lock -r requirements/verify.lock
 	@touch $(STAMP)
 
 demo: $(STAMP)
@@ -27,18 +27,33 @@ test: $(STAMP)
 fuzz: $(STAMP)
 	HYPOTHESIS_PROFILE=long $(PY) -m pytest -q tests/test_fuzz.py
 
-# build/dist/tinygw and build/dist/release.json (SPEC section 8); see build/build.sh.
-build: $(STAMP)
+# build/dist/tinygw and build/dist/release.json (SPEC section 8), built inside a Debian build
+# root from pinned packages and the locks: needs root and apt, not .venv; see build/build.sh.
+build:
 	sh build/build.sh
 
-# Two builds from two temporary copies of the tree must be byte-identical.
+# Two builds from two fresh build roots, two copies of the tree and two host Pythons first on
+# PATH must be byte-identical. REFERENCE=path/to/release.json also compares with that release.
 reproduce: $(STAMP)
-	$(PY) build/reproduce.py
+	$(PY) build/reproduce.py $(if $(REFERENCE),--reference $(REFERENCE))
 
 # Build, then test the executable: its own tests, then every suite against it (TINYGW_BINARY).
-test-frozen: build
+test-frozen: build $(STAMP)
 	$(PY) -m pytest -q tests/test_frozen.py
 	TINYGW_BINARY=$(CURDIR)/build/dist/tinygw $(PY) -m pytest -q --ignore=tests/test_frozen.py
+
+# attest/verify's own environment, from its lock alone (dcap-qvl, cryptography): for clients and auditors.
+verifier: .venv-verify/.installed
+.venv-verify/.installed: requirements/verify.lock
+	$(PYTHON) -m venv .venv-verify
+	.venv-verify/bin/python -m pip install --quiet --disable-pip-version-check --require-hashes --no-deps \
+		-r requirements/verify.lock
+	@touch $@
+	@echo "run the verifier as: .venv-verify/bin/python attest/verify --help"
+
+# The whole attested flow, SIMULATED (no TDX here): launch, attested TLS, verify, a pinned client.
+rehearse: $(STAMP)
+	$(PY) attest/rehearse
 
 bench: $(STAMP)
 	$(PY) bench/run.py
@@ -53,6 +68,7 @@ lock:
 	$(PYTHON) -m pip install --quiet uv
 	cd requirements && $(PYTHON) -m uv pip compile -q --python-version 3.11 --generate-hashes --no-header runtime.in -o runtime.lock
 	cd requirements && $(PYTHON) -m uv pip compile -q --python-version 3.11 --generate-hashes --no-header dev.in -o dev.lock
+	cd requirements && $(PYTHON) -m uv pip compile -q --python-version 3.11 --generate-hashes --no-header verify.in -o verify.lock
 
 clean:
-	rm -rf $(VENV) .pytest_cache build/dist build/work
+	rm -rf $(VENV) .venv-verify .pytest_cache build/dist build/work

@@ -17,6 +17,7 @@ import platform
 import shlex
 import shutil
 import signal
+import ssl
 import socket
 import statistics
 import subprocess
@@ -224,8 +225,20 @@ def gateway_python() -> str:
     return str(venv) if venv.exists() else sys.executable
 
 
-def start_gateway(upstream_port: int) -> tuple[Proc, int]:
+# Ports served over TLS (a gateway with TINYGW_TLS=attested); wrk and the checks use https there.
+HTTPS_PORTS: set[int] = set()
+UNVERIFIED_TLS = ssl.create_default_context()
+UNVERIFIED_TLS.check_hostname, UNVERIFIED_TLS.verify_mode = False, ssl.CERT_NONE
+
+
+def url(port: int, path: str) -> str:
+    return f"{'https' if port in HTTPS_PORTS else 'http'}://{HOST}:{port}{path}"
+
+
+def start_gateway(upstream_port: int, tls: bool = False) -> tuple[Proc, int]:
     port = free_port()
+    if tls:
+        HTTPS_PORTS.add(port)
     config = {
         "providers": {"up": {"base_url": f"http://{HOST}:{upstream_port}/v1", "api": "openai"}},
         "models": {"bench": {"targets": ["up:bench-model"]}},
@@ -237,9 +250,10 @@ def start_gateway(upstream_port: int) -> tuple[Proc, int]:
         TINYGW_LOG_LEVEL="warning",
         TINYGW_CONFIG=json.dumps(config),
         TINYGW_DRAIN_SECONDS="2",  # bounds the shutdown at the end
+        TINYGW_TLS="attested" if tls else "off",
     )
     env.pop("TINYGW_CONFIG_FILE", None)
-    proc = Proc("tinygw", [gateway_python(), "-m", "tinygw", "serve"], env=env)
+    proc = Proc("tinygw-tls" if tls else "tinygw", [gateway_python(), "-m", "tinygw", "serve"], env=env)
     try:
         wait_ready(proc, port, "/healthz", 60)
     except BaseException:
@@ -258,7 +272,7 @@ def wait_ready(proc: Proc, port: int, path: str, timeout: float) -> None:
             raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode} before it was ready:\n"
                                f"{proc.stderr_text()}")
         try:
-            with urllib.request.urlopen(f"http://{HOST}:{port}{path}", timeout=2) as r:
+            with urllib.request.urlopen(url(port, path), timeout=2, context=UNVERIFIED_TLS) as r:
                 if r.status == 200:
                     return
                 last = f"status {r.status}"
@@ -370,10 +384,10 @@ def start_litellm(cli: Path, upstream_port: int) -> tuple[Proc, int, float]:
 
 def check_once(port: int, what: str, proc: Proc | None) -> None:
     """One request before measuring, so a broken setup fails loudly, not as a fast table."""
-    req = urllib.request.Request(f"http://{HOST}:{port}{PATH}", data=BODY.encode(), method="POST",
+    req = urllib.request.Request(url(port, PATH), data=BODY.encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=10, context=UNVERIFIED_TLS) as r:
             status, body = r.status, r.read()
     except urllib.error.HTTPError as e:
         status, body = e.code, e.read()
@@ -385,7 +399,7 @@ def check_once(port: int, what: str, proc: Proc | None) -> None:
 def run_wrk(wrk: str, lua: str, port: int, conns: int, seconds: float) -> dict:
     threads = min(2, conns)
     argv = [wrk, f"-t{threads}", f"-c{conns}", f"-d{seconds:g}s", "--timeout", "10s", "-s", lua,
-            f"http://{HOST}:{port}{PATH}"]
+            url(port, PATH)]
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
     try:
@@ -464,7 +478,7 @@ def fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-GATEWAYS = ("tinygw", "litellm")
+GATEWAYS = ("tinygw", "tinygw-tls", "litellm")
 
 
 def ratio(a, b) -> str:
@@ -544,6 +558,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-peer", action="store_true",
                     help="skip the peer (LiteLLM's proxy, installed on first use into bench/.venv-litellm)")
     ap.add_argument("--json", metavar="PATH", help="also write the raw numbers as JSON to PATH")
+    ap.add_argument("--tls", action="store_true",
+                    help="also measure tinygw with attested TLS (TINYGW_TLS=attested; wrk over https, keep-alive)")
     args = ap.parse_args(argv)
     if args.seconds <= 0 or args.repeats < 1 or args.warmup < 0:
         ap.error("--seconds must be > 0, --repeats >= 1, --warmup >= 0")
@@ -584,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
                  "wrk": wrk_version[0] if wrk_version else "", "seconds": args.seconds, "warmup": args.warmup,
                  "repeats": args.repeats, "tinygw_version": tinygw_version(), "peer": peer_info, "levels": []}
     failed = False
-    stderr_of: dict[str, str] = {"tinygw": "", "litellm": ""}
+    stderr_of: dict[str, str] = {"tinygw": "", "tinygw-tls": "", "litellm": ""}
     try:
         upstream, up_port = start_upstream()
         procs.append(upstream)
@@ -598,6 +614,13 @@ def main(argv: list[str] | None = None) -> int:
             targets: list[tuple[str, int, Proc | None]] = [("direct", up_port, None), ("tinygw", gw_port, gateway)]
             watch = {"upstream": upstream.pid, "tinygw": gateway.pid}
             idle = {"tinygw": tree_usage(gateway.pid)}
+            if args.tls:
+                tls_gateway, tls_port = start_gateway(up_port, tls=True)
+                procs.append(tls_gateway)
+                check_once(tls_port, "tinygw with TLS", tls_gateway)
+                targets.append(("tinygw-tls", tls_port, tls_gateway))
+                watch["tinygw-tls"] = tls_gateway.pid
+                idle["tinygw-tls"] = tree_usage(tls_gateway.pid)
             if peer is not None:
                 log(f"bench: c={conns}: starting LiteLLM (may take tens of seconds)")
                 try:
@@ -657,7 +680,7 @@ def main(argv: list[str] | None = None) -> int:
                 if p is not None:
                     stderr_of[p.name] += p.stderr_text()
                     p.stop()
-        names = ["direct", "tinygw", "litellm"]
+        names = ["direct", "tinygw", "tinygw-tls", "litellm"]
         print()
         print(f"direct = the instant upstream; tinygw {raw['tinygw_version']} (this tree, 1 Granian worker)"
               + (f"; litellm {peer_info['version']} (peer, 1 uvicorn worker)" if peer_info["enabled"] else ""))

@@ -1,7 +1,8 @@
 """GET /attestation?nonce=HEX (SPEC section 8): the evidence a client checks us with.
 
-The gateway vouches for nothing itself: it binds the client's nonce and its config
-hash into `report_data`, has the hardware sign that in a quote (configfs-tsm: a fresh
+The gateway vouches for nothing itself: it binds the client's nonce, its config hash
+and (with TLS on) the digest of the key its connections are served with into
+`report_data`, has the hardware sign that in a quote (configfs-tsm: a fresh
 entry per request, `report_data` into `inblob`, the quote from `outblob`, `generation`
 read before and after), and hands over the launcher's event log, which a verifier
 replays to the quote's RTMR3. Its own executable's hashes are informational only.
@@ -26,8 +27,10 @@ from tinygw import __version__, logs
 from tinygw.errors import EvidenceUnavailable, Raced
 from tinygw.wire import JSON_HEADERS, error_body
 
-# report_data = SHA-512(DOMAIN || nonce || config_sha256): 64 bytes, the quote's REPORTDATA.
+# report_data = SHA-512(DOMAIN || nonce || config_sha256): 64 bytes, the quote's REPORTDATA;
+# with TLS on, SHA-512(DOMAIN_TLS || nonce || config_sha256 || tls_spki_sha256) (SPEC section 9).
 DOMAIN = b"tinygw.attest.v1"
+DOMAIN_TLS = b"tinygw.attest.v2"
 NONCE_MIN_BYTES, NONCE_MAX_BYTES = 32, 64
 # A kernel makes the quote during the read of `outblob`; a slower provider (or a test's
 # fake) may take a moment. This bounds the whole fetch.
@@ -54,8 +57,11 @@ def parse_nonce(query_string: bytes) -> bytes:
     return nonce
 
 
-def report_data(nonce: bytes, config_sha256: str) -> bytes:
-    return hashlib.sha512(DOMAIN + nonce + bytes.fromhex(config_sha256)).digest()
+def report_data(nonce: bytes, config_sha256: str, tls_spki_sha256: str | None = None) -> bytes:
+    """The digests enter as raw bytes, not hex."""
+    if tls_spki_sha256 is None:
+        return hashlib.sha512(DOMAIN + nonce + bytes.fromhex(config_sha256)).digest()
+    return hashlib.sha512(DOMAIN_TLS + nonce + bytes.fromhex(config_sha256) + bytes.fromhex(tls_spki_sha256)).digest()
 
 
 def artifact_digests() -> tuple[str | None, str | None]:
@@ -121,7 +127,7 @@ async def attestation_page(gateway, scope, send) -> None:
         await _send(send, 400, error_body(str(e), "invalid_request_error", "invalid_nonce"))
         return
     config_sha256 = gateway.settings.config_sha256()
-    data = report_data(nonce, config_sha256)
+    data = report_data(nonce, config_sha256, gateway.tls_spki_sha256)
     try:
         if gateway.artifact_digests is None:  # the executable does not change while it runs
             gateway.artifact_digests = await asyncio.to_thread(artifact_digests)
@@ -145,6 +151,9 @@ async def attestation_page(gateway, scope, send) -> None:
         "event_log": events,
         "evidence": evidence,
     }
+    if gateway.tls_spki_sha256 is not None:
+        answer["tls_spki_sha256"] = gateway.tls_spki_sha256
+        answer["tls_certificate"] = gateway.tls_certificate
     await _send(send, 200, _encode.encode(answer))
 
 

@@ -26,6 +26,8 @@ from tinygw.settings import (
     DEFAULT_RTMR_PATH,
     DEFAULT_TSM_REPORT_DIR,
     METRICS_DIR_VARIABLE,
+    SERVED_CERT_VARIABLE,
+    SERVED_SPKI_VARIABLE,
     Breaker,
     ConfigDoc,
     Model,
@@ -243,6 +245,50 @@ def _model(where: str, name: str, doc: ModelDoc, providers: Mapping[str, Provide
     return Model(name=name, targets=tuple(targets), strategy=doc.strategy)
 
 
+_TLS_MODES = ("off", "attested", "files")
+_DNS_NAME = re.compile(r"(?=.{1,253}$)(?:\*\.)?[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+
+
+def _tls(env: Mapping[str, str]) -> dict:
+    """TINYGW_TLS and its companions (SPEC section 9), as Settings fields."""
+    mode = env.get("TINYGW_TLS", "off").strip().lower() or "off"
+    if mode not in _TLS_MODES:
+        raise ConfigError("TINYGW_TLS", f"must be one of {', '.join(_TLS_MODES)}, got {mode!r}")
+    raw_names = env.get("TINYGW_TLS_NAMES", "localhost,127.0.0.1")
+    names = tuple(n.strip() for n in raw_names.split(",") if n.strip())
+    if not names:
+        raise ConfigError("TINYGW_TLS_NAMES", "holds no name")
+    for name in names:
+        if not _DNS_NAME.fullmatch(name):
+            try:
+                ipaddress.ip_address(name)
+            except ValueError:
+                raise ConfigError("TINYGW_TLS_NAMES", f"not a DNS name or IP address: {name!r}") from None
+    fields = {"tls_mode": mode, "tls_names": names}
+    cert_file, key_file = env.get("TINYGW_TLS_CERT_FILE"), env.get("TINYGW_TLS_KEY_FILE")
+    served = env.get(SERVED_CERT_VARIABLE) or None  # set by serve for its workers: checked there
+    if mode == "files":
+        if not cert_file:
+            raise ConfigError("TINYGW_TLS_CERT_FILE", "unset, and TINYGW_TLS=files needs it")
+        if not key_file:
+            raise ConfigError("TINYGW_TLS_KEY_FILE", "unset, and TINYGW_TLS=files needs it")
+        if served is None:
+            from tinygw import tls  # cryptography is imported only when TLS is on, and not by workers
+
+            tls.check_files(cert_file, key_file,
+                            _read_file("TINYGW_TLS_CERT_FILE", cert_file, MAX_SECRET_FILE_BYTES).encode(),
+                            _read_file("TINYGW_TLS_KEY_FILE", key_file, MAX_SECRET_FILE_BYTES).encode())
+        fields.update(tls_cert_file=cert_file, tls_key_file=key_file)
+    elif cert_file or key_file:
+        raise ConfigError("TINYGW_TLS_CERT_FILE" if cert_file else "TINYGW_TLS_KEY_FILE",
+                          f"set, but TINYGW_TLS is {mode!r}, not 'files'")
+    # attest/launch points TMPDIR at its private directory in guest memory.
+    fields["tls_key_dirs"] = tuple(d for d in (env.get("TMPDIR"), env.get("XDG_RUNTIME_DIR"), "/run", "/dev/shm") if d)
+    fields["served_cert"] = served
+    fields["served_spki_sha256"] = env.get(SERVED_SPKI_VARIABLE) or None
+    return fields
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -306,6 +352,7 @@ def from_environ(env: Mapping[str, str] | None = None) -> Settings:
         health_check_seconds=_number(env, "PROVIDER_HEALTH_CHECK_SECONDS", 10.0, low=0, high=86400),
         listing_seconds=_number(env, "PROVIDER_LISTING_SECONDS", 60.0, low=0, high=86400),
         metrics_dir=env.get(METRICS_DIR_VARIABLE) or None,
+        **_tls(env),
         rtmr_path=_path(env, "TINYGW_RTMR_PATH", DEFAULT_RTMR_PATH),
         tsm_report_dir=_path(env, "TINYGW_TSM_REPORT_DIR", DEFAULT_TSM_REPORT_DIR),
         event_log=_path(env, "TINYGW_EVENT_LOG", DEFAULT_EVENT_LOG),
@@ -315,3 +362,10 @@ def from_environ(env: Mapping[str, str] | None = None) -> Settings:
 def share_metrics_dir(path: str) -> None:
     """Hand the run's metrics directory to the workers that Granian is about to start."""
     os.environ[METRICS_DIR_VARIABLE] = path
+
+
+def share_served_cert(path: str, spki_sha256: str) -> None:
+    """Tell the workers which certificate they serve, and its key's digest (for
+    /attestation), so that they need not parse certificates themselves."""
+    os.environ[SERVED_CERT_VARIABLE] = path
+    os.environ[SERVED_SPKI_VARIABLE] = spki_sha256

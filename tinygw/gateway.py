@@ -56,6 +56,12 @@ class Gateway:
         # /attestation: the executable's digests, computed once; one quote at a time
         self.artifact_digests: tuple[str | None, str | None] | None = None
         self.evidence_slot = asyncio.Semaphore(1)
+        # The certificate this worker serves, PEM, and its SPKI digest (SPEC section 9)
+        self.tls_certificate: str | None = None
+        self.tls_spki_sha256: str | None = None
+        if settings.served_cert and settings.served_spki_sha256:
+            with open(settings.served_cert, encoding="ascii") as f:
+                self.tls_certificate, self.tls_spki_sha256 = f.read(), settings.served_spki_sha256
         self.strategies = Strategies(settings)
         # provider -> upstream model ids of its last successful listing; absent while
         # its listing has not succeeded (tinygw.discovery keeps it up to date)

@@ -8,12 +8,14 @@ limits on clients are set here, deliberately (SPEC section 10).
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import resource
 import shutil
 import socket
 import tempfile
+from pathlib import Path
 
 from granian import Granian
 from granian.constants import HTTPModes, Interfaces
@@ -44,14 +46,37 @@ def serve(settings: Settings) -> None:
     logs.configure(settings.log_level)
     refuse_taken_port(settings.host, settings.port)
     open_files = raise_open_file_limit()
-    metrics_dir = _metrics_dir(settings.workers)
-    if metrics_dir:
-        config.share_metrics_dir(metrics_dir)
+    served = _tls(settings)  # before the workers start: they all serve this one key
+    metrics_dir = None
     try:
-        _granian(settings, open_files).serve()
+        metrics_dir = _metrics_dir(settings.workers)
+        if metrics_dir:
+            config.share_metrics_dir(metrics_dir)
+        if served is not None:
+            config.share_served_cert(served.cert_path, served.spki_sha256)
+        _granian(settings, open_files, served).serve()
     finally:
         if metrics_dir:
             shutil.rmtree(metrics_dir, ignore_errors=True)
+        if served is not None:
+            from tinygw import tls
+
+            tls.remove(served)
+
+
+def _tls(settings: Settings):
+    """The certificate and key to serve (tinygw.tls.Served), or None with TLS off."""
+    if settings.tls_mode == "off":
+        return None
+    from tinygw import tls  # cryptography is imported only when TLS is on
+
+    if settings.tls_mode == "files":
+        return tls.served_files(settings.tls_cert_file, settings.tls_key_file)
+    served = tls.write_attested(settings.tls_names, list(settings.tls_key_dirs),
+                                datetime.datetime.now(datetime.timezone.utc))
+    logs.log(logging.INFO, "attested TLS key made", names=list(settings.tls_names),
+             tls_spki_sha256=served.spki_sha256)
+    return served
 
 
 def refuse_taken_port(host: str, port: int) -> None:
@@ -113,7 +138,10 @@ def _metrics_dir(workers: int) -> str | None:
     return None
 
 
-def _granian(settings: Settings, open_files: int) -> Granian:
+def _granian(settings: Settings, open_files: int, served) -> Granian:
+    tls = {}
+    if served is not None:
+        tls = {"ssl_cert": Path(served.cert_path), "ssl_key": Path(served.key_path)}
     return Granian(
         APP_TARGET,
         address=settings.host,
@@ -134,4 +162,5 @@ def _granian(settings: Settings, open_files: int) -> Granian:
         log_dictconfig=logs.granian_log_config(settings.log_level),
         # Granian reads 0 as "wait forever"; a zero drain means stop at once.
         workers_kill_timeout=settings.drain_seconds or 0.001,
+        **tls,
     )

@@ -20,6 +20,9 @@ from tinygw.secret import Secret
 DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
 
 METRICS_DIR_VARIABLE = "TINYGW_METRICS_DIR"
+# The certificate that `serve` hands its workers to report in /attestation (SPEC section 9).
+SERVED_CERT_VARIABLE = "TINYGW_TLS_SERVED_CERT"
+SERVED_SPKI_VARIABLE = "TINYGW_TLS_SERVED_SPKI"
 
 # Where attestation measures and reports (SPEC section 8). attest/launch reads the same
 # variables with the same defaults; tests point them at fake trees.
@@ -126,6 +129,17 @@ class Settings(Struct, frozen=True, kw_only=True):
     retry_fast_failures: bool = True
     health_check_seconds: float = 10.0
     listing_seconds: float = 60.0
+    # TLS (SPEC section 9): "off" | "attested" | "files"; the names of an attested
+    # certificate; the files of `files`; where an attested key may be written (memory
+    # file systems only, tinygw.tls); and the certificate being served, set by serve for
+    # its workers (not configuration: not in the hash, nor is the key's place).
+    tls_mode: str = "off"
+    tls_names: tuple[str, ...] = ("localhost", "127.0.0.1")
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_key_dirs: tuple[str, ...] = ()
+    served_cert: str | None = None
+    served_spki_sha256: str | None = None
     # Where the workers of one `tinygw serve` keep their metrics (tinygw.metricstore);
     # set by serve itself for its workers, not configuration, so not in the hash.
     metrics_dir: str | None = None
@@ -159,6 +173,7 @@ class Settings(Struct, frozen=True, kw_only=True):
                 "max_body_bytes": self.max_body_bytes,
                 "drain_seconds": self.drain_seconds,
                 "client_timeout_seconds": self.client_timeout_seconds,
+                "tls": self.tls_mode,
                 "inbound_auth": bool(self.api_keys),
             },
         }

@@ -1,0 +1,97 @@
+"""A simulated TDX platform for tests and `make rehearse`: never part of the gateway.
+
+`FakeTdx` stands in for both kernel interfaces that tinygw uses, and is honest about
+what matters, that RTMR3 moves only by what is written into it, never by the event
+log. Its register file is a FIFO that a thread reads, extending the register by each
+48-byte write as the kernel's sysfs file does (a regular file would keep only the
+last write). Its report directory is a plain one: for each new entry with a 64-byte
+`inblob` a second thread writes `generation`, `provider` and, last, an `outblob` laid
+out as a TDX quote v4, with the register's RTMR3 at offset 520 and the inblob as
+REPORTDATA at offset 568. It signs nothing: no quote it makes passes Intel DCAP
+verification (the tests check that it fails).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import threading
+import time
+import uuid
+from pathlib import Path
+
+
+def tdx_quote_v4(rtmr3: bytes, report_data: bytes) -> bytes:
+    header = struct.pack("<HHI", 4, 2, 0x81) + bytes(40)  # version 4, ECDSA P-256 key, TEE type TDX
+    body = bytearray(584)  # the TD quote body: TCB, MRSEAM, ..., MRTD, RTMR0-3, REPORTDATA
+    body[472:520] = rtmr3
+    body[520:584] = report_data
+    signature = bytes(4096)  # a real one holds the ECDSA signature and the PCK certificate chain
+    return header + bytes(body) + struct.pack("<I", len(signature)) + signature
+
+
+class FakeTdx:
+    def __init__(self, root: Path) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self.rtmr_path = root / "rtmr3:sha384"
+        self.report_dir = root / "tsm" / "report"
+        self.launch_dir = root / "run"  # the guest-memory directory the launcher copies into
+        self.launch_dir.mkdir(parents=True, exist_ok=True)
+        self.report_dir.mkdir(parents=True)
+        self._scratch = root / "platform"  # where answers are written before they are moved in
+        self._scratch.mkdir()
+        self.rtmr3 = bytes(48)
+        self.writes: list[bytes] = []
+        os.mkfifo(self.rtmr_path)
+        # Held open for reading, so that a writer's open never blocks and reads never do.
+        self._register_fd = os.open(self.rtmr_path, os.O_RDONLY | os.O_NONBLOCK)
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=f, daemon=True) for f in (self._register, self._tsm)]
+        for thread in self._threads:
+            thread.start()
+
+    def env(self) -> dict[str, str]:
+        return {"TINYGW_RTMR_PATH": str(self.rtmr_path), "TINYGW_TSM_REPORT_DIR": str(self.report_dir),
+                "TINYGW_LAUNCH_DIR": str(self.launch_dir)}
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(5)
+        os.close(self._register_fd)
+
+    def _register(self) -> None:
+        pending = b""
+        while not self._stop.is_set():
+            try:
+                pending += os.read(self._register_fd, 4096)
+            except BlockingIOError:
+                pass
+            while len(pending) >= 48:
+                digest, pending = pending[:48], pending[48:]
+                self.rtmr3 = hashlib.sha384(self.rtmr3 + digest).digest()
+                self.writes.append(digest)
+            time.sleep(0.005)
+
+    def _tsm(self) -> None:
+        answered: set[str] = set()
+        while not self._stop.is_set():
+            for entry in self.report_dir.iterdir():
+                if entry.name in answered:
+                    continue
+                try:
+                    inblob = (entry / "inblob").read_bytes()
+                    if len(inblob) == 64:
+                        self._put(entry / "generation", b"1\n")
+                        self._put(entry / "provider", b"tdx_guest\n")
+                        self._put(entry / "outblob", tdx_quote_v4(self.rtmr3, inblob))
+                        answered.add(entry.name)
+                except OSError:  # not written yet, or already removed by the gateway
+                    pass
+            time.sleep(0.005)
+
+    def _put(self, path: Path, content: bytes) -> None:
+        spare = self._scratch / uuid.uuid4().hex
+        spare.write_bytes(content)
+        os.replace(spare, path)

@@ -1,0 +1,272 @@
+"""Attested TLS (SPEC section 9), black-box: real gateway processes serving HTTPS on
+loopback, attest/verify over one TLS connection, a relay that terminates TLS with its
+own key, and the official OpenAI SDK trusting exactly the attested certificate."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import re
+import ssl
+import subprocess
+import sys
+from pathlib import Path
+
+import openai
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from conftest import ROOT, Gateway, call, gateway_command, wait_until
+from test_attest import FakeTdx, launched_gateway, make_artifact, verify, write_release  # puts attest/ on the path
+from relay import Relay  # noqa: E402 (attest/relay.py)
+from tinygw.fake_upstream import FakeUpstream
+
+SECRET = "sk-attest-never-shown"  # test_attest's gateway_config names it
+
+
+def self_signed(directory: Path, name: str = "127.0.0.1") -> tuple[Path, Path]:
+    """A certificate and key made here (not by the gateway): (cert path, key path)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (
+        x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(__import__("ipaddress").ip_address(name))]),
+                       critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def spki_of(cert_pem: bytes) -> str:
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    return hashlib.sha256(cert.public_key().public_bytes(serialization.Encoding.DER,
+                                                         serialization.PublicFormat.SubjectPublicKeyInfo)).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def attested(tmp_path_factory):
+    """A gateway with attested TLS and 2 workers, started by attest/launch on the fake
+    TDX platform, and its release.json."""
+    root = tmp_path_factory.mktemp("attested-tls")
+    tdx = FakeTdx(root / "tdx")
+    upstream = FakeUpstream().start_in_thread()
+    artifact = make_artifact(root / "dist")
+    release = write_release(artifact, root / "release.json")
+    gateway = None
+    try:
+        gateway = launched_gateway(artifact, upstream.url, {
+            **tdx.env(), "TINYGW_EVENT_LOG": str(root / "run" / "event-log.jsonl"),
+            "TINYGW_TLS": "attested", "TINYGW_WORKERS": "2",
+        }, root / "gateway.log")
+        wait_until(lambda: tdx.rtmr3.hex() == release["measurement"]["expected_rtmr3"], what="the measurement")
+        wait_until(lambda: gateway.logs().count('"msg":"worker started"') == 2, seconds=20, what="both workers")
+        yield gateway, root / "release.json", root
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        upstream.stop_thread()
+        tdx.stop()
+
+
+def served_key_dir(gateway: Gateway) -> Path:
+    """The directory of the key the gateway serves, found as a local attacker with root
+    would: on the memory file systems, the one whose certificate is the attested one."""
+    attested = json.loads(call("GET", f"{gateway.url}/attestation?nonce={'01' * 32}")[2])["tls_spki_sha256"]
+    for parent in ("/dev/shm", "/run", os.environ.get("XDG_RUNTIME_DIR") or "/run"):
+        for cert in Path(parent).glob("tinygw-tls-*/cert.pem"):
+            if spki_of(cert.read_bytes()) == attested:
+                return cert.parent
+    raise AssertionError("the served key is in none of the memory file systems looked at")
+
+
+# ---- attest/verify over TLS -----------------------------------------------------------------
+
+
+def test_verify_passes_over_https_and_saves_the_attested_certificate(attested, tmp_path):
+    gateway, release, _ = attested
+    saved = tmp_path / "gateway.pem"
+    code, verdicts, output = verify("--release", str(release), "--url", gateway.url, "--accept-unverified",
+                                    "--save-cert", str(saved))
+    assert code == 0, output
+    assert verdicts["tls channel"] == "PASS" and verdicts["report_data"] == "PASS", output
+    assert verdicts["quote signature"] == "SKIP" and output.splitlines()[-1].startswith("UNVERIFIED"), output
+    # Both workers serve and attest the same key: new connections land on either.
+    answers = [json.loads(call("GET", f"{gateway.url}/attestation?nonce={os.urandom(32).hex()}")[2])
+               for _ in range(12)]
+    assert {a["tls_spki_sha256"] for a in answers} == {spki_of(saved.read_bytes())}
+    pem = ssl.get_server_certificate(("127.0.0.1", gateway.port)).encode()
+    assert spki_of(pem) == spki_of(saved.read_bytes())
+
+
+def test_report_data_binds_the_tls_key(attested):
+    gateway, _, _ = attested
+    nonce = os.urandom(32)
+    answer = json.loads(call("GET", f"{gateway.url}/attestation?nonce={nonce.hex()}")[2])
+    expected = hashlib.sha512(b"tinygw.attest.v2" + nonce + bytes.fromhex(answer["config_sha256"])
+                              + bytes.fromhex(answer["tls_spki_sha256"])).hexdigest()
+    assert answer["report_data"] == expected
+    assert spki_of(answer["tls_certificate"].encode()) == answer["tls_spki_sha256"]
+
+
+def test_verify_fails_behind_a_relay_that_terminates_tls(attested, tmp_path):
+    gateway, release, _ = attested
+    relay = Relay(*self_signed(tmp_path / "relay"), gateway.port)
+    try:
+        url = f"https://127.0.0.1:{relay.port}"
+        # The relay passes the genuine gateway's answer through unchanged...
+        status, _, body = call("GET", f"{url}/attestation?nonce={'ab' * 32}")
+        assert status == 200 and json.loads(body)["nonce"] == "ab" * 32, body
+        code, verdicts, output = verify("--release", str(release), "--url", url, "--accept-unverified",
+                                        "--save-cert", str(tmp_path / "never.pem"))
+    finally:
+        relay.close()
+    # ...but this connection was not served with the attested key.
+    assert code == 1 and verdicts["tls channel"] == "FAIL", output
+    assert verdicts["nonce echoed"] == "PASS" and verdicts["report_data"] == "PASS", output
+    assert "terminates TLS" in output
+    assert not (tmp_path / "never.pem").exists()
+
+
+def test_verify_fails_a_replayed_answer(attested, tmp_path):
+    gateway, release, _ = attested
+    old = call("GET", f"{gateway.url}/attestation?nonce={os.urandom(32).hex()}")[2]
+    relay = Relay(*self_signed(tmp_path / "replay"), gateway.port, replay=old)
+    try:
+        code, verdicts, output = verify("--release", str(release), "--url", f"https://127.0.0.1:{relay.port}",
+                                        "--accept-unverified")
+    finally:
+        relay.close()
+    assert code == 1, output
+    assert verdicts["nonce echoed"] == "FAIL" and verdicts["report_data"] == "FAIL", output
+    assert verdicts["tls channel"] == "FAIL", output
+
+
+# ---- the private key stays inside ----------------------------------------------------------
+
+
+def key_fingerprints(key_pem: bytes) -> list[str]:
+    """Ways the key could leak: its PEM body lines, its private scalar in hex and decimal."""
+    key = serialization.load_pem_private_key(key_pem, password=None)
+    scalar = key.private_numbers().private_value
+    body = [line for line in key_pem.decode().splitlines() if line and not line.startswith("-----")]
+    return [*body, f"{scalar:x}", str(scalar)]
+
+
+def test_the_private_key_appears_nowhere_the_gateway_writes(attested, tmp_path):
+    gateway, _, _ = attested
+    key_pem = (served_key_dir(gateway) / "key.pem").read_bytes()
+    places = {
+        "log": gateway.logs(),
+        "check": subprocess.run([*gateway_command(), "check"], env=gateway.env, cwd=ROOT, capture_output=True,
+                                text=True, timeout=30).stdout,
+    }
+    for path in ("/status", "/status.json", "/metrics", "/healthz", "/v1/models", "/nowhere",
+                 f"/attestation?nonce={'cd' * 32}", "/attestation?nonce=zz"):
+        places[path] = call("GET", f"{gateway.url}{path}")[2].decode()
+    places["chat"] = call("POST", f"{gateway.url}/v1/chat/completions", {"model": "m"})[2].decode()
+    for fingerprint in key_fingerprints(key_pem):
+        for where, text in places.items():
+            assert fingerprint not in text, f"the TLS key shows in {where}"
+
+
+def test_the_attested_key_lives_in_a_private_memory_directory_removed_at_exit(fake, start_gateway):
+    gateway = start_gateway({"providers": {"p": {"base_url": f"{fake.url}/v1", "api": "openai"}},
+                             "models": {"m": {"targets": ["p:x"]}}}, TINYGW_TLS="attested")
+    cert = served_key_dir(gateway) / "cert.pem"
+    key = cert.parent / "key.pem"
+    mounts = {line.split()[1]: line.split()[2] for line in Path("/proc/self/mounts").read_text().splitlines()}
+    mount = max((m for m in mounts if str(key).startswith(m.rstrip("/") + "/")), key=len)
+    assert mounts[mount] in ("tmpfs", "ramfs")
+    assert key.stat().st_mode & 0o777 == 0o600 and cert.parent.stat().st_mode & 0o777 == 0o700
+    assert gateway.stop() == 0
+    assert not cert.parent.exists()
+
+
+# ---- TINYGW_TLS=files ------------------------------------------------------------------------
+
+
+def files_config(fake) -> dict:
+    return {"providers": {"p": {"base_url": f"{fake.url}/v1", "api": "openai"}}, "models": {"m": {"targets": ["p:x"]}}}
+
+
+def test_files_mode_serves_the_given_certificate_and_attests_it(fake, start_gateway, tmp_path):
+    cert, key = self_signed(tmp_path / "ca-issued")
+    gateway = start_gateway(files_config(fake), TINYGW_TLS="files", TINYGW_TLS_CERT_FILE=str(cert),
+                            TINYGW_TLS_KEY_FILE=str(key))
+    answer = json.loads(call("GET", f"{gateway.url}/attestation?nonce={'ef' * 32}")[2])
+    assert answer["tls_spki_sha256"] == spki_of(cert.read_bytes())
+    assert spki_of(ssl.get_server_certificate(("127.0.0.1", gateway.port)).encode()) == spki_of(cert.read_bytes())
+
+
+@pytest.mark.parametrize("fault,variable", [("mismatched key", "TINYGW_TLS_KEY_FILE"),
+                                            ("not a certificate", "TINYGW_TLS_CERT_FILE"),
+                                            ("not a key", "TINYGW_TLS_KEY_FILE"),
+                                            ("no key file", "TINYGW_TLS_KEY_FILE")])
+def test_files_mode_with_a_bad_certificate_or_key_exits_2_naming_it(fake, tmp_path, fault, variable):
+    cert, key = self_signed(tmp_path / "good")
+    other_cert, other_key = self_signed(tmp_path / "other")
+    env = {"TINYGW_TLS": "files", "TINYGW_TLS_CERT_FILE": str(cert), "TINYGW_TLS_KEY_FILE": str(key)}
+    if fault == "mismatched key":
+        env["TINYGW_TLS_KEY_FILE"] = str(other_key)
+    elif fault == "not a certificate":
+        env["TINYGW_TLS_CERT_FILE"] = str(key)
+    elif fault == "not a key":
+        env["TINYGW_TLS_KEY_FILE"] = str(other_cert)
+    else:
+        del env["TINYGW_TLS_KEY_FILE"]
+    full = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "TINYGW_CONFIG": json.dumps(files_config(fake)),
+            **env}
+    for command in ("check", "serve"):
+        done = subprocess.run([*gateway_command(), command], env=full, cwd=ROOT, capture_output=True, text=True,
+                              timeout=30)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith(f"tinygw: configuration error: {variable}: "), done.stderr
+        assert "PRIVATE KEY" not in done.stderr and "BEGIN" not in done.stderr
+
+
+# ---- a client that trusts exactly the attested certificate ---------------------------------
+
+
+def test_the_openai_sdk_works_through_the_pinned_certificate_and_refuses_another(attested, tmp_path):
+    gateway, release, _ = attested
+    saved = tmp_path / "gateway.pem"
+    code, _, output = verify("--release", str(release), "--url", gateway.url, "--accept-unverified",
+                             "--save-cert", str(saved))
+    assert code == 0, output
+    base_url = f"{gateway.url}/v1"
+    with openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=saved)) as pinned:  # no CA but it
+        client = openai.OpenAI(base_url=base_url, api_key="unused", http_client=pinned, max_retries=0)
+        answer = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert answer.choices[0].message.content
+        words = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], stream=True) if c.choices]
+        assert "".join(words)
+
+    other, _ = self_signed(tmp_path / "someone-else")
+    with openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=other)) as wrong:
+        client = openai.OpenAI(base_url=base_url, api_key="unused", http_client=wrong, max_retries=0)
+        with pytest.raises(openai.APIConnectionError):
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert re.search(r"CERTIFICATE", saved.read_text())
+
+
+def test_the_rehearsal_runs_the_whole_flow_and_says_it_is_simulated():
+    done = subprocess.run([sys.executable, str(ROOT / "attest" / "rehearse")], capture_output=True, text=True,
+                          timeout=180, env={"PATH": os.environ["PATH"]})
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert "SIMULATED" in lines[1] and "SIMULATED" in lines[-3]
+    assert "PASS tls channel" in done.stdout and "FAIL tls channel" in done.stdout
