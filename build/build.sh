@@ -1,19 +1,29 @@
 #!/bin/sh
-# Build the one-file executable and its release.json (SPEC section 8).
+# Build the one-file executable and its release.json inside a Debian build root (SPEC section 8).
 #
 #   build/build.sh [OUTDIR]     OUTDIR defaults to build/dist of this source tree
 #
-# Builds the source tree this script sits in, with $PYTHON (default: its .venv), whose
-# packages must be exactly the locks' pins. Reproducible: two builds of one tree with
-# one toolchain give the same bytes from any directory (`make reproduce` checks that).
-#   PYTHONHASHSEED=0    base_library.zip's member order follows string hashing
-#   SOURCE_DATE_EPOCH   the source commit's time (honoured if already set, as is
-#                       SOURCE_COMMIT: `make reproduce` builds copies that have no .git)
+# Needs root and apt. Nothing of the host's Python, libraries or pip configuration is used:
+#   1. build/buildroot.sh lists the root's Debian packages as the mirror has them now and
+#      gives a tarball of a root made of exactly those (cached, keyed by the list);
+#   2. the tarball is unpacked into a fresh directory, with the files of this tree that the
+#      build reads (tinygw/, build/, requirements/: tracked or not ignored, uncommitted
+#      edits included);
+#   3. build/in-root.sh runs there under chroot with a clean environment: Debian's python3
+#      makes a venv from the locks' hashes and PyInstaller builds;
+#   4. the executable and release.json (with `build_root`: every package) are copied out.
+# Reproducible: two builds of one tree from roots of the same packages give the same bytes
+# from any directory (`make reproduce` checks that).
+#   SOURCE_DATE_EPOCH   the source commit's time (honoured if already set, as are
+#                       SOURCE_COMMIT and SOURCE_TREE_CLEAN: `make reproduce` builds copies
+#                       that have no .git)
+#   PIP_INDEX_URL       where the root's pip downloads the locked wheels (default PyPI), with
+#                       the host's CA bundle (a TLS proxy's CA too); the hashes decide what
+#                       is installed
 set -eu
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUTDIR=${1:-$ROOT/build/dist}
-PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 
 if [ -e "$ROOT/.git" ]; then
     : "${SOURCE_COMMIT:=$(git -C "$ROOT" rev-parse HEAD)}"
@@ -25,15 +35,39 @@ if [ -e "$ROOT/.git" ]; then
     : "${SOURCE_TREE_CLEAN:=true}"
 fi
 : "${SOURCE_COMMIT:=unknown}" "${SOURCE_DATE_EPOCH:=0}" "${SOURCE_TREE_CLEAN:=unknown}"
-PYTHONHASHSEED=0
-export PYTHONHASHSEED SOURCE_DATE_EPOCH
 
-"$PYTHON" "$ROOT/build/release.py" check-locks
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/tinygw-build.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+trap 'exit 130' INT TERM  # through the EXIT trap
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
-cd "$ROOT"
-"$PYTHON" -m PyInstaller --log-level WARN --clean --noconfirm \
-    --distpath "$OUTDIR" --workpath "$ROOT/build/work" "$ROOT/build/tinygw.spec"
-"$PYTHON" "$ROOT/build/release.py" write "$OUTDIR/tinygw" "$OUTDIR/release.json" \
-    --source-commit "$SOURCE_COMMIT" --source-date-epoch "$SOURCE_DATE_EPOCH" --source-tree-clean "$SOURCE_TREE_CLEAN"
+
+sh "$ROOT/build/buildroot.sh" resolve "$WORK/build-root.txt"
+TARBALL=$(sh "$ROOT/build/buildroot.sh" make "$WORK/build-root.txt")
+
+BR=$WORK/root
+mkdir "$BR"
+tar -x -f "$TARBALL" -C "$BR"
+mkdir -p "$BR/build/src" "$BR/build/home"
+cp "$WORK/build-root.txt" "$BR/build/build-root.txt"
+if [ -e "$ROOT/.git" ]; then
+    git -C "$ROOT" ls-files -z --cached --others --exclude-standard -- tinygw build requirements
+else
+    (cd "$ROOT" && find tinygw build requirements -type f ! -path '*/__pycache__/*' ! -name '*.pyc' \
+        ! -path 'build/dist/*' ! -path 'build/work/*' -print0)
+fi | (cd "$ROOT" && xargs -0 sh -c 'for f; do [ -f "$f" ] && printf "%s\0" "$f"; done' sh) |
+    (cd "$ROOT" && tar --null --no-recursion -T - -cf -) | tar -x -C "$BR/build/src" -f -
+# Network plumbing for pip's downloads only: name resolution and the CAs the host trusts.
+cp /etc/resolv.conf "$BR/etc/resolv.conf" 2>/dev/null || true
+CA=${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}
+[ -f "$CA" ] && cp "$CA" "$BR/build/download-ca.pem"
+
+# A private mount and pid namespace: /proc for the build, gone with it.
+unshare --mount --pid --fork --kill-child --mount-proc="$BR/proc" \
+    chroot "$BR" /usr/bin/env -i PATH=/usr/bin:/bin HOME=/build/home LC_ALL=C.UTF-8 TZ=UTC \
+    SOURCE_COMMIT="$SOURCE_COMMIT" SOURCE_DATE_EPOCH="$SOURCE_DATE_EPOCH" SOURCE_TREE_CLEAN="$SOURCE_TREE_CLEAN" \
+    PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}" \
+    /bin/sh /build/src/build/in-root.sh
+
+cp "$BR/build/dist/tinygw" "$BR/build/dist/release.json" "$OUTDIR/"
 echo "build.sh: $OUTDIR/tinygw sha256 $(sha256sum "$OUTDIR/tinygw" | cut -d' ' -f1)"

@@ -1,11 +1,15 @@
 """release.json: what a client (or its auditor) needs to check that a gateway runs this build.
 
-SPEC section 8. Run by build/build.sh with the venv's Python, the one that built the artifact:
+SPEC section 8. Run inside the build root by build/in-root.sh:
 
+    release.py requirements
+        print what the build installs, with the locks' hashes: all of runtime.lock, and of
+        dev.lock PyInstaller and what the lock says it needs (its "# via" lines)
     release.py check-locks
-        exit 1, naming each package, unless the venv holds exactly the versions the locks pin
-    release.py write ARTIFACT OUTPUT --source-commit SHA --source-date-epoch N
-        write OUTPUT (release.json) for the executable ARTIFACT
+        exit 1, naming each package, unless the venv holds exactly those pins
+    release.py write ARTIFACT OUTPUT --source-commit SHA --source-date-epoch N --build-root MANIFEST
+        write OUTPUT (release.json) for the executable ARTIFACT, built in the root MANIFEST
+        describes (written by build/buildroot.sh)
 
 The measurement is the one attest/launch makes before it execs the artifact: one event,
 the artifact's sha384, extended into a zeroed RTMR3.
@@ -29,7 +33,11 @@ LOCKS = (ROOT / "requirements" / "runtime.lock", ROOT / "requirements" / "dev.lo
 RTMR_BYTES = 48
 EVENT_TYPE = "tinygw.artifact"
 
+RUNTIME_LOCK, DEV_LOCK = LOCKS
+BUILD_TOOL = "pyinstaller"  # of dev.lock, only this and what it needs is installed for the build
+
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)", re.MULTILINE)
+_VIA = re.compile(r"^\s*#\s+(?:via\s+)?([A-Za-z0-9][A-Za-z0-9._-]*)\s*$", re.MULTILINE)
 
 
 def expected_rtmr3(digest_hex: str) -> str:
@@ -49,18 +57,71 @@ def lock_sha256() -> str:
     return hashlib.sha256(b"".join(lock.read_bytes() for lock in LOCKS)).hexdigest()
 
 
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def lock_entries(lock: Path) -> dict[str, tuple[str, str, set[str]]]:
+    """A uv-compiled lock's packages: name -> (version, its lines with the hashes, the packages that need it)."""
+    entries = {}
+    for block in re.split(r"\n(?=[A-Za-z0-9])", lock.read_text()):
+        if pin := _PIN.match(block):
+            needed_by = {_canonical(name) for name in _VIA.findall(block)}
+            entries[_canonical(pin[1])] = (pin[2], block.strip() + "\n", needed_by)
+    return entries
+
+
+def build_pins() -> list[tuple[str, str, str, Path]]:
+    """(name, version, lines, lock) of what the build installs: runtime.lock, then the build tool's closure in dev.lock."""
+    runtime, dev = lock_entries(RUNTIME_LOCK), lock_entries(DEV_LOCK)
+    tools = {BUILD_TOOL}
+    while grown := {name for name, (_, _, needed_by) in dev.items() if needed_by & tools} - tools:
+        tools |= grown
+    pins = [(name, version, lines, RUNTIME_LOCK) for name, (version, lines, _) in runtime.items()]
+    return pins + [(name, dev[name][0], dev[name][1], DEV_LOCK) for name in sorted(tools - runtime.keys())]
+
+
 def lock_mismatches() -> list[str]:
-    """Each pinned package whose installed version differs from its pin (empty when in sync)."""
+    """Each package of the build whose installed version differs from its pin (empty when in sync)."""
     problems = []
-    for lock in LOCKS:
-        for name, pinned in _PIN.findall(lock.read_text()):
-            try:
-                installed = importlib.metadata.version(name)
-            except importlib.metadata.PackageNotFoundError:
-                installed = None
-            if installed != pinned:
-                problems.append(f"{name}: {lock.name} pins {pinned}, the venv has {installed or 'nothing'}")
+    for name, pinned, _, lock in build_pins():
+        try:
+            installed = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            installed = None
+        if installed != pinned:
+            problems.append(f"{name}: {lock.name} pins {pinned}, the venv has {installed or 'nothing'}")
     return problems
+
+
+def build_root(manifest: Path) -> dict:
+    """release.json's `build_root`, from the manifest build/buildroot.sh wrote: the Debian packages
+    the build ran on, each with the sha256 of its .deb, and where and when their lists were fetched."""
+    record: dict = {"distribution": "debian", "release": None, "include": [], "packages": [],
+                    "package_lists": {"fetched": None, "sources": []},
+                    "mmdebstrap": None, "apt_options": [], "recipe_sha256": None, "tar_sha256": None}
+    for line in manifest.read_text().splitlines():
+        kind, _, value = line.partition(" ")
+        if kind == "package":
+            name, version, architecture, sha256 = value.split(" ")
+            record["packages"].append({"name": name, "version": version, "architecture": architecture,
+                                       "sha256": sha256})
+        elif kind == "source":
+            uri, suite, date = value.split(" ", 2)
+            record["package_lists"]["sources"].append({"uri": uri, "suite": suite, "date": date})
+        elif kind == "fetched":
+            record["package_lists"]["fetched"] = value
+        elif kind == "include":
+            record["include"] = value.split()
+        elif kind == "aptopt":
+            record["apt_options"].append(value)
+        elif kind in ("release", "mmdebstrap"):
+            record[kind] = value
+        elif kind in ("recipe", "tar"):
+            record[f"{kind}_sha256"] = value
+        else:
+            raise ValueError(f"{manifest}: unknown line {line!r}")
+    return record
 
 
 def _digests(path: Path) -> tuple[int, str, str]:
@@ -72,7 +133,8 @@ def _digests(path: Path) -> tuple[int, str, str]:
     return path.stat().st_size, sha256.hexdigest(), sha384.hexdigest()
 
 
-def release(artifact: Path, source_commit: str, source_date_epoch: int, source_tree_clean: bool | None = None) -> dict:
+def release(artifact: Path, source_commit: str, source_date_epoch: int, source_tree_clean: bool | None = None,
+            root_manifest: Path | None = None) -> dict:
     """The release record of `artifact`, in the schema attest/verify reads."""
     import PyInstaller
 
@@ -95,12 +157,14 @@ def release(artifact: Path, source_commit: str, source_date_epoch: int, source_t
             "event": {"type": EVENT_TYPE, "digest_sha384": sha384},
             "expected_rtmr3": expected_rtmr3(sha384),
         },
+        "build_root": build_root(root_manifest) if root_manifest else None,
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="release.py", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("requirements")
     commands.add_parser("check-locks")
     write = commands.add_parser("write")
     write.add_argument("artifact", type=Path)
@@ -108,15 +172,19 @@ def main(argv: list[str] | None = None) -> int:
     write.add_argument("--source-commit", required=True)
     write.add_argument("--source-date-epoch", type=int, required=True)
     write.add_argument("--source-tree-clean", choices=("true", "false", "unknown"), default="unknown")
+    write.add_argument("--build-root", type=Path, help="the build root's manifest (build/buildroot.sh)")
     args = parser.parse_args(argv)
 
+    if args.command == "requirements":
+        print("".join(lines for _, _, lines, _ in build_pins()), end="")
+        return 0
     if args.command == "check-locks":
         problems = lock_mismatches()
         for problem in problems:
             print(f"release.py: {problem}", file=sys.stderr)
         return 1 if problems else 0
     clean = {"true": True, "false": False}.get(args.source_tree_clean)
-    record = release(args.artifact, args.source_commit, args.source_date_epoch, clean)
+    record = release(args.artifact, args.source_commit, args.source_date_epoch, clean, args.build_root)
     args.output.write_text(json.dumps(record, indent=2) + "\n")
     return 0
 

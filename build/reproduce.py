@@ -1,25 +1,40 @@
-"""`make reproduce`: build this tree twice, from two temporary copies, and compare.
+"""`make reproduce`: build this tree twice, from two fresh build roots, and compare.
 
-    reproduce.py                    build twice and compare (what `make reproduce` runs)
-    reproduce.py ARTIFACT ARTIFACT  compare two executables built anywhere
+    reproduce.py                      build twice and compare (what `make reproduce` runs)
+    reproduce.py --reference RELEASE  the same, then compare with that release.json too
+    reproduce.py ARTIFACT ARTIFACT    compare two executables built anywhere
 
-SPEC section 8: two builds of one commit with the same toolchain, from two different
-directories, give byte-identical artifacts. Exit 0, printing both sha256s, when they
-do; else exit 1, naming the first member of the onefile archive that differs (and,
-inside the PYZ or base_library.zip, the first entry that differs), and keep the copies.
+SPEC section 8: two builds of one commit from two fresh build roots of the same package
+versions, started from hosts with different Pythons, give byte-identical artifacts. Each
+build is `make build` in its own copy of the tree (two directories of different depth
+and length), with BUILDROOT_FRESH=1 (so each makes its build root anew from Debian's
+mirror) and with a different host Python first on PATH and as make's PYTHON: the one
+behind .venv (pyenv's on this project's machines) and Debian's /usr/bin/python3. Neither
+may matter, as the build runs the root's own python3. Exit 0, printing both sha256s, when
+they are identical; else exit 1, naming the first member of the onefile archive that
+differs (and, inside the PYZ or base_library.zip, the first entry that differs), and
+keep the copies. Their release.json files must match too, but for when and from where
+the package lists were fetched.
+
+Given a release (`make reproduce REFERENCE=release/release.json`), the first build is
+also compared with it; on a difference it names, in this order, the build root's
+packages whose versions differ, the other inputs that moved (source commit, locks, ...),
+and the first differing archive member when the release's artifact lies beside its
+release.json.
 
 What is copied is what `make build` builds: the working tree's files that git tracks
 or would track (`git ls-files --cached --others --exclude-standard`), so uncommitted
-edits are checked too and ignored files (.venv, build/dist, build/work, caches) are
-not, which would let one build's leftovers into the other. In CI's fresh clone that is
-exactly the commit. Both builds use this venv's Python and PyInstaller, and the source
-commit and its time of this checkout (the copies have no .git).
+edits are checked too and ignored files (.venv, build/dist, caches) are not. In CI's
+fresh clone that is exactly the commit. Both builds use the source commit and its time
+of this checkout (the copies have no .git).
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -34,6 +49,10 @@ from PyInstaller.archive.readers import CArchiveReader
 ROOT = Path(__file__).resolve().parent.parent
 IGNORED_WITHOUT_GIT = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".pytest_cache", "dist", "work",
                                              "artifacts")
+DEBIAN_PYTHON = Path("/usr/bin/python3")
+# Fields of release.json that differ between two builds of the same inputs: when, and from
+# which mirror, the build root's package lists were fetched.
+FETCH_FIELDS = ("build_root.package_lists",)
 
 
 def copy_tree(destination: Path) -> None:
@@ -65,13 +84,30 @@ def source_identity() -> dict[str, str]:
     }
 
 
-def build(source: Path, out: Path) -> Path:
-    copy_tree(source)
-    env = {**os.environ, **source_identity(), "PYTHON": sys.executable}
+def host_pythons() -> tuple[Path, Path]:
+    """The Python behind .venv (pyenv's here) and Debian's, installed with apt-get when missing."""
+    if not DEBIAN_PYTHON.exists():
+        print(f"reproduce: {DEBIAN_PYTHON} is missing; installing Debian's python3 with apt-get")
+        subprocess.run("apt-get update -qq && apt-get install -y -qq python3", shell=True, check=True,
+                       stdout=subprocess.DEVNULL)
+    first = Path(sys.base_prefix) / "bin" / "python3"
+    if first.resolve() == DEBIAN_PYTHON.resolve():
+        print(f"reproduce: warning: .venv is Debian's Python too; both builds have {first} first on PATH")
+    return first, DEBIAN_PYTHON
+
+
+def build(source: Path, identity: dict[str, str], python: Path) -> Path:
+    """`make build` in the copy at `source`, from a fresh build root, with `python` first on PATH."""
+    env = {key: value for key, value in os.environ.items() if key not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    env.update(identity, PATH=f"{python.parent}{os.pathsep}{env.get('PATH', '')}", BUILDROOT_FRESH="1")
+    version = subprocess.run([python, "-c", "import platform; print(platform.python_version())"], check=True,
+                             capture_output=True, text=True).stdout.strip()
+    print(f"reproduce: building in {source} with {python} (Python {version}) first on PATH", flush=True)
     started = time.monotonic()
-    subprocess.run(["sh", str(source / "build" / "build.sh"), str(out)], check=True, env=env)
-    print(f"reproduce: built in {source} in {time.monotonic() - started:.1f} s")
-    return out / "tinygw"
+    subprocess.run(["make", "--no-print-directory", "-C", str(source), "build", f"PYTHON={python}"], check=True,
+                   env=env)
+    print(f"reproduce: built in {source} in {time.monotonic() - started:.1f} s", flush=True)
+    return source / "build" / "dist" / "tinygw"
 
 
 def sha256(data: bytes) -> str:
@@ -142,12 +178,93 @@ def compare(first: Path, second: Path) -> int:
     return 1
 
 
-def reproduce() -> int:
-    """Build twice from two copies of this tree and compare."""
+def differing_fields(a, b, path: str = "") -> list[str]:
+    """The dotted paths at which two release records differ (a list counts as one value)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [field for key in sorted(a.keys() | b.keys())
+                for field in differing_fields(a.get(key), b.get(key), f"{path}.{key}" if path else key)]
+    return [] if a == b else [path]
+
+
+def _without(record: dict, fields: tuple[str, ...]) -> dict:
+    record = json.loads(json.dumps(record))
+    for field in fields:
+        *parents, last = field.split(".")
+        holder = record
+        for parent in parents:
+            holder = holder.get(parent) or {}
+        holder.pop(last, None)
+    return record
+
+
+def package_differences(reference: list[dict], built: list[dict]) -> list[str]:
+    """The build root's packages that moved between a reference release and this build, one line each."""
+    ours, theirs = {p["name"]: p for p in built}, {p["name"]: p for p in reference}
+    lines = []
+    for name in sorted(ours.keys() | theirs.keys()):
+        mine, ref = ours.get(name), theirs.get(name)
+        if ref is None:
+            lines.append(f"{name}: not in the reference's root; {mine['version']} ({mine['architecture']}) in this one")
+        elif mine is None:
+            lines.append(f"{name}: {ref['version']} ({ref['architecture']}) in the reference's root; not in this one")
+        elif (ref["version"], ref["architecture"]) != (mine["version"], mine["architecture"]):
+            lines.append(f"{name}: {ref['version']} ({ref['architecture']}) in the reference's root, "
+                         f"{mine['version']} ({mine['architecture']}) in this one")
+        elif ref["sha256"] != mine["sha256"]:
+            lines.append(f"{name} {mine['version']}: the same version from another .deb "
+                         f"(sha256 {ref['sha256']} vs {mine['sha256']})")
+    return lines
+
+
+def compare_with_reference(reference_path: Path, artifact: Path) -> int:
+    """Compare a build with a release: the artifact's sha256, and on a difference what moved."""
+    reference = json.loads(reference_path.read_text())
+    built = json.loads((artifact.parent / "release.json").read_text())
+    wanted, got = reference["artifact"]["sha256"], built["artifact"]["sha256"]
+    if wanted == got:
+        print(f"reproduce: identical to the release in {reference_path}: sha256 {got}")
+        return 0
+    print(f"reproduce: DIFFERENT from the release in {reference_path}: its sha256 is {wanted}, this build's {got}",
+          file=sys.stderr)
+    packages = package_differences((reference.get("build_root") or {}).get("packages", []),
+                                   (built.get("build_root") or {}).get("packages", []))
+    for line in packages:
+        print(f"reproduce:   build root: {line}", file=sys.stderr)
+    if packages:
+        fetched = (reference.get("build_root") or {}).get("package_lists", {}).get("fetched")
+        print(f"reproduce:   (the reference's package lists were fetched {fetched}: rebuild against Debian's "
+              f"snapshot archive of that time, DEBIAN_SNAPSHOT=YYYYMMDDTHHMMSSZ; see README)", file=sys.stderr)
+    ignored = ("artifact", "measurement", "build_root.packages", *FETCH_FIELDS)
+    for field in differing_fields(_without(reference, ignored), _without(built, ignored)):
+        print(f"reproduce:   input {field}: {_get(reference, field)!r} in the reference, {_get(built, field)!r} here",
+              file=sys.stderr)
+    theirs = reference_path.parent / reference["artifact"]["name"]
+    if theirs.is_file() and sha256(theirs.read_bytes()) == wanted:
+        print(f"reproduce:   {first_difference(theirs, artifact)}", file=sys.stderr)
+    else:
+        print(f"reproduce:   (put the release's artifact at {theirs} to name the first differing archive member)",
+              file=sys.stderr)
+    return 1
+
+
+def _get(record: dict, field: str):
+    for key in field.split("."):
+        record = record.get(key) if isinstance(record, dict) else None
+    return record
+
+
+def reproduce(reference: Path | None) -> int:
+    """Build twice from two copies of this tree, two fresh roots and two host Pythons, and compare."""
+    pythons = host_pythons()
     work = Path(tempfile.mkdtemp(prefix="tinygw-reproduce-"))
-    # Two different directories, of different depth and length, so no path can hide.
-    first = build(work / "a", work / "dist-a")
-    second = build(work / "b" / "second-copy", work / "dist-b")
+    # Two different directories, of different depth and length, so no path can hide. The
+    # second is copied from the first, so that an edit made meanwhile cannot tell them apart.
+    sources = work / "a", work / "b" / "second-copy"
+    identity = source_identity()
+    copy_tree(sources[0])
+    shutil.copytree(sources[0], sources[1], symlinks=True)
+    first = build(sources[0], identity, pythons[0])
+    second = build(sources[1], identity, pythons[1])
     sums = sha256(first.read_bytes()), sha256(second.read_bytes())
     print(f"reproduce: first  build {sums[0]}  {first}")
     print(f"reproduce: second build {sums[1]}  {second}")
@@ -155,22 +272,27 @@ def reproduce() -> int:
         print(f"reproduce: NOT reproducible: {first_difference(first, second)}", file=sys.stderr)
         print(f"reproduce: both builds are kept in {work}", file=sys.stderr)
         return 1
-    releases = [(path.parent / "release.json").read_bytes() for path in (first, second)]
-    if releases[0] != releases[1]:
-        print(f"reproduce: the artifacts match but their release.json files differ; kept in {work}", file=sys.stderr)
+    releases = [json.loads((path.parent / "release.json").read_text()) for path in (first, second)]
+    if moved := differing_fields(_without(releases[0], FETCH_FIELDS), _without(releases[1], FETCH_FIELDS)):
+        print(f"reproduce: the artifacts match but their release.json files differ in {', '.join(moved)}; "
+              f"kept in {work}", file=sys.stderr)
         return 1
-    shutil.rmtree(work)
     print("reproduce: identical")
-    return 0
+    status = compare_with_reference(reference, first) if reference else 0
+    shutil.rmtree(work)
+    return status
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 2:
-        return compare(Path(argv[0]), Path(argv[1]))
-    if argv:
-        print("usage: reproduce.py [ARTIFACT ARTIFACT]", file=sys.stderr)
-        return 2
-    return reproduce()
+    parser = argparse.ArgumentParser(prog="reproduce.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--reference", type=Path, help="a release.json to compare the build with")
+    parser.add_argument("artifacts", type=Path, nargs="*", help="two executables to compare instead of building")
+    args = parser.parse_args(argv)
+    if args.artifacts:
+        if len(args.artifacts) != 2 or args.reference:
+            parser.error("give two artifacts, or none")
+        return compare(*args.artifacts)
+    return reproduce(args.reference)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +29,10 @@ pytestmark = pytest.mark.skipif(
     not BINARY.exists(), reason="build/dist/tinygw is not built; `make test-frozen` builds it and runs these tests"
 )
 
-RUNTIME_PACKAGES = {"tinygw", "granian", "msgspec", "h11", "certifi"}  # requirements/runtime.in, less click
+RUNTIME_PACKAGES = {"tinygw", "granian", "msgspec", "h11", "certifi"}  # always inside
+# Besides those, only what requirements/runtime.lock pins may be inside (cryptography, say).
+RUNTIME_LOCKED = {re.sub(r"[-.]", "_", name.lower()) for name in re.findall(
+    r"^([A-Za-z0-9][A-Za-z0-9._-]*)==", (ROOT / "requirements" / "runtime.lock").read_text(), re.MULTILINE)}
 TEST_PACKAGES = {"openai", "anthropic", "pytest", "_pytest", "prometheus_client"}
 GATEWAY_KEY = "gw-frozen-4e1b"
 PROVIDER_KEY = "sk-prov-frozen-77d2"
@@ -109,12 +113,27 @@ def test_holds_the_runtime_packages_and_no_test_dependency():
     pyz = pkg.open_embedded_archive("PYZ.pyz")
     packages = {name.split(".")[0] for name in pyz.toc}
     assert not packages & TEST_PACKAGES
-    assert packages - set(sys.stdlib_module_names) == RUNTIME_PACKAGES
-    # Files outside the PYZ (extension modules, data) belong to the same packages or to Python.
-    folders = {name.split("/")[0] for name in pkg.toc if "/" in name}
-    assert folders <= RUNTIME_PACKAGES | {f"python{sys.version_info.major}.{sys.version_info.minor}"}
+    bundled = packages - set(sys.stdlib_module_names)
+    assert RUNTIME_PACKAGES <= bundled <= RUNTIME_PACKAGES | RUNTIME_LOCKED
+    # Files outside the PYZ (extension modules, data, a package's metadata) belong to the
+    # same packages or to Python.
+    folders = {name.split("/")[0].split("-")[0] for name in pkg.toc if "/" in name}
+    assert folders <= bundled | {f"python{sys.version_info.major}.{sys.version_info.minor}"}
 
 
 def test_bundles_the_locked_trust_roots():
     # tinygw/pool.py loads certifi.where(), which in the frozen build is this member.
     assert archive().extract("certifi/cacert.pem") == Path(certifi.where()).read_bytes()
+
+
+def test_release_names_the_debian_root_it_was_built_in():
+    # Built inside a Debian build root, not on the host: release.json lists every package of
+    # the root with its .deb's sha256, and the bundled Python is the root's python3.11.
+    release = json.loads((BINARY.parent / "release.json").read_text())
+    assert release["artifact"]["sha256"] == hashlib.sha256(BINARY.read_bytes()).hexdigest()
+    root = release["build_root"]
+    assert root["release"] == "bookworm" and root["package_lists"]["fetched"]
+    packages = {package["name"]: package for package in root["packages"]}
+    assert set(root["include"]) <= packages.keys()
+    assert all(re.fullmatch(r"[0-9a-f]{64}", package["sha256"]) for package in packages.values())
+    assert packages["libpython3.11"]["version"].startswith(release["python_version"] + "-")  # 3.11.2-6+deb12u9
