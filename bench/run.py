@@ -247,7 +247,7 @@ def start_gateway(upstream_port: int, tls: bool = False) -> tuple[Proc, int]:
     env.update(
         TINYGW_HOST=HOST,
         TINYGW_PORT=str(port),
-        TINYGW_LOG_LEVEL="warning",
+        TINYGW_LOG_LEVEL=os.environ.get("BENCH_LOG_LEVEL", "info"),  # the product's default
         TINYGW_CONFIG=json.dumps(config),
         TINYGW_DRAIN_SECONDS="2",  # bounds the shutdown at the end
         TINYGW_TLS="attested" if tls else "off",

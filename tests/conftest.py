@@ -15,6 +15,16 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Hypothesis: a few derandomized examples a test in `make test` (reproducible, fast), many
+# random ones in `make fuzz` (HYPOTHESIS_PROFILE=long). No example database in the tree.
+_NOT_CHECKED = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example]
+settings.register_profile("default", max_examples=100, deadline=None, derandomize=True, database=None,
+                          print_blob=True, suppress_health_check=_NOT_CHECKED)
+settings.register_profile("long", max_examples=5_000, deadline=None, database=None,
+                          print_blob=True, suppress_health_check=_NOT_CHECKED)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 from tinygw.fake_upstream import FakeUpstream
 

@@ -32,13 +32,9 @@ from conftest import Gateway
 from tinygw import sse, wire
 from tinygw.fake_upstream import FakeUpstream, Reply, json_reply, well_behaved
 
-_NOT_CHECKED = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example]
-settings.register_profile("default", max_examples=100, deadline=None, derandomize=True, database=None,
-                          print_blob=True, suppress_health_check=_NOT_CHECKED)
-settings.register_profile("long", max_examples=5_000, deadline=None, database=None,
-                          print_blob=True, suppress_health_check=_NOT_CHECKED)
+# Hypothesis' profiles ("default": few derandomized examples; "long": make fuzz) are
+# registered in conftest.py, for this file and tests/test_fastpath.py alike.
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "default")
-settings.load_profile(PROFILE)
 LONG = PROFILE != "default"
 
 CORPUS = Path(__file__).resolve().parent / "fuzz_corpus"
@@ -862,3 +858,42 @@ def test_corpus_streams_through_the_gateway(gateway, fake, path):
     fresh(gateway, fake)
     stream = path.read_bytes()
     stream_through(gateway, fake, stream, list(range(7, len(stream), 7)), False)
+
+
+@given(st.binary(max_size=300))
+@example(b'data: {"choices":[{"delta":{"content":"an \\"error\\""},"finish_reason":null}]}\n\n')
+@example(b'event: error\ndata: {}\n\n')
+@example(b'data: {"type":"message_delta","delta":{"stop_reason":"end_turn"}}\n\n')
+def test_the_cheap_scan_never_misses_an_end_or_an_error(event):
+    """After output, streams classify only events that the cheap scan flags."""
+    event_kind, finished = sse.kind(event)
+    if event_kind is sse.Kind.ERROR or finished:
+        assert sse.may_end_or_fail(event)
+
+
+@st.composite
+def provider_events(draw) -> bytes:
+    value = {}
+    if draw(st.booleans()):
+        value["type"] = draw(st.sampled_from(["message_delta", "message_stop", "error", "response.completed",
+                                              "response.failed", "content_block_delta", "ping", "message_start"]))
+    if draw(st.booleans()):
+        value["choices"] = [{"delta": {"content": draw(st.text(max_size=12))},
+                             "finish_reason": draw(st.sampled_from([None, "stop", "length", "tool_calls"]))}]
+    if draw(st.booleans()):
+        value["delta"] = {"stop_reason": draw(st.sampled_from([None, "end_turn"])), "text": draw(st.text(max_size=8))}
+    if draw(st.booleans()):
+        value["error"] = draw(st.one_of(st.none(), st.text(max_size=8), st.just({"message": "x"})))
+    separators = draw(st.sampled_from([(",", ":"), (", ", ": "), (",", " : ")]))
+    name = draw(st.sampled_from([b"", b"event: error\n", b"event:error\n", b"event: message_delta\n"]))
+    data = json.dumps(value, separators=separators, ensure_ascii=draw(st.booleans())).encode()
+    if draw(st.booleans()):
+        data = b"[DONE]"
+    return name + b"data: " + data + draw(st.sampled_from([b"\n\n", b"\r\n\r\n"]))
+
+
+@given(provider_events())
+def test_the_cheap_scan_never_misses_an_end_or_an_error_in_provider_events(event):
+    event_kind, finished = sse.kind(event)
+    if event_kind is sse.Kind.ERROR or finished:
+        assert sse.may_end_or_fail(event), event

@@ -172,9 +172,7 @@ async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
             status = await _error(send, 500, "internal gateway error", "internal_error", "internal_error")
     finally:
         gateway.metrics.count_request(route.path, model, status, loop.time() - started)
-        logs.log(
-            logging.INFO,
-            "request",
+        logs.access(
             route=route.path,
             model=model,
             status=status,

@@ -1,4 +1,4 @@
-"""One HTTP/1.1 connection to a provider: h11's state machine over a byte stream.
+"""One HTTP/1.1 connection to a provider: the fast path or h11, over a byte stream.
 
 Every wait takes an absolute deadline (the event loop's monotonic clock) and a named
 timeout to raise when it passes. h11's exceptions are translated here, once, into
@@ -13,7 +13,7 @@ import ssl
 
 import h11
 
-from tinygw import errors
+from tinygw import errors, fastpath
 from tinygw.network import Deadline, Stream, open_stream
 
 # A response head (status line and headers) larger than this is a protocol error.
@@ -24,11 +24,18 @@ Timeout = type[errors.UpstreamError]
 
 
 class Connection:
-    __slots__ = ("_stream", "_h11", "idle_since", "closed")
+    """One connection; each exchange on it takes the fast path (tinygw.fastpath) when
+    it can, and h11 otherwise: a request the fast path cannot write, or an answer it
+    hands off (h11 then gets every byte of the answer so far, and decides)."""
+
+    __slots__ = ("_stream", "_h11", "_answer", "_request", "_reusable", "idle_since", "closed")
 
     def __init__(self, stream: Stream) -> None:
         self._stream = stream
-        self._h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self._h11: h11.Connection | None = None  # the exchange's, when h11 reads it
+        self._answer: fastpath.Answer | None = None  # the exchange's, when the fast path reads it
+        self._request: tuple = ()  # what was sent, to replay into h11 at a hand-off
+        self._reusable = True  # the last fast-path exchange ended cleanly, keep-alive
         self.idle_since = 0.0
         self.closed = False
 
@@ -37,12 +44,18 @@ class Connection:
     def is_idle(self) -> bool:
         """True when this connection may carry the next request: the last answer ended
         exactly where its framing said (SPEC section 10). Bytes past its end (beyond a
-        content-length, a body after a 204 or 304), in h11's buffer or the socket's,
-        would be read as the next request's answer: that connection is discarded."""
-        if self.closed or self._h11.our_state is not h11.IDLE or self._h11.their_state is not h11.IDLE:
+        content-length, a body after a 204 or 304), in a parser's buffer or the
+        socket's, would be read as the next request's answer: that connection is
+        discarded."""
+        if self.closed:
             return False
-        trailing, closed = self._h11.trailing_data
-        if trailing or closed:
+        if self._h11 is not None:
+            if self._h11.our_state is not h11.IDLE or self._h11.their_state is not h11.IDLE:
+                return False
+            trailing, closed = self._h11.trailing_data
+            if trailing or closed:
+                return False
+        elif self._answer is not None or not self._reusable:
             return False
         # An idle connection that has something to read was closed by the provider
         # (or is speaking out of turn): either way it must not carry a request.
@@ -57,13 +70,18 @@ class Connection:
     async def send_request(
         self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes, deadline: float
     ) -> None:
-        try:
-            data = self._h11.send(h11.Request(method=method, target=target, headers=headers))
-            data += self._h11.send(h11.Data(data=body)) if body else b""
-            data += self._h11.send(h11.EndOfMessage())
-        except h11.LocalProtocolError:  # h11's message quotes the header, which may be a key
-            self.close()
-            raise errors.WriteError("could not encode the request's headers") from None
+        self._request = (method, target, headers, body)
+        data = fastpath.encode_request(method, target, headers, body)
+        if data is not None:
+            self._h11, self._answer, self._reusable = None, fastpath.Answer(MAX_HEAD_BYTES), False
+        else:
+            self._answer = None
+            self._h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
+            try:
+                data = self._h11_request_bytes()
+            except h11.LocalProtocolError:  # h11's message quotes the header, which may be a key
+                self.close()
+                raise errors.WriteError("could not encode the request's headers") from None
         try:
             await self._stream.send(data, deadline)
         except Deadline:
@@ -73,8 +91,41 @@ class Connection:
             self.close()
             raise
 
+    def _h11_request_bytes(self) -> bytes:
+        method, target, headers, body = self._request
+        data = self._h11.send(h11.Request(method=method, target=target, headers=headers))
+        data += self._h11.send(h11.Data(data=body)) if body else b""
+        return data + self._h11.send(h11.EndOfMessage())
+
+    def _hand_off(self, eof: bool) -> None:
+        """h11 takes over the answer the fast path could not read: it is told what was
+        sent, and given every byte received so far."""
+        self._h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self._h11_request_bytes()  # the bytes went out already; h11 learns what they were
+        try:
+            self._h11.receive_data(self._answer.raw())
+            if eof:
+                self._h11.receive_data(b"")
+        except h11.RemoteProtocolError as e:
+            self.close()
+            raise errors.RemoteProtocolError(str(e)) from None
+        self._answer = None
+
     async def receive_head(self, deadline: float, timeout: Timeout) -> tuple[int, list[tuple[bytes, bytes]]]:
         """Wait for the response head; informational (1xx) responses are skipped."""
+        while self._answer is not None:
+            data = await self._read(deadline, timeout)
+            if not data:
+                self._hand_off(eof=True)
+                break
+            self._answer.feed(data)
+            try:
+                head = self._answer.head()
+            except fastpath.HandOff:
+                self._hand_off(eof=False)
+                break
+            if head is not None:
+                return head
         while True:
             event = await self._next_event(deadline, timeout)
             if isinstance(event, h11.Response):
@@ -89,7 +140,9 @@ class Connection:
                 raise errors.RemoteProtocolError(f"expected a response head, got {type(event).__name__}")
 
     async def receive_data(self, deadline: float, timeout: Timeout) -> bytes | None:
-        """The next piece of the response body, or None at its end."""
+        """The next piece of the response body (all that has arrived), or None at its end."""
+        if self._answer is not None:
+            return await self._receive_fast(deadline, timeout)
         event = await self._next_event(deadline, timeout)
         if isinstance(event, h11.Data):
             return bytes(event.data)
@@ -98,6 +151,26 @@ class Connection:
             return None
         self.close()
         raise errors.RemoteProtocolError(f"unexpected {type(event).__name__} in a response body")
+
+    async def _receive_fast(self, deadline: float, timeout: Timeout) -> bytes | None:
+        answer = self._answer
+        while True:
+            try:
+                data = answer.body()
+            except fastpath.Malformed as e:
+                self.close()
+                raise errors.RemoteProtocolError(str(e)) from None
+            if data is None:
+                self._reusable = answer.keep_alive and not answer.leftover
+                self._answer = None
+                return None
+            if data:
+                return data
+            more = await self._read(deadline, timeout)
+            if not more:
+                self.close()
+                raise errors.RemoteProtocolError("peer closed connection without sending complete message body")
+            answer.feed(more)
 
     async def _next_event(self, deadline: float, timeout: Timeout) -> h11.Event:
         while True:

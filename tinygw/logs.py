@@ -7,7 +7,9 @@ form. Granian's own loggers are routed through the same formatter.
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import time
 
 import msgspec
 
@@ -69,3 +71,18 @@ def log(level: int, message: str, **fields: object) -> None:
 def log_exception(message: str, **fields: object) -> None:
     """An error line naming the exception's type (never its message) and the fields."""
     _logger.error(message, exc_info=True, extra={"fields": fields})
+
+
+def access(**fields: object) -> None:
+    """The one `request` line a proxied request writes, at level info: the hot path's
+    log line, so it skips the logging module (a record, a formatter, a lock and a
+    flush: about 30 µs) and writes its JSON line to stderr in one write(2), which is
+    atomic for lines under the pipe's 4 KiB. Same shape as the other lines."""
+    if not _logger.isEnabledFor(logging.INFO):
+        return
+    line = _encode.encode({"ts": round(time.time(), 3), "level": "info", "logger": LOGGER_NAME, "msg": "request",
+                           **fields})
+    try:
+        os.write(2, line + b"\n")
+    except OSError:  # stderr closed or full: the request is not failed for its log line
+        pass

@@ -288,15 +288,16 @@ async def _relay_stream(response, send: Send, result: Result) -> Attempt:
             return await _end_stream_with_error(send, result, f"the provider failed mid-stream: {e}", e.cause)
         if chunk is None:
             break
-        events, pending = sse.split(pending + chunk)
+        events, pending = sse.split(pending + chunk if pending else chunk)
         if len(pending) > MAX_HELD_BYTES:  # no event boundary in sight: stop looking
             events.append(pending)
             pending = b""
-        if committed:
+        if committed:  # all that arrived goes on in one message; few events need a look
             for event in events:
-                event_kind, done = sse.kind(event)
-                finished |= done
-                error_after_output |= event_kind is sse.Kind.ERROR
+                if sse.may_end_or_fail(event):
+                    event_kind, done = sse.kind(event)
+                    finished |= done
+                    error_after_output |= event_kind is sse.Kind.ERROR
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
             continue
         for i, event in enumerate(events):

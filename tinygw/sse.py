@@ -24,6 +24,21 @@ _RESPONSES_PREAMBLE = {"response.created", "response.in_progress", "response.que
 _OUTPUT_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls", "function_call", "refusal")
 
 
+# Bytes without which an event can neither end an answer nor report an error: after
+# output, only events that carry one of them are classified (SPEC section 4). Inside a
+# JSON string a quote is escaped, so `"error"` and `"finish_reason": "` are structure.
+_MAY_END_OR_FAIL = re.compile(
+    rb'\[DONE\]|"(?:finish|stop)_reason"\s*:\s*"|message_stop|response\.(?:completed|failed|error)|"error"'
+    rb"|event:\s*error"
+)
+
+
+def may_end_or_fail(event: bytes) -> bool:
+    """False when `kind(event)` is surely (OUTPUT or PREAMBLE, not finished): the cheap
+    scan that streams use once output has been sent."""
+    return _MAY_END_OR_FAIL.search(event) is not None
+
+
 class Kind(enum.Enum):
     PREAMBLE = "preamble"  # carries no output: role-only chunks, message_start, ping
     OUTPUT = "output"
