@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, START_SECONDS, UNVERIFIED_TLS, call, free_port, metric_value, wait_until
+from conftest import ROOT, START_SECONDS, call, free_port, gateway_command, metric_value, wait_until
 from tinygw.fake_upstream import json_reply
 
 sys.path.insert(0, str(ROOT / "attest"))
@@ -491,8 +491,8 @@ def test_deployment_environment_is_a_valid_configuration(tmp_path):
             value = str(tmp_path / Path(value).name)  # the Secret's files, here
             Path(value).write_text("test-key\n")
         env[entry["name"]] = value
-    done = subprocess.run([sys.executable, "-m", "tinygw", "check"], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=30)
+    done = subprocess.run([*gateway_command(), "check"], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=30)
     assert done.returncode == 0, done.stderr
     assert "config_sha256" in done.stdout
     assert env["TINYGW_TLS_NAMES"] == "tinygw.gateways.svc,tinygw.gateways.svc.cluster.local,10.244.1.7"
