@@ -264,8 +264,9 @@ def test_the_openai_sdk_works_through_the_pinned_certificate_and_refuses_another
 
 
 def test_the_rehearsal_runs_the_whole_flow_and_says_it_is_simulated():
-    done = subprocess.run([sys.executable, str(ROOT / "attest" / "rehearse")], capture_output=True, text=True,
-                          timeout=180, env={"PATH": os.environ["PATH"]})
+    artifact = ["--artifact", os.environ["TINYGW_BINARY"]] if os.environ.get("TINYGW_BINARY") else []
+    done = subprocess.run([sys.executable, str(ROOT / "attest" / "rehearse"), *artifact], capture_output=True,
+                          text=True, timeout=180, env={"PATH": os.environ["PATH"]})
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert "SIMULATED" in lines[1] and "SIMULATED" in lines[-3]
