@@ -92,7 +92,7 @@ async def handle(gateway: Gateway, scope, receive, send) -> None:
 
 
 async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
-    loop = asyncio.get_running_loop()
+    loop = gateway.loop or asyncio.get_running_loop()
     started = loop.time()
     headers = scope["headers"]
     model = "unknown"
@@ -114,7 +114,7 @@ async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
             return
         try:
             body = await _read_body(receive, headers, gateway.settings.max_body_bytes,
-                                    gateway.settings.client_timeout_seconds)
+                                    gateway.settings.client_timeout_seconds, loop)
         except ClientLeft:
             # Granian reports a malformed chunked body the same way as a client that
             # left: answer 400 (a client that really left will not read it).
@@ -149,7 +149,7 @@ async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
         )
         # The client leaving cancels this task, and with it the attempt: its upstream
         # connection is closed at once.
-        task = asyncio.current_task()
+        task = asyncio.current_task(loop)
         client_left: list[bool] = []
         watcher = loop.create_task(_cancel_when_client_leaves(receive, task, client_left))
         try:
@@ -212,7 +212,33 @@ async def _cancel_when_client_leaves(receive, task: asyncio.Task, client_left: l
     task.cancel()
 
 
-async def _read_body(receive, headers, limit: int, timeout_seconds: float) -> bytes | None:
+async def _receive_within(receive, timeout_seconds: float, loop: asyncio.AbstractEventLoop):
+    """`await receive()`, or TimeoutError after `timeout_seconds`. asyncio.timeout's
+    work with the loop at hand: asyncio's own looks the loop up twice (two getpid(2)
+    on Python 3.11), for each request."""
+    task = asyncio.current_task(loop)
+    expired = []
+
+    def expire() -> None:
+        expired.append(True)
+        task.cancel()
+
+    timer = loop.call_later(timeout_seconds, expire)
+    try:
+        message = await receive()
+        if expired:  # the timer fired as the message came: as asyncio.timeout, take the cancel back
+            task.uncancel()
+        return message
+    except asyncio.CancelledError:
+        if expired and task.uncancel() == 0:
+            raise TimeoutError from None
+        raise
+    finally:
+        timer.cancel()
+
+
+async def _read_body(receive, headers, limit: int, timeout_seconds: float,
+                     loop: asyncio.AbstractEventLoop) -> bytes | None:
     """The whole request body, or None when it is over `limit` bytes. Raises
     TimeoutError when `timeout_seconds` pass without a byte of it (SPEC section 10)."""
     declared = header(headers, b"content-length")
@@ -221,14 +247,13 @@ async def _read_body(receive, headers, limit: int, timeout_seconds: float) -> by
     parts = []
     size = 0
     while True:
-        async with asyncio.timeout(timeout_seconds):
-            message = await receive()
+        message = await _receive_within(receive, timeout_seconds, loop)
         if message["type"] == "http.disconnect":
             raise ClientLeft
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            await _discard_body(receive, message, timeout_seconds)
+            await _discard_body(receive, message, timeout_seconds, loop)
             return None
         parts.append(chunk)
         if not message.get("more_body"):
@@ -240,12 +265,11 @@ async def _read_body(receive, headers, limit: int, timeout_seconds: float) -> by
 DISCARD_BYTES = 1024 * 1024
 
 
-async def _discard_body(receive, message, timeout_seconds: float) -> None:
+async def _discard_body(receive, message, timeout_seconds: float, loop: asyncio.AbstractEventLoop) -> None:
     discarded = 0
     while message.get("more_body") and discarded < DISCARD_BYTES:
         try:
-            async with asyncio.timeout(timeout_seconds):
-                message = await receive()
+            message = await _receive_within(receive, timeout_seconds, loop)
         except TimeoutError:
             return
         if message["type"] == "http.disconnect":

@@ -53,6 +53,12 @@ class Gateway:
         for provider, provider_model in configured:  # a series per circuit from the start
             self.metrics.set_circuit_open_until(provider, provider_model, 0.0)
         self.pid = os.getpid()
+        # The worker's loop, looked up once: on Python 3.11 every lookup is a getpid(2)
+        # (fork detection), which cost about a tenth of a worker's CPU per request.
+        try:
+            self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # built outside a loop (tests): looked up where needed
+            self.loop = None
         # /attestation: the executable's digests, computed once; one quote at a time
         self.artifact_digests: tuple[str | None, str | None] | None = None
         self.evidence_slot = asyncio.Semaphore(1)
@@ -75,6 +81,7 @@ class Gateway:
                     max_connections=p.doc.max_connections,
                     timeouts=Timeouts(p.doc.connect_timeout_s, p.doc.first_byte_timeout_s, p.doc.timeout_s),
                     ssl_context=context,
+                    loop=self.loop,
                 ),
                 static_headers=[(b"accept-encoding", b"identity")]
                 + [(k.lower().encode(), v.encode()) for k, v in p.doc.headers.items()],

@@ -58,7 +58,9 @@ class Pool:
         max_connections: int,
         timeouts: Timeouts,
         ssl_context: ssl.SSLContext | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
+        self._loop = loop  # the worker's, cached (tinygw.gateway); else looked up per request
         self.origin = origin
         self.timeouts = timeouts
         self._ssl = ssl_context if origin.scheme == "https" else None
@@ -87,7 +89,7 @@ class Pool:
     ) -> Response:
         """Send one request and wait for the response head; the body is read later."""
         t = self.timeouts
-        loop = asyncio.get_running_loop()
+        loop = self._loop or asyncio.get_running_loop()
         deadline = loop.time() + t.total_seconds
         if self._slots.locked():
             try:
@@ -129,7 +131,7 @@ class Pool:
 
     def _give_back(self, connection: Connection, reusable: bool) -> None:
         if reusable and connection.is_idle():
-            connection.idle_since = asyncio.get_running_loop().time()
+            connection.idle_since = (self._loop or asyncio.get_running_loop()).time()
             self._idle.append(connection)
         else:
             connection.close()
