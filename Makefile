@@ -57,6 +57,7 @@ rehearse: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/run.py
+	$(PY) bench/run.py --stream --no-peer
 
 # A bounded chaos soak on loopback (not part of `make test`): `make soak SOAK_SECONDS=60`.
 SOAK_SECONDS ?= 180

@@ -9,7 +9,8 @@ keep-alive to find where each request ends (head up to CRLFCRLF, then a Content-
 body) and answers every request with one precomputed response in a single
 transport.write. GET .../models gets a fixed model listing (the gateway's discovery
 and health checks call it); everything else gets a fixed chat.completion. Requests
-with a chunked body are not supported: the connection is closed.
+with a chunked body are not supported: the connection is closed. A request whose body
+says `"stream": true` gets a streamed answer: 20 words as 22 events, chunked.
 """
 
 from __future__ import annotations
@@ -53,13 +54,33 @@ CHAT_RESPONSE = _response(_CHAT)
 MODELS_RESPONSE = _response(_MODELS)
 
 
+def _stream_response(events: int = 20) -> bytes:
+    """A streamed chat answer as providers send it: chunked, one event a chunk: a
+    role-only chunk, `events` content chunks, a finish chunk and `[DONE]`."""
+
+    def chunk(delta: dict, finish: str | None = None) -> bytes:
+        data = json.dumps({"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0,
+                           "model": "bench-model", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]},
+                          separators=(",", ":")).encode()
+        return b"data: " + data + b"\n\n"
+
+    sse = [chunk({"role": "assistant"})] + [chunk({"content": f" word{i}"}) for i in range(events)]
+    sse += [chunk({}, "stop"), b"data: [DONE]\n\n"]
+    body = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in sse) + b"0\r\n\r\n"
+    return (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
+            b"connection: keep-alive\r\n\r\n") + body
+
+
+STREAM_EVENTS = 22  # relayed events per streamed answer: role, 20 words, finish ([DONE] aside)
+STREAM_RESPONSE = _stream_response()
+
+
 class InstantProtocol(asyncio.Protocol):
-    __slots__ = ("transport", "buf", "need")
+    __slots__ = ("transport", "buf")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
-        self.need = 0  # bytes of a request body still to skip
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         self.transport = transport
@@ -69,19 +90,12 @@ class InstantProtocol(asyncio.Protocol):
         buf += data
         out = []
         while True:
-            if self.need:
-                take = min(self.need, len(buf))
-                del buf[:take]
-                self.need -= take
-                if self.need:
-                    break
             end = buf.find(b"\r\n\r\n")
             if end < 0:
                 if len(buf) > 65536:  # no end of head in 64 KiB: not a client we serve
                     self.transport.close()
                 break
             head = bytes(buf[:end]).lower()
-            del buf[: end + 4]
             length = 0
             i = head.find(b"\r\ncontent-length:")
             if i >= 0:
@@ -90,9 +104,14 @@ class InstantProtocol(asyncio.Protocol):
             elif b"\r\ntransfer-encoding:" in head:
                 self.transport.close()
                 return
-            self.need = length
+            if len(buf) < end + 4 + length:
+                break  # the body is still coming
+            body = bytes(buf[end + 4 : end + 4 + length])
+            del buf[: end + 4 + length]
             if head.startswith(b"get ") and head.split(b" ", 2)[1].endswith(b"/models"):
                 out.append(MODELS_RESPONSE)
+            elif b'"stream":true' in body.replace(b" ", b""):
+                out.append(STREAM_RESPONSE)
             else:
                 out.append(CHAT_RESPONSE)
         if out:

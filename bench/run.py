@@ -36,6 +36,9 @@ BODY = '{"model":"bench","messages":[{"role":"user","content":"hi"}]}'
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # wrk's Lua script: the request, and a done() that prints one machine-readable line.
+STREAM_BODY = '{"model":"bench","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+STREAM_EVENTS = 22  # bench/instant_upstream.py's streamed answer: role, 20 words, finish ([DONE] aside)
+
 WRK_LUA = """
 wrk.method = "POST"
 wrk.body = '%s'
@@ -203,6 +206,62 @@ def ensure_wrk() -> str:
     if not path:
         raise SystemExit("bench: wrk is still not on PATH after apt-get install")
     return path
+
+
+def ensure_nginx() -> str | None:
+    """Debian's nginx, the reference peer (apt-get when missing); None where it cannot be had."""
+    path = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+    if path:
+        return path
+    log("bench: nginx is not installed; installing it with apt-get (Debian package 'nginx')")
+    done = subprocess.run("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx",
+                          shell=True, timeout=600, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if done.returncode != 0:
+        print(f"WARNING: nginx could not be installed; no nginx peer: {done.stderr.decode()[-500:]}")
+        return None
+    return shutil.which("nginx") or "/usr/sbin/nginx"
+
+
+NGINX_CONF = """daemon off;
+worker_processes 1;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log {tmp}/access.log;
+    client_body_temp_path {tmp}/body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    upstream up {{ server {host}:{up_port}; keepalive 64; }}
+    server {{
+        listen {host}:{port};
+        location / {{
+            proxy_pass http://up;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}
+}}
+"""
+
+
+def start_nginx(nginx: str, upstream_port: int) -> tuple[Proc, int]:
+    """nginx `proxy_pass` with upstream keep-alive, one worker, access log on (its default)."""
+    port = free_port()
+    tmp = tempfile.mkdtemp(prefix="bench-nginx-")
+    conf = Path(tmp) / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(tmp=tmp, host=HOST, up_port=upstream_port, port=port))
+    proc = Proc("nginx", [nginx, "-p", tmp, "-c", str(conf), "-e", f"{tmp}/error.log"], tmpdir=tmp)
+    try:
+        wait_ready(proc, port, "/v1/models", 30)
+    except BaseException:
+        proc.stop()
+        proc.cleanup_files()
+        raise
+    return proc, port
 
 
 def start_upstream() -> tuple[Proc, int]:
@@ -382,9 +441,9 @@ def start_litellm(cli: Path, upstream_port: int) -> tuple[Proc, int, float]:
     return proc, port, time.monotonic() - t0
 
 
-def check_once(port: int, what: str, proc: Proc | None) -> None:
+def check_once(port: int, what: str, proc: Proc | None, body: str = BODY) -> None:
     """One request before measuring, so a broken setup fails loudly, not as a fast table."""
-    req = urllib.request.Request(url(port, PATH), data=BODY.encode(), method="POST",
+    req = urllib.request.Request(url(port, PATH), data=body.encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=10, context=UNVERIFIED_TLS) as r:
@@ -478,16 +537,42 @@ def fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-GATEWAYS = ("tinygw", "tinygw-tls", "litellm")
+GATEWAYS = ("tinygw", "tinygw-tls", "litellm", "nginx")
 
 
 def ratio(a, b) -> str:
     return "-" if a is None or b is None or b <= 0 or a < 0 else f"{a / b:.3g}x"
 
 
-def print_table(summary: list[dict], names: list[str]) -> None:
+def print_goals(summary: list[dict], stream: bool) -> None:
+    """Issue 11's goals, each from this run, marked met or not."""
+    by_level = {s["concurrency"]: s for s in summary}
+
+    def line(goal: str, value, limit, fmt_: str, higher_is_better: bool = False) -> None:
+        if value is None:
+            print(f"goal: {goal}: not measured in this run")
+            return
+        met = value >= limit if higher_is_better else value <= limit
+        print(f"goal: {goal}: {format(value, fmt_)} -> {'MET' if met else 'NOT MET'}")
+
+    top = by_level.get(32)
+    if top and not stream:
+        g, n = top["targets"].get("tinygw"), top["targets"].get("nginx")
+        line("c=32 tinygw req/s >= 25% of nginx's", g["rps"] / n["rps"] * 100 if g and n else None, 25, ".1f", True)
+        line("c=32 tinygw CPU per request <= 100 µs", g["cpu_us_per_request"] if g else None, 100, ".0f")
+    one = by_level.get(1)
+    if one and not stream:
+        line("c=1 tinygw added p50 <= 0.25 ms", one["added_p50_ms"].get("tinygw"), 0.25, ".3f")
+    if stream:
+        for s in summary:
+            g = s["targets"].get("tinygw")
+            cpu = g["cpu_us_per_request"] / STREAM_EVENTS if g and g["cpu_us_per_request"] is not None else None
+            line(f"c={s['concurrency']} tinygw CPU per relayed event <= 5 µs", cpu, 5, ".1f")
+
+
+def print_table(summary: list[dict], names: list[str], stream: bool = False) -> None:
     head = ["conc", "target", "req/s", "p50 (ms)", "p99 (ms)", "+p50 (ms)", "CPU/req (µs)", "peak RSS (MiB)",
-            "wrk errors"]
+            "wrk errors"] + (["CPU/event (µs)"] if stream else [])
     rows = []
     for s in summary:
         for t in names:
@@ -504,7 +589,8 @@ def print_table(summary: list[dict], names: list[str]) -> None:
                 fmt(m["cpu_us_per_request"], ",.0f") if gw else "-",
                 fmt(rss / 2**20 if rss is not None else None, ".1f") if gw else "-",
                 str(m["errors"]),
-            ])
+            ] + ([fmt(m["cpu_us_per_request"] / STREAM_EVENTS, ".1f") if gw and m["cpu_us_per_request"] else "-"]
+                 if stream else []))
     _print_rows(head, rows)
     pairs = [s for s in summary if "litellm" in s["targets"] and "tinygw" in s["targets"]]
     if pairs:
@@ -558,6 +644,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-peer", action="store_true",
                     help="skip the peer (LiteLLM's proxy, installed on first use into bench/.venv-litellm)")
     ap.add_argument("--json", metavar="PATH", help="also write the raw numbers as JSON to PATH")
+    ap.add_argument("--stream", action="store_true",
+                    help="streamed answers (stream: true; 22 events, chunked) instead of plain ones; adds CPU/event")
+    ap.add_argument("--no-nginx", action="store_true", help="skip the nginx peer (Debian's nginx, proxy_pass)")
     ap.add_argument("--tls", action="store_true",
                     help="also measure tinygw with attested TLS (TINYGW_TLS=attested; wrk over https, keep-alive)")
     args = ap.parse_args(argv)
@@ -594,30 +683,39 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
     procs: list[Proc] = []
     lua_file = tempfile.NamedTemporaryFile("w", prefix="bench-wrk-", suffix=".lua", delete=False)
-    lua_file.write(WRK_LUA)
+    body = STREAM_BODY if args.stream else BODY
+    lua_file.write(WRK_LUA.replace(BODY, body))
     lua_file.close()
     raw: dict = {"command": command, "machine": machine(), "nproc": os.cpu_count(),
                  "wrk": wrk_version[0] if wrk_version else "", "seconds": args.seconds, "warmup": args.warmup,
                  "repeats": args.repeats, "tinygw_version": tinygw_version(), "peer": peer_info, "levels": []}
     failed = False
-    stderr_of: dict[str, str] = {"tinygw": "", "tinygw-tls": "", "litellm": ""}
+    stderr_of: dict[str, str] = {"tinygw": "", "tinygw-tls": "", "litellm": "", "nginx": ""}
+    nginx = None if args.no_nginx else ensure_nginx()
     try:
         upstream, up_port = start_upstream()
         procs.append(upstream)
-        check_once(up_port, "the instant upstream", None)
+        check_once(up_port, "the instant upstream", None, body)
         summary = []
         for conns in levels:
             # A fresh gateway (and peer) per concurrency level, so its peak RSS belongs to that level.
             gateway, gw_port = start_gateway(up_port)
             procs.append(gateway)
-            check_once(gw_port, "tinygw", gateway)
+            check_once(gw_port, "tinygw", gateway, body)
             targets: list[tuple[str, int, Proc | None]] = [("direct", up_port, None), ("tinygw", gw_port, gateway)]
             watch = {"upstream": upstream.pid, "tinygw": gateway.pid}
             idle = {"tinygw": tree_usage(gateway.pid)}
+            if nginx is not None:
+                nginx_proc, nginx_port = start_nginx(nginx, up_port)
+                procs.append(nginx_proc)
+                check_once(nginx_port, "nginx", nginx_proc, body)
+                targets.append(("nginx", nginx_port, nginx_proc))
+                watch["nginx"] = nginx_proc.pid
+                idle["nginx"] = tree_usage(nginx_proc.pid)
             if args.tls:
                 tls_gateway, tls_port = start_gateway(up_port, tls=True)
                 procs.append(tls_gateway)
-                check_once(tls_port, "tinygw with TLS", tls_gateway)
+                check_once(tls_port, "tinygw with TLS", tls_gateway, body)
                 targets.append(("tinygw-tls", tls_port, tls_gateway))
                 watch["tinygw-tls"] = tls_gateway.pid
                 idle["tinygw-tls"] = tree_usage(tls_gateway.pid)
@@ -680,11 +778,15 @@ def main(argv: list[str] | None = None) -> int:
                 if p is not None:
                     stderr_of[p.name] += p.stderr_text()
                     p.stop()
-        names = ["direct", "tinygw", "tinygw-tls", "litellm"]
+        names = ["direct", "nginx", "tinygw", "tinygw-tls", "litellm"]
         print()
         print(f"direct = the instant upstream; tinygw {raw['tinygw_version']} (this tree, 1 Granian worker)"
               + (f"; litellm {peer_info['version']} (peer, 1 uvicorn worker)" if peer_info["enabled"] else ""))
-        print_table(summary, names)
+        print(f"answers: {'streamed, ' + str(STREAM_EVENTS) + ' events each (chunked)' if args.stream else 'plain'}; "
+              f"gateways at the product's defaults (log level info, access log on); nginx with its access log on")
+        print_table(summary, names, args.stream)
+        print()
+        print_goals(summary, args.stream)
         print()
         print("p50/p99: wrk latency percentiles. +p50: the gateway's p50 - direct p50. CPU/req: utime+stime of the "
               "gateway's process tree during its measured run / requests completed. peak RSS: VmHWM summed over "
@@ -706,8 +808,13 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"WARNING: c={s['concurrency']} {t}: wrk counted {m['errors']} errors "
                           "(connect/read/write/non-2xx/timeout); see --json for details")
         for name, text in stderr_of.items():
-            if text.strip():
-                print(f"--- {name} stderr ---\n{text[-8000:]}")
+            # the access log (one line a request, the product's default) is counted, not shown
+            lines = text.splitlines()
+            # (and the JSON fragments where a tail's limit cut a line)
+            other = [ln for ln in lines if '"msg":"request"' not in ln
+                     and not (ln.endswith("}") and not ln.startswith("{"))]
+            if "\n".join(other).strip():
+                print(f"--- {name} stderr (access log left out) ---\n" + "\n".join(other)[-8000:])
     except KeyboardInterrupt as e:
         log(f"bench: interrupted ({e}); cleaning up")
         failed = True
