@@ -231,9 +231,10 @@ def compare_with_reference(reference_path: Path, artifact: Path) -> int:
     for line in packages:
         print(f"reproduce:   build root: {line}", file=sys.stderr)
     if packages:
-        fetched = (reference.get("build_root") or {}).get("package_lists", {}).get("fetched")
-        print(f"reproduce:   (the reference's package lists were fetched {fetched}: rebuild against Debian's "
-              f"snapshot archive of that time, DEBIAN_SNAPSHOT=YYYYMMDDTHHMMSSZ; see README)", file=sys.stderr)
+        fetched = (reference.get("build_root") or {}).get("package_lists", {}).get("fetched") or ""
+        print(f"reproduce:   (the reference's package lists were fetched {fetched}: rebuild from Debian's snapshot "
+              f"archive of that time with DEBIAN_SNAPSHOT={fetched.replace('-', '').replace(':', '')}; see README)",
+              file=sys.stderr)
     ignored = ("artifact", "measurement", "build_root.packages", *FETCH_FIELDS)
     for field in differing_fields(_without(reference, ignored), _without(built, ignored)):
         print(f"reproduce:   input {field}: {_get(reference, field)!r} in the reference, {_get(built, field)!r} here",
