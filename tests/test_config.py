@@ -214,7 +214,8 @@ def test_version():
 
 @pytest.mark.parametrize("url", ["http://api example.com/v1", "http://api.example.com/v1\r\nX-Injected: 1",
                                  "http://api.example.com:0/v1", "http://api.example.com:/v1",
-                                 "http://api.exa%20mple.com/v1", "https://api.example.com/v1?key=1"])
+                                 "http://api.exa%20mple.com/v1", "https://api.example.com/v1?key=1",
+                                 "http://a..b/v1", f"http://{'x' * 64}.example.com/v1"])
 def test_check_refuses_a_base_url_that_cannot_be_a_request_target(url):
     doc = {"providers": {"a": {**PROVIDERS["a"], "base_url": url}}, "models": GOOD["models"]}
     done = run_cli(["check"], env(doc))

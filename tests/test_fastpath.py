@@ -165,6 +165,8 @@ def mutate(raw: bytes, data) -> bytes:
 @example(b"HTTP/1.1 200 OK\ncontent-length: 2\n\nok", [], False)
 @example(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2;x\r\nok\r\n0\r\nt: 1\r\n\r\n", [30, 31], False)
 @example(b"HTTP/1.1 204 No Content\r\n\r\n{}", [], False)
+@example(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1;" + b"x" * 70_000, [100, 5000], False)
+@example(b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\nx: " + b"v" * 70_000 + b"\r\n\r\nx", [50], False)
 @example(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + b"0" * 21 + b"1\r\nx\r\n", [], False)
 def test_well_formed_and_odd_responses_agree(raw, cuts, eof):
     agree(raw, cuts, eof)

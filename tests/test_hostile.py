@@ -184,7 +184,8 @@ def test_a_compressed_stream_is_decoded(gateway, fake):
     assert status == 200 and body == b"".join(events)
 
 
-@pytest.mark.parametrize("coding,body", [("br", b"\x0b\x02\x80{}\x03"), ("gzip", b"not gzip at all")])
+@pytest.mark.parametrize("coding,body", [("br", b"\x0b\x02\x80{}\x03"), ("gzip", b"not gzip at all"),
+                                         ("deflate", b'{"plain": "json, labelled deflate"}')])
 def test_an_answer_that_cannot_be_decoded_is_502(gateway, fake, coding, body):
     fake.script = lambda r: Reply(headers=[("content-type", "application/json"), ("content-encoding", coding)],
                                   body=body)
@@ -327,3 +328,72 @@ def test_a_second_gateway_cannot_start_on_a_port_one_serves(fake, start_gateway,
     assert second.returncode == 2
     assert "TINYGW_PORT" in second.stderr and str(first.port) in second.stderr
     assert chat(first)[0] == 200
+
+
+def test_a_chunk_size_line_that_never_ends_is_refused_not_held(fake, start_gateway):
+    """A provider that sends a chunk-size line without end must not make the worker hold
+    it until the exchange times out: past h11's bound it is a protocol error."""
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    fake.script = lambda r: Reply(action="raw", body=head + b"1;" + b"x" * (200 * 1024))  # and then nothing
+    config = small_config(fake)
+    config["providers"]["p"]["timeout_s"] = 5
+    gateway = start_gateway(config)
+    status, _, body = chat(gateway, model="m", timeout=20)
+    assert status == 502 and json.loads(body)["error"]["cause"] == "protocol_error"
+
+
+def test_a_client_that_leaves_during_a_large_answer_frees_its_connection_slot():
+    """In-process (the moment must be exact): the client's send fails while a >1 MiB
+    answer is relayed; the provider's connection slot must come back every time."""
+    import asyncio
+
+    from tinygw import app, config as tinygw_config
+    from tinygw.gateway import Gateway as TinyGateway
+
+    answer = b"x" * (4 * MiB)
+
+    async def provider(reader, writer):
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(next(v for k, _, v in (line.partition(b":") for line in head.split(b"\r\n"))
+                                  if k.lower() == b"content-length"))
+                await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+                             % len(answer))
+                for i in range(0, len(answer), 65536):
+                    writer.write(answer[i : i + 65536])
+                    await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+
+    async def run() -> list[int]:
+        server = await asyncio.start_server(provider, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+        settings = tinygw_config.from_environ({"TINYGW_CONFIG": json.dumps({
+            "providers": {"p": {"base_url": url, "api": "openai", "max_connections": 2, "listing": False}},
+            "models": {"m": {"targets": ["p:m"]}}})})
+        gateway = TinyGateway(settings)
+        pool, free = gateway.upstreams["p"].pool, []
+        for _ in range(3):
+            messages = [{"type": "http.request", "body": b'{"model": "m"}', "more_body": False}]
+            sent = []
+
+            async def receive():
+                if messages:
+                    return messages.pop()
+                await asyncio.sleep(3600)
+
+            async def send(message):
+                sent.append(message)
+                if len(sent) == 3:  # the first MiB went out; the client is gone
+                    raise OSError("the client left")
+
+            scope = {"type": "http", "path": "/v1/chat/completions", "method": "POST",
+                     "headers": [(b"content-type", b"application/json")], "query_string": b""}
+            await asyncio.wait_for(app._proxy(gateway, app.ROUTES["/v1/chat/completions"], scope, receive, send), 10)
+            free.append(pool._slots._value)
+        server.close()
+        return free
+
+    assert asyncio.run(run()) == [2, 2, 2]

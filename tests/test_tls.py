@@ -271,3 +271,54 @@ def test_the_rehearsal_runs_the_whole_flow_and_says_it_is_simulated():
     lines = done.stdout.splitlines()
     assert "SIMULATED" in lines[1] and "SIMULATED" in lines[-3]
     assert "PASS tls channel" in done.stdout and "FAIL tls channel" in done.stdout
+
+
+
+# ---- what the environment may not do -------------------------------------------------------
+
+
+def test_inherited_internal_variables_cannot_make_a_tls_off_gateway_attest_a_key(fake, start_gateway, tmp_path):
+    """serve tells its workers which certificate they serve; the same variables coming
+    from outside (a host, a pod spec) must not make the gateway attest someone's key."""
+    cert, _ = self_signed(tmp_path / "host")
+    gateway = start_gateway(files_config(fake), TINYGW_TLS_SERVED_CERT=str(cert),
+                            TINYGW_TLS_SERVED_SPKI=spki_of(cert.read_bytes()))
+    nonce = os.urandom(32)
+    answer = json.loads(call("GET", f"{gateway.url}/attestation?nonce={nonce.hex()}")[2])
+    assert "tls_spki_sha256" not in answer and "tls_certificate" not in answer
+    assert answer["report_data"] == hashlib.sha512(b"tinygw.attest.v1" + nonce
+                                                   + bytes.fromhex(answer["config_sha256"])).hexdigest()
+
+
+def test_inherited_internal_variables_do_not_replace_the_attested_key(fake, start_gateway, tmp_path):
+    cert, _ = self_signed(tmp_path / "host")
+    gateway = start_gateway(files_config(fake), TINYGW_TLS="attested", TINYGW_TLS_SERVED_CERT=str(cert),
+                            TINYGW_TLS_SERVED_SPKI=spki_of(cert.read_bytes()))
+    served = spki_of(ssl.get_server_certificate(("127.0.0.1", gateway.port)).encode())
+    answer = json.loads(call("GET", f"{gateway.url}/attestation?nonce={'11' * 32}")[2])
+    assert answer["tls_spki_sha256"] == served != spki_of(cert.read_bytes())
+
+
+def test_save_cert_only_after_every_check_passed_and_only_over_https(attested, tmp_path):
+    gateway, release, _ = attested
+    saved = tmp_path / "gateway.pem"
+    code, verdicts, output = verify("--release", str(release), "--url", gateway.url, "--save-cert", str(saved))
+    assert code == 4 and verdicts["quote signature"] == "SKIP", output  # unverified, and not accepted
+    assert not saved.exists()
+    code, _, output = verify("--release", str(release), "--url", gateway.url.replace("https", "http"),
+                             "--save-cert", str(saved))
+    assert code == 2 and "https" in output and not saved.exists()
+
+
+def test_a_long_first_name_and_a_pem_file_with_text_around_it_start(fake, start_gateway, tmp_path):
+    long_name = "a" * 63 + ".example.com"  # over a CN's 64 characters, a valid DNS name
+    gateway = start_gateway(files_config(fake), TINYGW_TLS="attested", TINYGW_TLS_NAMES=f"{long_name},127.0.0.1")
+    assert call("GET", f"{gateway.url}/healthz")[0] == 200
+
+    cert, key = self_signed(tmp_path / "bags")
+    cert.write_bytes("Bag Attributes\n    friendlyName: café\n".encode() + cert.read_bytes())
+    gateway = start_gateway(files_config(fake), TINYGW_TLS="files", TINYGW_TLS_CERT_FILE=str(cert),
+                            TINYGW_TLS_KEY_FILE=str(key))
+    answer = json.loads(call("GET", f"{gateway.url}/attestation?nonce={'22' * 32}")[2])
+    assert answer["tls_certificate"].startswith("-----BEGIN CERTIFICATE-----")
+    assert spki_of(answer["tls_certificate"].encode()) == answer["tls_spki_sha256"]

@@ -117,9 +117,11 @@ async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
                                     gateway.settings.client_timeout_seconds, loop)
         except ClientLeft:
             # Granian reports a malformed chunked body the same way as a client that
-            # left: answer 400 (a client that really left will not read it).
-            status = await _error(send, 400, "the request body is incomplete or its chunked framing is malformed",
-                                  "invalid_request_error", "invalid_body")
+            # left: answer 400 (a client that really left will not read it), and count
+            # it as a client that left, which is what it most often is.
+            await _error(send, 400, "the request body is incomplete or its chunked framing is malformed",
+                         "invalid_request_error", "invalid_body")
+            status = CLIENT_CLOSED
             return
         except TimeoutError:
             limit = gateway.settings.client_timeout_seconds

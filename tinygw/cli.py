@@ -34,6 +34,7 @@ def _settings_or_exit():
     from tinygw import config
     from tinygw.errors import ConfigError
 
+    config.forget_inherited()  # serve sets those for its workers; nobody else may
     try:
         return config.from_environ()
     except ConfigError as e:

@@ -192,7 +192,8 @@ def parse_base_url(where: str, url: str) -> Origin:
     if parts.query or parts.fragment or parts.username or parts.password or "?" in url or "#" in url:
         raise ConfigError(where, "must not carry a query, fragment or credentials")
     host = parts.hostname
-    if not _HOST_NAME.fullmatch(host):
+    if not (_HOST_NAME.fullmatch(host) and len(host) <= 253 and all(0 < len(label) <= 63 for label in
+                                                                     host.rstrip(".").split("."))):
         try:
             ipaddress.ip_address(host)
         except ValueError:
@@ -266,7 +267,9 @@ def _tls(env: Mapping[str, str]) -> dict:
                 raise ConfigError("TINYGW_TLS_NAMES", f"not a DNS name or IP address: {name!r}") from None
     fields = {"tls_mode": mode, "tls_names": names}
     cert_file, key_file = env.get("TINYGW_TLS_CERT_FILE"), env.get("TINYGW_TLS_KEY_FILE")
-    served = env.get(SERVED_CERT_VARIABLE) or None  # set by serve for its workers: checked there
+    # Set by serve for its own workers only (serve removes any it inherited), and
+    # honoured only with TLS on: with TLS off nothing may make a worker attest a key.
+    served = (env.get(SERVED_CERT_VARIABLE) or None) if mode != "off" else None
     if mode == "files":
         if not cert_file:
             raise ConfigError("TINYGW_TLS_CERT_FILE", "unset, and TINYGW_TLS=files needs it")
@@ -285,7 +288,7 @@ def _tls(env: Mapping[str, str]) -> dict:
     # attest/launch points TMPDIR at its private directory in guest memory.
     fields["tls_key_dirs"] = tuple(d for d in (env.get("TMPDIR"), env.get("XDG_RUNTIME_DIR"), "/run", "/dev/shm") if d)
     fields["served_cert"] = served
-    fields["served_spki_sha256"] = env.get(SERVED_SPKI_VARIABLE) or None
+    fields["served_spki_sha256"] = (env.get(SERVED_SPKI_VARIABLE) or None) if served else None
     return fields
 
 
@@ -357,6 +360,13 @@ def from_environ(env: Mapping[str, str] | None = None) -> Settings:
         tsm_report_dir=_path(env, "TINYGW_TSM_REPORT_DIR", DEFAULT_TSM_REPORT_DIR),
         event_log=_path(env, "TINYGW_EVENT_LOG", DEFAULT_EVENT_LOG),
     )
+
+
+def forget_inherited() -> None:
+    """Drop the variables that `serve` sets for its own workers, should they come from
+    outside: they are the gateway's, never an operator's (or a host's)."""
+    for name in (METRICS_DIR_VARIABLE, SERVED_CERT_VARIABLE, SERVED_SPKI_VARIABLE):
+        os.environ.pop(name, None)
 
 
 def share_metrics_dir(path: str) -> None:

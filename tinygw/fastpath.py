@@ -77,15 +77,19 @@ class Answer:
     Raises HandOff (only before the head is returned: `raw()` then gives every byte
     fed so far, for h11) or Malformed. After the end, `leftover` holds bytes that came
     past the answer's end, and `keep_alive` says whether the provider may reuse the
-    connection."""
+    connection. Every byte is looked at a bounded number of times, however the
+    provider splits its answer (a head sent a byte at a time, a read of tiny chunks),
+    and nothing is held beyond h11's own bounds (a head or a chunk-size line of at
+    most `max_head_bytes`)."""
 
-    __slots__ = ("_buffer", "_max_head_bytes", "_head_done", "_remaining", "_chunked", "_chunk_left",
+    __slots__ = ("_head", "_scanned", "_buffer", "_max_head_bytes", "_remaining", "_chunked", "_chunk_left",
                  "_state", "_trailer", "keep_alive", "leftover", "done")
 
     def __init__(self, max_head_bytes: int) -> None:
-        self._buffer = b""
+        self._head: bytearray | None = bytearray()  # until the head is taken
+        self._scanned = 0  # bytes of _head already checked for bare CR/LF and the head's end
+        self._buffer = b""  # the body's bytes not yet consumed
         self._max_head_bytes = max_head_bytes
-        self._head_done = False
         self._remaining = 0  # content-length bytes still to come
         self._chunked = False
         self._chunk_left = 0  # bytes of the current chunk still to come
@@ -96,28 +100,38 @@ class Answer:
         self.done = False
 
     def feed(self, data: bytes) -> None:
-        if self._state == "fields":
+        if self._head is not None:
+            self._head += data
+        elif self._state == "fields":
             self._trailer.feed(data)
         else:
-            self._buffer += data
+            self._buffer = self._buffer + data if self._buffer else data
 
     def raw(self) -> bytes:
-        return self._buffer
+        return bytes(self._head)
 
     def head(self) -> tuple[int, list[tuple[bytes, bytes]]] | None:
         """(status, headers with lower-case names), or None until the head has arrived."""
-        end = self._buffer.find(b"\r\n\r\n")
-        head = self._buffer if end < 0 else self._buffer[:end]
-        crlf = head.count(b"\r\n")
-        if head.count(b"\n") != crlf or head.count(b"\r") != crlf + head.endswith(b"\r"):
-            raise HandOff  # a bare LF or CR: h11 has rules of its own for those
+        buffer = self._head
+        start = self._scanned - 3 if self._scanned >= 3 else 0  # the end may straddle two reads
+        end = buffer.find(b"\r\n\r\n", start)
+        limit = end + 4 if end >= 0 else len(buffer)
+        # A bare LF or CR in the head: h11 has rules of its own for those. Only the new
+        # bytes are counted (from the CR before them, if any).
+        first = self._scanned - 1 if self._scanned and buffer[self._scanned - 1] == 13 else self._scanned
+        region = buffer[first:limit]
+        crlf = region.count(b"\r\n")
+        tail_cr = end < 0 and region.endswith(b"\r")  # may be the CR of a CRLF still coming
+        if region.count(b"\n") != crlf or region.count(b"\r") - tail_cr != crlf:
+            raise HandOff
+        self._scanned = limit - 1 if tail_cr else limit
         if end < 0:
-            if len(self._buffer) > self._max_head_bytes:
+            if len(buffer) > self._max_head_bytes:
                 raise HandOff
             return None
         if end + 4 > self._max_head_bytes:
             raise HandOff
-        lines = head.split(b"\r\n")
+        lines = bytes(buffer[:end]).split(b"\r\n")
         status = _STATUS_LINE.fullmatch(lines[0])
         if status is None:
             raise HandOff
@@ -146,8 +160,8 @@ class Answer:
             self._remaining = int(lengths[0])
         else:
             raise HandOff  # no framing (read until close), several lengths, odd values
-        self._buffer = self._buffer[end + 4 :]
-        self._head_done = True
+        self._buffer = bytes(buffer[end + 4 :])
+        self._head = None
         return code, headers
 
     def body(self) -> bytes | None:
@@ -161,64 +175,63 @@ class Answer:
             self._buffer = self._buffer[len(data) :]
             self._remaining -= len(data)
             return data
-        out = []
+        buffer, pos, out = self._buffer, 0, []
         while True:
             if self._state == "data":
-                data = self._buffer[: self._chunk_left]
+                data = buffer[pos : pos + self._chunk_left]
                 if data:
                     out.append(data)
-                    self._buffer = self._buffer[len(data) :]
+                    pos += len(data)
                     self._chunk_left -= len(data)
                 if self._chunk_left:
                     break
                 self._state = "crlf"
             if self._state == "crlf":
-                if len(self._buffer) < 2:
-                    if self._buffer and self._buffer != b"\r":
-                        raise Malformed("malformed chunk footer")
-                    break
-                if self._buffer[:2] != b"\r\n":
+                footer = buffer[pos : pos + 2]
+                if footer != b"\r\n"[: len(footer)]:
                     raise Malformed("malformed chunk footer")
-                self._buffer = self._buffer[2:]
+                if len(footer) < 2:
+                    break
+                pos += 2
                 self._state = "size"
             if self._state == "size":
-                line_end = self._buffer.find(b"\r\n")
+                line_end = buffer.find(b"\r\n", pos)
                 if line_end < 0:
+                    if len(buffer) - pos > self._max_head_bytes:  # h11's bound on a line
+                        raise Malformed("a chunk-size line over the limit")
                     break
-                match = _CHUNK_HEADER.fullmatch(self._buffer[:line_end])
+                match = _CHUNK_HEADER.fullmatch(buffer, pos, line_end)
                 if match is None:
                     raise Malformed("illegal chunk header")
-                self._buffer = self._buffer[line_end + 2 :]
+                pos = line_end + 2
                 size = int(match.group(1), 16)
                 if size:
                     self._chunk_left, self._state = size, "data"
                     continue
                 self._state = "trailer"
             if self._state == "trailer":
-                if len(self._buffer) < 2:
+                if len(buffer) - pos < 2:
                     break
-                if self._buffer[:2] != b"\r\n":
+                if buffer[pos : pos + 2] != b"\r\n":
                     self._state = "fields"
                     self._trailer = _TrailerReader()
-                    self._trailer.feed(self._buffer)
-                    self._buffer = b""
+                    self._trailer.feed(buffer[pos:])
+                    pos = len(buffer)
                     continue
-                data = b"".join(out)
-                if data:  # the end is returned by the next call
-                    self._buffer = self._buffer[2:]
-                    self._state = "end"
-                    return data
-                return self._finish(self._buffer[2:])
+                pos += 2
+                self._state = "end"
             if self._state == "fields":
                 rest = self._trailer.end()
                 if rest is None:
                     break
-                if out:
-                    self._buffer, self._state = rest, "end"
-                    return b"".join(out)
-                return self._finish(rest)
+                buffer, pos = rest, 0
+                self._state = "end"
             if self._state == "end":
-                return self._finish(self._buffer) if not out else b"".join(out)
+                if out:  # the end is returned by the next call
+                    self._buffer = buffer[pos:]
+                    return b"".join(out)
+                return self._finish(buffer[pos:])
+        self._buffer = buffer[pos:]
         return b"".join(out)
 
     def _finish(self, rest: bytes) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import time
 
 from msgspec import Struct
@@ -22,6 +23,9 @@ from tinygw.keys import KeyRing
 from tinygw.metrics import Metrics
 from tinygw.pool import Pool, Timeouts, tls_context
 from tinygw.strategy import Strategies
+
+
+_FIRST_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+-----END CERTIFICATE-----")
 
 
 class Upstream(Struct, frozen=True):
@@ -66,8 +70,11 @@ class Gateway:
         self.tls_certificate: str | None = None
         self.tls_spki_sha256: str | None = None
         if settings.served_cert and settings.served_spki_sha256:
-            with open(settings.served_cert, encoding="ascii") as f:
-                self.tls_certificate, self.tls_spki_sha256 = f.read(), settings.served_spki_sha256
+            with open(settings.served_cert, "rb") as f:
+                pem = _FIRST_CERTIFICATE.search(f.read())  # a file may carry text around it
+            if pem is None:
+                raise ValueError("the served certificate file holds no PEM certificate")
+            self.tls_certificate, self.tls_spki_sha256 = pem.group().decode("ascii") + "\n", settings.served_spki_sha256
         self.strategies = Strategies(settings)
         # provider -> upstream model ids of its last successful listing; absent while
         # its listing has not succeeded (tinygw.discovery keeps it up to date)

@@ -149,4 +149,6 @@ async def open_stream(host: str, port: int, ssl_context: ssl.SSLContext | None, 
         raise errors.ConnectTimeout("no connection within connect_timeout_s") from None
     except (OSError, ssl.SSLError) as e:  # the message reaches clients: no address in it
         raise errors.ConnectError(f"connect: {describe(e)}") from None
+    except UnicodeError:  # a host name the resolver cannot encode (IDNA)
+        raise errors.ConnectError("connect: the host name cannot be resolved") from None
     return stream

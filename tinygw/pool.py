@@ -147,36 +147,42 @@ class Decoder:
 
     The gateway asks for `accept-encoding: identity`; a provider that compresses anyway
     is decoded rather than relayed as mislabeled bytes (SPEC section 10). Any other
-    coding cannot be read: the answer is a protocol error (502)."""
+    coding cannot be read: the answer is a protocol error (502). `deflate` is zlib-
+    wrapped as RFC 9110 says, or raw as some servers send it: told apart by the zlib
+    header's two bytes, as browsers do."""
 
-    __slots__ = ("_z", "_deflate", "_started")
+    __slots__ = ("_z", "_deflate", "_pending", "_started")
 
     def __init__(self, coding: bytes) -> None:
         self._deflate = coding == b"deflate"
-        # gzip: its header; deflate: zlib-wrapped as RFC 9110 says, raw as some send
-        self._z = zlib.decompressobj(15 if self._deflate else 31)
+        self._z = None if self._deflate else zlib.decompressobj(31)  # gzip: chosen at once
+        self._pending = b""  # deflate: the first bytes, until two tell zlib from raw
         self._started = False
 
     def feed(self, data: bytes) -> bytes:
-        try:
-            out = self._z.decompress(data, DECODED_PIECE_BYTES)
-        except zlib.error:
-            if not (self._deflate and not self._started):
-                raise errors.RemoteProtocolError("the answer's compressed body is corrupt") from None
-            self._z = zlib.decompressobj(-15)  # raw deflate after all
-            return self.feed(data)
+        if self._z is None:
+            self._pending += data
+            if len(self._pending) < 2:
+                return b""
+            cmf, flg = self._pending[0], self._pending[1]
+            zlib_wrapped = cmf & 0x0F == 8 and (cmf << 8 | flg) % 31 == 0
+            self._z = zlib.decompressobj(15 if zlib_wrapped else -15)
+            data, self._pending = self._pending, b""
         self._started = True
-        return out
+        try:
+            return self._z.decompress(data, DECODED_PIECE_BYTES)
+        except zlib.error:
+            raise errors.RemoteProtocolError("the answer's compressed body is corrupt") from None
 
     def pending(self) -> bytes:
         """More of what was fed, while a piece was cut at DECODED_PIECE_BYTES."""
-        tail = self._z.unconsumed_tail
+        tail = self._z.unconsumed_tail if self._z is not None else b""
         return self.feed(tail) if tail else b""
 
     def finish(self) -> None:
-        if not self._started:  # an empty body: nothing was encoded
+        if not self._started and not self._pending:  # an empty body: nothing was encoded
             return
-        if not self._z.eof or self._z.unused_data:
+        if self._z is None or not self._z.eof or self._z.unused_data:
             raise errors.RemoteProtocolError("the answer's compressed body is cut short or has trailing bytes")
 
 

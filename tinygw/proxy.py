@@ -235,7 +235,12 @@ async def _attempt(
     if verdict.outcome is Outcome.SUCCESS:
         result.current = f"{target.provider}:{response.status}"
         attempt.committed = True
-        if not await _send_answer(send, answer):
+        try:
+            sent = await _send_answer(send, answer)
+        except BaseException:  # the client left (or send failed) while a large answer was relayed
+            await answer.discard()
+            raise
+        if not sent:
             result.cut = True
             attempt.verdict = Verdict(Outcome.FAILURE, may_fall_back=False)
             attempt.label = f"{response.status}+cut"
