@@ -55,7 +55,7 @@ if [ -e "$ROOT/.git" ]; then
 else
     (cd "$ROOT" && find tinygw build requirements -type f ! -path '*/__pycache__/*' ! -name '*.pyc' \
         ! -path 'build/dist/*' ! -path 'build/work/*' -print0)
-fi | (cd "$ROOT" && xargs -0 sh -c 'for f; do [ -f "$f" ] && printf "%s\0" "$f"; done' sh) |
+fi | (cd "$ROOT" && xargs -0 sh -c 'for f; do if [ -f "$f" ]; then printf "%s\0" "$f"; fi; done' sh) |
     (cd "$ROOT" && tar --null --no-recursion -T - -cf -) | tar -x -C "$BR/build/src" -f -
 # Network plumbing for pip's downloads only: name resolution and the CAs the host trusts.
 cp /etc/resolv.conf "$BR/etc/resolv.conf" 2>/dev/null || true
