@@ -12,7 +12,7 @@ import asyncio
 import logging
 import os
 import sys
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote
 
 import msgspec
 
@@ -82,13 +82,17 @@ async def handle(gateway: Gateway, scope, receive, send) -> None:
             await _error(send, 405, f"{path} takes POST", "invalid_request_error", "method_not_allowed")
             return
         await _proxy(gateway, route, scope, receive, send)
-    elif path in _PAGES:
+    elif path in _PAGES or path.startswith(MODEL_PREFIX):
         if method not in ("GET", "HEAD"):
             await _error(send, 405, f"{path} takes GET", "invalid_request_error", "method_not_allowed")
             return
-        await _PAGES[path](gateway, scope, send)
+        if path in _PAGES:
+            await _PAGES[path](gateway, scope, send)
+        else:
+            await _model(gateway, scope, send, path[len(MODEL_PREFIX):])
     else:
-        await _error(send, 404, f"no route {path}", "invalid_request_error", "not_found")
+        await _error(send, 404, f"no route {path}; the routes are: {ROUTE_LIST}", "invalid_request_error",
+                     "not_found")
 
 
 async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
@@ -297,14 +301,11 @@ async def _healthz(gateway: Gateway, scope, send) -> None:
     await _send_json(send, {"status": "ok"})
 
 
-async def _models(gateway: Gateway, scope, send) -> None:
+def _model_entries(gateway: Gateway) -> list[dict]:
     """SPEC section 6: every model alias, then `provider/upstream_model` for each model
     of each provider whose last listing succeeded, each with its `availability`: true
     if any of its targets' circuits admits an attempt now, else `retry_after`, whole
     seconds until the soonest probe."""
-    if not gateway.auth.allows(scope["headers"]):
-        await _error(send, 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key")
-        return
     # Circuits are looked up, not made: a circuit that no attempt has made yet is closed,
     # and reading this page must not add circuits (and metric series) for every listed model.
     circuits = {(c.provider, c.provider_model): c for c in gateway.breakers.all()}
@@ -329,7 +330,72 @@ async def _models(gateway: Gateway, scope, send) -> None:
                 "availability": {"available": available, "retry_after": retry_after},
             }
         )
-    await _send_json(send, {"object": "list", "data": data})
+    return data
+
+
+# The models' creation time is not known to the gateway: 0 in OpenAI's shape, the
+# same instant in Anthropic's.
+_EPOCH = "1970-01-01T00:00:00Z"
+# Anthropic's page size: 20 unless the request's `limit` (1 to 1000) says otherwise.
+ANTHROPIC_PAGE = 20
+ANTHROPIC_MAX_PAGE = 1000
+
+
+def _anthropic_entry(entry: dict) -> dict:
+    """A model in the shape of Anthropic's Models API, with tinygw's `availability`."""
+    return {"type": "model", "id": entry["id"], "display_name": entry["id"], "created_at": _EPOCH,
+            "availability": entry["availability"]}
+
+
+def _anthropic_page(data: list[dict], query: bytes) -> dict | str:
+    """One page of the list as Anthropic's API pages it (`limit`, `after_id`,
+    `before_id`), or the reason the query is refused. An id not in the list gives an
+    empty page."""
+    params = {k: v[-1] for k, v in parse_qs(query.decode("latin-1")).items()}
+    limit = params.get("limit", str(ANTHROPIC_PAGE))
+    if not limit.isdigit() or not 1 <= int(limit) <= ANTHROPIC_MAX_PAGE:
+        return f"limit must be an integer from 1 to {ANTHROPIC_MAX_PAGE}"
+    limit = int(limit)
+    ids = [e["id"] for e in data]
+    if "before_id" in params:
+        end = ids.index(params["before_id"]) if params["before_id"] in ids else 0
+        page, has_more = data[max(0, end - limit) : end], end - limit > 0
+    else:
+        after = params.get("after_id")
+        start = 0 if after is None else ids.index(after) + 1 if after in ids else len(ids)
+        page, has_more = data[start : start + limit], start + limit < len(ids)
+    return {"data": page, "has_more": has_more, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None}
+
+
+async def _models(gateway: Gateway, scope, send) -> None:
+    """GET /v1/models: OpenAI's list, or Anthropic's pages when the request carries
+    `anthropic-version` (as Anthropic's SDKs send it)."""
+    if not gateway.auth.allows(scope["headers"]):
+        await _error(send, 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key")
+        return
+    data = _model_entries(gateway)
+    if header(scope["headers"], b"anthropic-version") is None:
+        await _send_json(send, {"object": "list", "data": data})
+        return
+    page = _anthropic_page([_anthropic_entry(e) for e in data], scope.get("query_string", b""))
+    if isinstance(page, str):
+        await _error(send, 400, page, "invalid_request_error", "invalid_query")
+        return
+    await _send_json(send, page)
+
+
+async def _model(gateway: Gateway, scope, send, model_id: str) -> None:
+    """GET /v1/models/{id}: one entry of the list (the id may hold '/'), or 404."""
+    if not gateway.auth.allows(scope["headers"]):
+        await _error(send, 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key")
+        return
+    for entry in _model_entries(gateway):
+        if entry["id"] == model_id:
+            anthropic = header(scope["headers"], b"anthropic-version") is not None
+            await _send_json(send, _anthropic_entry(entry) if anthropic else entry)
+            return
+    await _error(send, 404, f"the model {model_id!r} does not exist", "invalid_request_error", "model_not_found")
 
 
 async def _metrics(gateway: Gateway, scope, send) -> None:
@@ -345,3 +411,7 @@ async def _metrics(gateway: Gateway, scope, send) -> None:
 
 _PAGES = {"/healthz": _healthz, "/v1/models": _models, "/metrics": _metrics, "/status": status_page, "/status.json": status_json,
           "/attestation": attestation_page}
+MODEL_PREFIX = "/v1/models/"
+# Named in the 404 for an unknown path, so that a client learns what there is.
+ROUTE_LIST = ", ".join([*(f"POST {p}" for p in ROUTES), "GET /v1/models", f"GET {MODEL_PREFIX}{{id}}",
+                        *(f"GET {p}" for p in _PAGES if p != "/v1/models")])

@@ -91,9 +91,48 @@ def anthropic_stream_events(model: str, words: list[str]) -> list[bytes]:
     return events
 
 
+def _responses_object(model: str, words: list[str], status: str = "completed") -> dict:
+    """A Responses API `response` object: finished with `words` as its text, or empty."""
+    done = status == "completed"
+    message = {"type": "message", "id": "msg_fake", "status": "completed", "role": "assistant",
+               "content": [{"type": "output_text", "text": "".join(words), "annotations": []}]}
+    usage = {"input_tokens": 3, "output_tokens": len(words), "total_tokens": 3 + len(words),
+             "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+    return {"id": "resp_fake", "object": "response", "created_at": 0, "status": status, "model": model,
+            "output": [message] if done else [], "usage": usage if done else None,
+            "error": None, "incomplete_details": None, "instructions": None, "metadata": {},
+            "parallel_tool_calls": True, "temperature": 1.0, "tool_choice": "auto", "tools": [], "top_p": 1.0}
+
+
+def responses_stream_events(model: str, words: list[str]) -> list[bytes]:
+    """The OpenAI Responses API's events for a text answer of `words`."""
+    events = []
+
+    def event(kind: str, data: dict) -> None:
+        value = {"type": kind, "sequence_number": len(events), **data}
+        events.append(f"event: {kind}\ndata: {json.dumps(value)}\n\n".encode())
+
+    part = {"item_id": "msg_fake", "output_index": 0, "content_index": 0}
+    text = "".join(words)
+    message = {"type": "message", "id": "msg_fake", "status": "in_progress", "role": "assistant", "content": []}
+    event("response.created", {"response": _responses_object(model, words, "in_progress")})
+    event("response.in_progress", {"response": _responses_object(model, words, "in_progress")})
+    event("response.output_item.added", {"output_index": 0, "item": message})
+    event("response.content_part.added", {**part, "part": {"type": "output_text", "text": "", "annotations": []}})
+    for w in words:
+        event("response.output_text.delta", {**part, "delta": w, "logprobs": []})
+    event("response.output_text.done", {**part, "text": text, "logprobs": []})
+    event("response.content_part.done", {**part, "part": {"type": "output_text", "text": text, "annotations": []}})
+    done = _responses_object(model, words)
+    event("response.output_item.done", {"output_index": 0, "item": done["output"][0]})
+    event("response.completed", {"response": done})
+    return events
+
+
 def well_behaved(name: str = "fake", words: list[str] | None = None, delay_seconds: float = 0.0) -> Callable:
     """A script that answers like a healthy provider: chat, completions, embeddings,
-    messages and model listings; streams when asked, `delay_seconds` between events."""
+    responses, messages, count_tokens and model listings; streams when asked,
+    `delay_seconds` between events."""
     words = words or ["Hello", " from", f" {name}", "."]
 
     def script(request: FakeRequest) -> Reply:
@@ -101,6 +140,13 @@ def well_behaved(name: str = "fake", words: list[str] | None = None, delay_secon
             return json_reply(200, {"object": "list", "data": [{"id": f"{name}-model", "object": "model"}]})
         body = request.json() or {}
         model = body.get("model", "unknown")
+        path = request.path.partition("?")[0]
+        if path.endswith("/messages/count_tokens"):
+            return json_reply(200, {"input_tokens": len(json.dumps(body.get("messages", [])).split())})
+        if path.endswith("/responses"):
+            if body.get("stream"):
+                return sse_reply(responses_stream_events(model, words), delay_seconds)
+            return json_reply(200, _responses_object(model, words))
         if request.path.endswith("/messages"):
             if body.get("stream"):
                 return sse_reply(anthropic_stream_events(model, words), delay_seconds)

@@ -3,7 +3,7 @@
 A model is a configured alias (its targets, in the alias's order) or a
 provider-qualified `provider/upstream_model` (that provider alone). A target is
 usable only on a route of its provider's API: OpenAI routes go to `api: openai`
-providers, `/v1/messages` to `api: anthropic` ones.
+providers, `/v1/messages` and `/v1/messages/count_tokens` to `api: anthropic` ones.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ ROUTES = {
         Route("/v1/chat/completions", "openai", "/chat/completions"),
         Route("/v1/completions", "openai", "/completions"),
         Route("/v1/embeddings", "openai", "/embeddings"),
+        Route("/v1/responses", "openai", "/responses"),
         Route("/v1/messages", "anthropic", "/v1/messages"),
+        Route("/v1/messages/count_tokens", "anthropic", "/v1/messages/count_tokens"),
     )
 }
 

@@ -20,7 +20,12 @@ _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 _decode = msgspec.json.Decoder()
 
 _ANTHROPIC_PREAMBLE = {"message_start", "ping", "content_block_start", "content_block_stop"}
-_RESPONSES_PREAMBLE = {"response.created", "response.in_progress", "response.queued"}
+# The Responses API: a message item and its content part are announced empty before
+# their text (`response.output_text.delta`) comes; any other item (a function call, a
+# reasoning or tool item) is the model's output. `response.incomplete` ends an answer
+# cut short by its own limit (max_output_tokens), as a finish reason "length" does.
+_RESPONSES_PREAMBLE = {"response.created", "response.in_progress", "response.queued", "response.content_part.added"}
+_RESPONSES_END = {"response.completed", "response.incomplete"}
 _OUTPUT_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls", "function_call", "refusal")
 
 
@@ -28,7 +33,7 @@ _OUTPUT_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls", "fu
 # output, only events that carry one of them are classified (SPEC section 4). Inside a
 # JSON string a quote is escaped, so `"error"` and `"finish_reason": "` are structure.
 _MAY_END_OR_FAIL = re.compile(
-    rb'\[DONE\]|"(?:finish|stop)_reason"\s*:\s*"|message_stop|response\.(?:completed|failed|error)|"error"'
+    rb'\[DONE\]|"(?:finish|stop)_reason"\s*:\s*"|message_stop|response\.(?:completed|incomplete|failed|error)|"error"'
     rb"|event:\s*error"
 )
 
@@ -68,7 +73,7 @@ def _fields(event: bytes) -> tuple[bytes, bytes]:
 
 def kind(event: bytes) -> tuple[Kind, bool]:
     """What `event` carries, and whether it marks the end of the answer (a finish
-    reason, `[DONE]`, `message_stop`, `response.completed`)."""
+    reason, `[DONE]`, `message_stop`, `response.completed`, `response.incomplete`)."""
     name, data = _fields(event)
     if name == b"error":
         return Kind.ERROR, False
@@ -90,8 +95,11 @@ def kind(event: bytes) -> tuple[Kind, bool]:
             return Kind.ERROR, False
         if kind_name in _ANTHROPIC_PREAMBLE or kind_name in _RESPONSES_PREAMBLE:
             return Kind.PREAMBLE, False
-        if kind_name == "message_stop" or kind_name == "response.completed":
+        if kind_name == "message_stop" or kind_name in _RESPONSES_END:
             return Kind.OUTPUT, True
+        if kind_name == "response.output_item.added":
+            item = value.get("item")
+            return (Kind.PREAMBLE if isinstance(item, dict) and item.get("type") == "message" else Kind.OUTPUT), False
         if kind_name == "message_delta":
             delta = value.get("delta")
             return Kind.OUTPUT, isinstance(delta, dict) and delta.get("stop_reason") is not None
