@@ -367,7 +367,8 @@ def test_corpus_bodies_read_and_rewritten(path):
 TOKEN = st.from_regex(r"[!#$%&'*+.^_`|~0-9a-z-]{1,16}", fullmatch=True)
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
               "trailer", "transfer-encoding", "upgrade"}
-NOT_FORWARDED = HOP_BY_HOP | {"authorization", "x-api-key", "host", "content-length", "expect", "accept-encoding"}
+NOT_FORWARDED = HOP_BY_HOP | {"authorization", "x-api-key", "host", "content-length", "expect", "accept-encoding",
+                              "x-request-id"}  # the gateway sends its own request id
 REQUEST_NAMES = sorted(NOT_FORWARDED | {"content-type", "anthropic-version", "anthropic-beta", "openai-organization",
                                         "x-request-id", "cookie", "x-forwarded-for", "user-agent", "x-tinygw-debug"})
 header_values = st.binary(max_size=40).map(lambda v: bytes(c for c in v if c == 9 or 32 <= c <= 126 or c >= 128)
@@ -425,7 +426,8 @@ def test_relay_headers_only_relay_the_fixed_set(headers):
     # SPEC: answers are relayed with a fixed set of headers (content-type, request ids,
     # rate-limit and retry headers, openai-*, anthropic-*), never the provider's cookies,
     # HSTS, CORS, redirect targets or x-tinygw-*.
-    out = wire.relay_headers(headers)
+    # The provider's x-request-id goes on as x-upstream-request-id (the gateway's is its own).
+    out = [(b"x-request-id" if k == wire.UPSTREAM_REQUEST_ID else k, v) for k, v in wire.relay_headers(headers)]
     assert all(h in headers for h in out)
     for name, _ in out:
         assert name in RELAYED or name.startswith(RELAYED_PREFIXES), name

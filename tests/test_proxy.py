@@ -199,7 +199,7 @@ def test_provider_error_is_passed_through(gateway, fake):
     status, headers, body = call("POST", f"{gateway.url}/v1/chat/completions", {"model": "gpt-x"}, headers=auth())
     assert status == 400
     assert json.loads(body)["error"]["message"] == "bad temperature"
-    assert headers.get("x-request-id") == "abc"
+    assert headers.get("x-upstream-request-id") == "abc"
 
 
 # ---- the gateway's own errors ------------------------------------------------------------

@@ -52,4 +52,4 @@ def test_forward_headers_drop_credentials_and_hop_by_hop():
 def test_relay_headers_drop_framing():
     headers = [(b"content-type", b"text/event-stream"), (b"transfer-encoding", b"chunked"),
                (b"content-length", b"5"), (b"connection", b"keep-alive"), (b"x-request-id", b"r")]
-    assert relay_headers(headers) == [(b"content-type", b"text/event-stream"), (b"x-request-id", b"r")]
+    assert relay_headers(headers) == [(b"content-type", b"text/event-stream"), (b"x-upstream-request-id", b"r")]

@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, quote
 
 import msgspec
 
-from tinygw import config, discovery, logs, proxy
+from tinygw import config, discovery, logs, proxy, wire
 from tinygw.attestation import attestation_page
 from tinygw.errors import ConfigError
 from tinygw.gateway import Gateway
@@ -76,12 +76,15 @@ async def lifespan(scope, receive, send) -> None:
 async def handle(gateway: Gateway, scope, receive, send) -> None:
     path = scope["path"]
     method = scope["method"]
+    request_id = wire.request_id(scope["headers"])
     route = ROUTES.get(path)
+    if route is not None and method == "POST":  # the hot path: its answers get the id in _proxy
+        await _proxy(gateway, route, scope, receive, send, request_id)
+        return
+    send = _with_request_id(send, request_id)
     if route is not None:
         if method != "POST":
             await _error(send, 405, f"{path} takes POST", "invalid_request_error", "method_not_allowed")
-            return
-        await _proxy(gateway, route, scope, receive, send)
     elif path in _PAGES or path.startswith(MODEL_PREFIX):
         if method not in ("GET", "HEAD"):
             await _error(send, 405, f"{path} takes GET", "invalid_request_error", "method_not_allowed")
@@ -95,7 +98,19 @@ async def handle(gateway: Gateway, scope, receive, send) -> None:
                      "not_found")
 
 
-async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
+def _with_request_id(send, request_id: bytes):
+    """`send`, with `x-request-id` added to the answer's head (pages and refusals; a
+    proxied request's answer gets it in _proxy's own wrapper)."""
+    async def send_with_id(message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message["headers"], (b"x-request-id", request_id)]
+        await send(message)
+
+    return send_with_id
+
+
+async def _proxy(gateway: Gateway, route, scope, receive, send, request_id: bytes = b"") -> None:
+    request_id = request_id or wire.new_request_id()
     loop = gateway.loop or asyncio.get_running_loop()
     started = loop.time()
     headers = scope["headers"]
@@ -103,18 +118,22 @@ async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
     status = 500
     result = proxy.Result(status=0)
     response_started = False
+    forwarding = False  # debug headers describe attempts: only once there may be some
+    id_header = (b"x-request-id", request_id)
 
     async def send_tracked(message) -> None:
         nonlocal response_started
         if message["type"] == "http.response.start":
             response_started = True
-            if gateway.settings.routing.debug:
-                message["headers"] = [*message["headers"], *_debug_headers(gateway, result)]
+            if forwarding and gateway.settings.routing.debug:
+                message["headers"] = [*message["headers"], id_header, *_debug_headers(gateway, result)]
+            else:
+                message["headers"] = [*message["headers"], id_header]
         await send(message)
 
     try:
         if not gateway.auth.allows(headers):
-            status = await _error(send, 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key")
+            status = await _error(send_tracked, 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key")
             return
         try:
             body = await _read_body(receive, headers, gateway.settings.max_body_bytes,
@@ -123,26 +142,26 @@ async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
             # Granian reports a malformed chunked body the same way as a client that
             # left: answer 400 (a client that really left will not read it), and count
             # it as a client that left, which is what it most often is.
-            await _error(send, 400, "the request body is incomplete or its chunked framing is malformed",
+            await _error(send_tracked, 400, "the request body is incomplete or its chunked framing is malformed",
                          "invalid_request_error", "invalid_body")
             status = CLIENT_CLOSED
             return
         except TimeoutError:
             limit = gateway.settings.client_timeout_seconds
-            status = await _error(send, 408, f"no byte of the request body for {limit:g} s",
+            status = await _error(send_tracked, 408, f"no byte of the request body for {limit:g} s",
                                   "invalid_request_error", "request_timeout")
             return
         if body is None:
             limit = gateway.settings.max_body_bytes
             status = await _error(
-                send, 413, f"request body over {limit} bytes", "invalid_request_error", "request_too_large"
+                send_tracked, 413, f"request body over {limit} bytes", "invalid_request_error", "request_too_large"
             )
             return
         head = read_head(body)
         resolution = resolve(gateway.settings, route, head.model)
         if resolution is None:
             message = f"the model {head.model!r} does not exist on {route.path}"
-            status = await _error(send, 404, message, "invalid_request_error", "model_not_found")
+            status = await _error(send_tracked, 404, message, "invalid_request_error", "model_not_found")
             return
         model = resolution.model
         inbound = proxy.Inbound(
@@ -152,12 +171,14 @@ async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
             body=body,
             headers=headers,
             query=scope.get("query_string", b""),
+            request_id=request_id,
         )
         # The client leaving cancels this task, and with it the attempt: its upstream
         # connection is closed at once.
         task = asyncio.current_task(loop)
         client_left: list[bool] = []
         watcher = loop.create_task(_cancel_when_client_leaves(receive, task, client_left))
+        forwarding = True
         try:
             await proxy.forward(gateway, inbound, resolution, send_tracked, result)
             status = result.status
@@ -169,13 +190,13 @@ async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
         finally:
             watcher.cancel()
     except BadBody as e:
-        status = await _error(send, 400, str(e), "invalid_request_error", "invalid_body")
+        status = await _error(send_tracked, 400, str(e), "invalid_request_error", "invalid_body")
     except ClientLeft:
         status = CLIENT_CLOSED
     except Exception:
         logs.log_exception("request failed inside the gateway", route=route.path)
         if not response_started:  # else the client sees its response end early
-            status = await _error(send, 500, "internal gateway error", "internal_error", "internal_error")
+            status = await _error(send_tracked, 500, "internal gateway error", "internal_error", "internal_error")
     finally:
         gateway.metrics.count_request(route.path, model, status, loop.time() - started)
         logs.access(
@@ -183,6 +204,7 @@ async def _proxy(gateway: Gateway, route, scope, receive, send) -> None:
             model=model,
             status=status,
             worker=gateway.pid,
+            request_id=request_id.decode(),
             target=str(result.target) if result.target else None,
             attempts=",".join(result.attempts),
             cut=result.cut,

@@ -49,7 +49,7 @@ _LOG_LEVELS = ("debug", "info", "warning", "error")
 # Headers a provider's static `headers` may not set: credentials, framing, hop-by-hop.
 _GATEWAY_HEADERS = frozenset(
     "authorization x-api-key host content-length transfer-encoding connection keep-alive te trailer upgrade"
-    " proxy-authorization proxy-connection accept-encoding expect".split()
+    " proxy-authorization proxy-connection accept-encoding expect x-request-id".split()
 )
 _HEADER_SAFE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")  # a header value, trimmed
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an HTTP header name (RFC 9110)

@@ -55,6 +55,7 @@ class Inbound(Struct, frozen=True):
     body: bytes
     headers: list[tuple[bytes, bytes]]
     query: bytes
+    request_id: bytes = b""  # sent upstream as x-request-id
 
 
 class Result(Struct):
@@ -99,6 +100,8 @@ def _upstream_request(upstream: Upstream, inbound: Inbound, target: Target, key_
     if inbound.query:
         path += b"?" + inbound.query
     headers = forward_headers(inbound.headers) + upstream.static_headers + upstream.auth_headers[key_index]
+    if inbound.request_id:
+        headers.append((b"x-request-id", inbound.request_id))
     body = rewrite_model(inbound.body, inbound.model, target.upstream_model)
     return path, headers, body
 

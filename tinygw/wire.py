@@ -7,6 +7,7 @@ replacing its bytes in place when that is unambiguous, and by re-encoding otherw
 
 from __future__ import annotations
 
+import os
 import re
 
 import msgspec
@@ -93,13 +94,18 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
-_NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length", b"authorization", b"x-api-key", b"accept-encoding", b"expect"}
+# x-request-id: the gateway sends its own (the client's when sane, see request_id).
+_NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length", b"authorization", b"x-api-key", b"accept-encoding", b"expect",
+                               b"x-request-id"}
 # A provider's answer reaches the client with these headers only (SPEC section 10):
 # never its cookies, HSTS, CORS, a redirect's target, or headers that look like the
 # gateway's own (x-tinygw-*). Framing headers are the gateway's to set.
 _RELAYED = frozenset({b"content-type", b"x-request-id", b"request-id", b"retry-after", b"retry-after-ms",
                       b"x-should-retry"})
 _RELAYED_PREFIXES = (b"x-ratelimit-", b"ratelimit", b"openai-", b"anthropic-")
+# The answer's `x-request-id` is the gateway's; the provider's own goes on under this name.
+UPSTREAM_REQUEST_ID = b"x-upstream-request-id"
+_RENAMED = {b"x-request-id": UPSTREAM_REQUEST_ID}
 
 
 def _named_by_connection(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
@@ -115,7 +121,25 @@ def forward_headers(client_headers: list[tuple[bytes, bytes]]) -> list[tuple[byt
 
 def relay_headers(upstream_headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """The provider's headers that go back to the client: a fixed set."""
-    return [(k, v) for k, v in upstream_headers if k in _RELAYED or k.startswith(_RELAYED_PREFIXES)]
+    return [(_RENAMED.get(k, k), v) for k, v in upstream_headers if k in _RELAYED or k.startswith(_RELAYED_PREFIXES)]
+
+
+# A client's own request id is kept when it is a plain token of at most 128 bytes;
+# anything else (spaces, quotes, control bytes, a log-injection attempt) is replaced.
+_SANE_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+
+
+def new_request_id() -> bytes:
+    return os.urandom(8).hex().encode()
+
+
+def request_id(client_headers: list[tuple[bytes, bytes]]) -> bytes:
+    """The id of a request: the client's `x-request-id` if it is sane, else a new
+    random one. It goes back in the answer, on the access-log line and upstream."""
+    given = header(client_headers, b"x-request-id")
+    if given is not None and _SANE_REQUEST_ID.fullmatch(given):
+        return given
+    return new_request_id()
 
 
 def header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
