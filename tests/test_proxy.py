@@ -108,7 +108,7 @@ def test_openai_sdk_stream(gateway, fake):
 def test_openai_sdk_completions_and_embeddings(gateway, fake):
     client = openai_client(gateway)
     assert client.completions.create(model="gpt-x", prompt="hi").choices[0].text == "Hello from fake."
-    assert client.embeddings.create(model="gpt-x", input="hi").data[0].embedding == [0.1, 0.2, 0.3]
+    assert client.embeddings.create(model="gpt-x", input="hi").data[0].embedding == [0.5, 0.25, -0.125]
     assert [r.path for r in fake.requests] == ["/v1/completions", "/v1/embeddings"]
 
 

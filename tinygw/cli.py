@@ -1,4 +1,8 @@
-"""The command line: `tinygw serve | check | version | demo` (SPEC section 1)."""
+"""The command line: `tinygw serve | check | version | demo | fake` (SPEC section 1).
+
+`--help`/`-h` and `--version` work everywhere (`tinygw serve --help` prints the help
+and serves nothing); any other argument is a usage error, exit 2.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +12,41 @@ import sys
 
 from tinygw import __version__
 
-USAGE = """usage: tinygw COMMAND
+# command -> (arguments it takes, one line, more help)
+COMMANDS = {
+    "serve": ("", "serve the gateway (configuration from the environment)",
+              "Serves on Granian at TINYGW_HOST:TINYGW_PORT (127.0.0.1:8080) with TINYGW_WORKERS\n"
+              "workers; SIGTERM drains for up to TINYGW_DRAIN_SECONDS. Every variable is in\n"
+              "docs/configuration.md; a bad value exits 2 naming it."),
+    "check": ("", "validate the configuration, print it with secrets redacted, and its hash",
+              "Prints the effective configuration (keys as variable names only) and its\n"
+              "config_sha256; exit 0 when valid, 2 with the offending variable or JSON path."),
+    "version": ("", "print the version (and the sha256 of this executable when frozen)", ""),
+    "demo": ("", "run a scripted outage against built-in fake upstreams and narrate it",
+             "Starts two fake providers and a gateway, sends traffic through an outage and\n"
+             "prints what the gateway did; exit 0 when the scripted story happened."),
+    "fake": ("[PORT]", "run the built-in fake provider (OpenAI and Anthropic APIs) on 127.0.0.1",
+             "A well-behaved stand-in provider for trying tinygw without keys: chat, completions,\n"
+             "embeddings (base64 when encoding_format says so), responses, messages,\n"
+             "count_tokens and model listings, streamed when asked; it calls the first tool\n"
+             "when a request has tools. Prints its port (a free one without PORT), then\n"
+             "serves until interrupted. Point a provider at it:\n"
+             '  {"base_url": "http://127.0.0.1:PORT/v1", "api": "openai"}\n'
+             '  {"base_url": "http://127.0.0.1:PORT", "api": "anthropic"}'),
+}
 
-  serve     serve the gateway (configuration from the environment)
-  check     validate the configuration, print it with secrets redacted, and its hash
-  version   print the version (and the sha256 of this executable when frozen)
-  demo      run a scripted outage against built-in fake upstreams and narrate it
-"""
+USAGE = "usage: tinygw COMMAND [--help] [--version]\n\n" + "".join(
+    f"  {name:<9} {summary}\n" for name, (_, summary, _) in COMMANDS.items()
+) + "\nRun `tinygw COMMAND --help` for a command's own help.\n"
+
+
+def command_help(name: str) -> str:
+    arguments, summary, more = COMMANDS[name]
+    return f"usage: tinygw {name}{' ' + arguments if arguments else ''}\n\n{summary}\n" + (f"\n{more}\n" if more else "")
+
 
 EXIT_CONFIG = 2
+EXIT_USAGE = 2  # as argparse and most Unix tools
 
 
 def artifact_sha256() -> str:
@@ -42,10 +72,38 @@ def _settings_or_exit():
         sys.exit(EXIT_CONFIG)
 
 
+def _usage_error(message: str, usage: str = USAGE) -> None:
+    print(f"tinygw: {message}\n{usage}", end="", file=sys.stderr)
+    sys.exit(EXIT_USAGE)
+
+
+def _version() -> None:
+    digest = artifact_sha256()
+    print(f"tinygw {__version__}" + (f" sha256:{digest}" if digest else ""))
+
+
 def main(argv: list[str] | None = None) -> None:
     multiprocessing.freeze_support()
     args = sys.argv[1:] if argv is None else argv
-    command = args[0] if args else ""
+    command, rest = (args[0], args[1:]) if args else ("", [])
+    if command in ("-h", "--help", "help"):
+        print(USAGE, end="")
+        return
+    if command == "--version":
+        _version()
+        return
+    if command not in COMMANDS:
+        _usage_error(f"unknown command {command!r}" if command else "no command given")
+    if "-h" in rest or "--help" in rest:
+        print(command_help(command), end="")
+        return
+    if "--version" in rest:
+        _version()
+        return
+    port_given = command == "fake" and rest and rest[0].isdigit() and int(rest[0]) <= 65535
+    extra = rest[1:] if port_given else rest
+    if extra:
+        _usage_error(f"unexpected argument {extra[0]!r}", command_help(command))
     if command == "serve":
         from tinygw import server
         from tinygw.errors import ConfigError
@@ -64,14 +122,12 @@ def main(argv: list[str] | None = None) -> None:
         print(msgspec.json.format(msgspec.json.encode(effective, order="sorted"), indent=2).decode())
         print(f"config_sha256: {settings.config_sha256()}")
     elif command == "version":
-        digest = artifact_sha256()
-        print(f"tinygw {__version__}" + (f" sha256:{digest}" if digest else ""))
+        _version()
     elif command == "demo":
         from tinygw import demo
 
-        sys.exit(demo.main(args[1:]))
-    elif command in ("-h", "--help", "help"):
-        print(USAGE, end="")
-    else:
-        print(USAGE, end="", file=sys.stderr)
-        sys.exit(EXIT_CONFIG if command else 1)
+        sys.exit(demo.main(rest))
+    elif command == "fake":
+        from tinygw import fake_upstream
+
+        fake_upstream.main(rest)

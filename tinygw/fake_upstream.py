@@ -10,7 +10,9 @@ cut a stream or answer 429 with Retry-After exactly when it wants.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import struct
 import threading
 from collections.abc import Callable
 
@@ -129,10 +131,76 @@ def responses_stream_events(model: str, words: list[str]) -> list[bytes]:
     return events
 
 
+# Exactly representable in float32, so that a vector sent as base64 decodes to these.
+EMBEDDING = [0.5, 0.25, -0.125]
+
+
+def _embedding(encoding_format: object) -> list[float] | str:
+    if encoding_format == "base64":  # little-endian float32, as OpenAI sends it
+        return base64.b64encode(struct.pack(f"<{len(EMBEDDING)}f", *EMBEDDING)).decode()
+    return EMBEDDING
+
+
+def _placeholder(schema: object) -> object:
+    """A value that fits a JSON schema's type: the fake's tool-call arguments."""
+    if not isinstance(schema, dict):
+        return "fake"
+    kind = schema.get("type")
+    if "enum" in schema and schema["enum"]:
+        return schema["enum"][0]
+    if kind == "object" or "properties" in schema:
+        properties = schema.get("properties") or {}
+        return {name: _placeholder(properties[name]) for name in schema.get("required") or properties}
+    return {"integer": 1, "number": 1, "boolean": True, "array": [], "null": None}.get(kind, "fake")
+
+
+def _tool_call(body: dict) -> tuple[str, str] | None:
+    """(name, JSON arguments) of a call to the request's first tool, or None when the
+    request has no tools or says `tool_choice: "none"`. OpenAI chat nests a tool under
+    `function`; the Responses API and Anthropic do not (Anthropic's schema is `input_schema`)."""
+    tools = body.get("tools")
+    if not tools or not isinstance(tools, list) or body.get("tool_choice") in ("none", {"type": "none"}):
+        return None
+    tool = tools[0] if isinstance(tools[0], dict) else {}
+    function = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+    schema = function.get("parameters", function.get("input_schema", {}))
+    return str(function.get("name", "tool")), json.dumps(_placeholder(schema))
+
+
+def _openai_tool_chunks(model: str, name: str, arguments: str) -> list[bytes]:
+    def chunk(delta: dict, finish: str | None = None) -> bytes:
+        value = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model,
+                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return b"data: " + json.dumps(value).encode() + b"\n\n"
+
+    call = {"index": 0, "id": "call_fake", "type": "function", "function": {"name": name, "arguments": ""}}
+    return [chunk({"role": "assistant", "content": None, "tool_calls": [call]}),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]}),
+            chunk({}, "tool_calls"), b"data: [DONE]\n\n"]
+
+
+def _anthropic_tool_events(model: str, name: str, arguments: str) -> list[bytes]:
+    def event(kind: str, data: dict) -> bytes:
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
+
+    message = {"id": "msg_fake", "type": "message", "role": "assistant", "model": model, "content": [],
+               "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 3, "output_tokens": 1}}
+    block = {"type": "tool_use", "id": "toolu_fake", "name": name, "input": {}}
+    return [event("message_start", {"message": message}),
+            event("content_block_start", {"index": 0, "content_block": block}),
+            event("content_block_delta", {"index": 0, "delta": {"type": "input_json_delta",
+                                                                "partial_json": arguments}}),
+            event("content_block_stop", {"index": 0}),
+            event("message_delta", {"delta": {"stop_reason": "tool_use", "stop_sequence": None},
+                                    "usage": {"output_tokens": 1}}),
+            event("message_stop", {})]
+
+
 def well_behaved(name: str = "fake", words: list[str] | None = None, delay_seconds: float = 0.0) -> Callable:
     """A script that answers like a healthy provider: chat, completions, embeddings,
     responses, messages, count_tokens and model listings; streams when asked,
-    `delay_seconds` between events."""
+    `delay_seconds` between events; calls the first tool when the request has `tools`
+    (chat, messages, responses); embeddings as base64 when `encoding_format` says so."""
     words = words or ["Hello", " from", f" {name}", "."]
 
     def script(request: FakeRequest) -> Reply:
@@ -143,11 +211,25 @@ def well_behaved(name: str = "fake", words: list[str] | None = None, delay_secon
         path = request.path.partition("?")[0]
         if path.endswith("/messages/count_tokens"):
             return json_reply(200, {"input_tokens": len(json.dumps(body.get("messages", [])).split())})
+        tool = _tool_call(body)
         if path.endswith("/responses"):
+            if tool is not None:
+                answer = _responses_object(model, words)
+                answer["output"] = [{"type": "function_call", "id": "fc_fake", "call_id": "call_fake",
+                                     "name": tool[0], "arguments": tool[1], "status": "completed"}]
+                return json_reply(200, answer)
             if body.get("stream"):
                 return sse_reply(responses_stream_events(model, words), delay_seconds)
             return json_reply(200, _responses_object(model, words))
         if request.path.endswith("/messages"):
+            if tool is not None:
+                if body.get("stream"):
+                    return sse_reply(_anthropic_tool_events(model, *tool), delay_seconds)
+                return json_reply(200, {"id": "msg_fake", "type": "message", "role": "assistant", "model": model,
+                                        "content": [{"type": "tool_use", "id": "toolu_fake", "name": tool[0],
+                                                     "input": json.loads(tool[1])}],
+                                        "stop_reason": "tool_use", "stop_sequence": None,
+                                        "usage": {"input_tokens": 3, "output_tokens": 1}})
             if body.get("stream"):
                 return sse_reply(anthropic_stream_events(model, words), delay_seconds)
             return json_reply(200, {"id": "msg_fake", "type": "message", "role": "assistant", "model": model,
@@ -156,7 +238,17 @@ def well_behaved(name: str = "fake", words: list[str] | None = None, delay_secon
                                     "usage": {"input_tokens": 3, "output_tokens": len(words)}})
         if request.path.endswith("/embeddings"):
             return json_reply(200, {"object": "list", "model": model, "usage": {"prompt_tokens": 1, "total_tokens": 1},
-                                    "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2, 0.3]}]})
+                                    "data": [{"object": "embedding", "index": 0,
+                                              "embedding": _embedding(body.get("encoding_format"))}]})
+        if tool is not None and path.endswith("/chat/completions"):
+            if body.get("stream"):
+                return sse_reply(_openai_tool_chunks(model, *tool), delay_seconds)
+            call = {"id": "call_fake", "type": "function", "function": {"name": tool[0], "arguments": tool[1]}}
+            return json_reply(200, {"id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "model": model,
+                                    "choices": [{"index": 0, "finish_reason": "tool_calls",
+                                                 "message": {"role": "assistant", "content": None,
+                                                             "tool_calls": [call]}}],
+                                    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
         if body.get("stream"):
             return sse_reply(openai_stream_events(model, words), delay_seconds)
         if request.path.endswith("/completions") and not request.path.endswith("/chat/completions"):
@@ -334,7 +426,9 @@ async def _write(reader, writer: asyncio.StreamWriter, reply: Reply, upstream: F
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m tinygw.fake_upstream PORT`: a well-behaved fake provider (benchmarks)."""
+    """`tinygw fake [PORT]` (or `python -m tinygw.fake_upstream [PORT]`): a well-behaved
+    fake provider on 127.0.0.1, both APIs at once, until interrupted. Prints its port
+    (a free one without PORT) on the first line of stdout."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv
@@ -345,7 +439,10 @@ def main(argv: list[str] | None = None) -> None:
         print(upstream.port, flush=True)
         await asyncio.Event().wait()
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:  # Ctrl-C is how it is meant to stop
+        pass
 
 
 if __name__ == "__main__":
