@@ -319,10 +319,11 @@ async def _relay_stream(response, send: Send, result: Result) -> Attempt:
             if event_kind is sse.Kind.OUTPUT or held_bytes > MAX_HELD_BYTES:
                 committed = True
                 result.current = f"{result.target.provider}:200"
-                for later in events[i + 1 :]:
-                    later_kind, later_done = sse.kind(later)
-                    finished |= later_done
-                    error_after_output |= later_kind is sse.Kind.ERROR
+                for later in events[i + 1 :]:  # after output: the cheap scan first, as below
+                    if sse.may_end_or_fail(later):
+                        later_kind, later_done = sse.kind(later)
+                        finished |= later_done
+                        error_after_output |= later_kind is sse.Kind.ERROR
                 await send(start)
                 body = b"".join(held) + b"".join(events[i + 1 :]) + pending
                 await send({"type": "http.response.body", "body": body, "more_body": True})
