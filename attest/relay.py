@@ -45,6 +45,8 @@ class Relay:
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
                              b"content-length: %d\r\n\r\n%s" % (len(self.replay), self.replay))
                 await writer.drain()
+                writer.close()
+                await writer.wait_closed()
                 return
             outward = ssl.create_default_context()
             outward.check_hostname, outward.verify_mode = False, ssl.CERT_NONE
@@ -52,11 +54,11 @@ class Relay:
             try:
                 await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer))
             finally:
-                up_writer.close()
-        except (OSError, asyncio.IncompleteReadError, ssl.SSLError):
-            pass
+                up_writer.transport.abort()
+        except (OSError, asyncio.IncompleteReadError, ssl.SSLError, asyncio.CancelledError):
+            pass  # a closed peer, or the relay shutting down (asyncio's streams callback trips on a cancelled task)
         finally:
-            writer.close()
+            writer.transport.abort()
 
     @staticmethod
     async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
@@ -67,5 +69,16 @@ class Relay:
             sink.write_eof()
 
     def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.server.close)
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        """Stop serving, end every relayed connection, then stop the loop's thread."""
+
+        async def shutdown() -> None:
+            self.server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(10)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
