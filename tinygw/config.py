@@ -51,6 +51,10 @@ _GATEWAY_HEADERS = frozenset(
     "authorization x-api-key host content-length transfer-encoding connection keep-alive te trailer upgrade"
     " proxy-authorization proxy-connection accept-encoding expect x-request-id".split()
 )
+# The header that carries a provider's key may be any other token: never framing,
+# hop-by-hop, or one the gateway sets itself.
+_KEY_HEADER_REFUSED = _GATEWAY_HEADERS - {"authorization", "x-api-key"} | {"content-type", "cookie"}
+_QUERY_SAFE = re.compile(r"[\x20-\x7e]*")  # printable ASCII; percent-encoded when sent
 _HEADER_SAFE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")  # a header value, trimmed
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an HTTP header name (RFC 9110)
 
@@ -226,6 +230,17 @@ def _provider(env: Mapping[str, str], where: str, name: str, doc: ProviderDoc) -
             raise ConfigError(f"{path}.headers.{header}", "not a valid header name or value")
         if header.lower() in _GATEWAY_HEADERS:
             raise ConfigError(f"{path}.headers.{header}", "set by the gateway (keys belong in api_key_env)")
+    key_header = doc.api_key_header
+    if key_header is not None:
+        if not _TOKEN.fullmatch(key_header):
+            raise ConfigError(f"{path}.api_key_header", "not a valid header name")
+        if key_header.lower() in _KEY_HEADER_REFUSED:
+            raise ConfigError(f"{path}.api_key_header", f"{key_header!r} is a header the gateway sets or drops")
+        if key_header.lower() in {h.lower() for h in doc.headers}:
+            raise ConfigError(f"{path}.api_key_header", f"{key_header!r} is also in headers")
+    for name, value in doc.query.items():
+        if not name or not _QUERY_SAFE.fullmatch(name) or not _QUERY_SAFE.fullmatch(value):
+            raise ConfigError(f"{path}.query.{name}", "a name must be non-empty, name and value printable ASCII")
     if doc.health_path is not None and not doc.health_path.startswith("/"):
         raise ConfigError(f"{path}.health_path", "must start with '/'")
     return Provider(name=name, doc=doc, origin=origin, keys=keys, key_env=tuple(names))

@@ -79,7 +79,7 @@ async def _get(gateway: Gateway, upstream: Upstream, path: str) -> bytes:
     headers = upstream.static_headers + upstream.auth_headers[upstream.keys.peek(gateway.clock())]
     if upstream.provider.doc.api == "anthropic" and not any(k == ANTHROPIC_VERSION[0] for k, _ in headers):
         headers = [*headers, ANTHROPIC_VERSION]
-    response = await upstream.pool.request(b"GET", path.encode(), headers, b"")
+    response = await upstream.pool.request(b"GET", upstream.target(path.encode()), headers, b"")
     try:
         body = await response.read(MAX_ANSWER_BYTES)
     finally:

@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import time
+from urllib.parse import quote, unquote_to_bytes
 
 from msgspec import Struct
 
@@ -36,14 +37,40 @@ class Upstream(Struct, frozen=True):
     static_headers: list[tuple[bytes, bytes]]
     auth_headers: tuple[list[tuple[bytes, bytes]], ...]  # one per key of its key pool
     keys: KeyRing
+    # The provider's `query`, percent-encoded (b"" when none); and its own key header
+    # (`api_key_header`), whose copy from a client is never forwarded.
+    query: bytes = b""
+    query_names: frozenset[bytes] = frozenset()
+    key_header: bytes | None = None
+
+    def target(self, path: bytes, client_query: bytes = b"") -> bytes:
+        """`path` with the provider's query and the client's: the provider's parameters
+        first, then the client's, less any the provider's query names (an operator's
+        `api-version` is not the client's to change)."""
+        if not self.query:
+            return path + b"?" + client_query if client_query else path
+        if client_query:
+            kept = [part for part in client_query.split(b"&")
+                    if part and unquote_to_bytes(part.partition(b"=")[0].replace(b"+", b" ")) not in self.query_names]
+            if kept:
+                return path + b"?" + self.query + b"&" + b"&".join(kept)
+        return path + b"?" + self.query
 
 
 def _auth_headers(provider: Provider) -> tuple[list[tuple[bytes, bytes]], ...]:
     if not provider.keys:
         return ([],)
+    if provider.doc.api_key_header is not None:  # Azure-style: the raw key, no "Bearer"
+        name = provider.doc.api_key_header.lower().encode()
+        return tuple([(name, k.reveal().encode())] for k in provider.keys)
     if provider.doc.api == "anthropic":
         return tuple([(b"x-api-key", k.reveal().encode())] for k in provider.keys)
     return tuple([(b"authorization", b"Bearer " + k.reveal().encode())] for k in provider.keys)
+
+
+def encode_query(query: dict[str, str]) -> bytes:
+    """`name=value&...` in the configured order, each part percent-encoded."""
+    return "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in query.items()).encode()
 
 
 class Gateway:
@@ -94,6 +121,9 @@ class Gateway:
                 + [(k.lower().encode(), v.encode()) for k, v in p.doc.headers.items()],
                 auth_headers=_auth_headers(p),
                 keys=KeyRing(len(p.keys)),
+                query=encode_query(p.doc.query),
+                query_names=frozenset(k.encode() for k in p.doc.query),
+                key_header=p.doc.api_key_header.lower().encode() if p.doc.api_key_header else None,
             )
             for name, p in settings.providers.items()
         }

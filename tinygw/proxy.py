@@ -96,10 +96,11 @@ class Attempt(Struct):
 
 def _upstream_request(upstream: Upstream, inbound: Inbound, target: Target, key_index: int):
     origin = upstream.provider.origin
-    path = (origin.path + inbound.route.upstream_path).encode()
-    if inbound.query:
-        path += b"?" + inbound.query
-    headers = forward_headers(inbound.headers) + upstream.static_headers + upstream.auth_headers[key_index]
+    path = upstream.target((origin.path + inbound.route.upstream_path).encode(), inbound.query)
+    client_headers = forward_headers(inbound.headers)
+    if upstream.key_header is not None:  # a client's own copy of the provider's key header
+        client_headers = [(k, v) for k, v in client_headers if k != upstream.key_header]
+    headers = client_headers + upstream.static_headers + upstream.auth_headers[key_index]
     if inbound.request_id:
         headers.append((b"x-request-id", inbound.request_id))
     body = rewrite_model(inbound.body, inbound.model, target.upstream_model)

@@ -40,7 +40,14 @@ class ProviderDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     base_url: str
     api: Literal["openai", "anthropic"]
     api_key_env: str | list[str] | None = None
+    # The header that carries the key: None is by `api` (`Authorization: Bearer KEY`
+    # for openai, `x-api-key: KEY` for anthropic); a name (Azure's `api-key`) gets the
+    # raw key as its value.
+    api_key_header: str | None = None
     headers: dict[str, str] = {}
+    # Non-secret query parameters appended to every upstream request (Azure's
+    # `api-version`); tinygw.config checks them, tinygw.gateway encodes them once.
+    query: dict[str, str] = {}
     weight: Annotated[int, Meta(ge=1)] = 1
     connect_timeout_s: Seconds = 10.0
     first_byte_timeout_s: Seconds = 120.0
