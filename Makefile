@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: all demo test fuzz bench soak verifier rehearse lock clean build reproduce test-frozen
+.PHONY: all demo test fuzz bench bench-outage soak verifier rehearse lock clean build reproduce test-frozen
 
 all: $(STAMP)
 
@@ -58,6 +58,10 @@ rehearse: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/run.py
 	$(PY) bench/run.py --stream --no-peer
+
+# What a provider outage costs the clients (refused/reset, hang, 500, then recovery): ~3 min.
+bench-outage: $(STAMP)
+	$(PY) bench/outage.py
 
 # A bounded chaos soak on loopback (not part of `make test`): `make soak SOAK_SECONDS=60`.
 SOAK_SECONDS ?= 180

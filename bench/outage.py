@@ -1,0 +1,196 @@
+"""`make bench-outage`: what a provider outage costs the clients of a gateway.
+
+A primary provider fails in one of three ways, then recovers; a fallback provider is
+healthy throughout. For each way a fresh `tinygw serve` (product defaults: breakers at
+5 failures / 30 s, health checks every 10 s, log level info) gets c=4 clients for
+`--seconds` (60), the primary recovering at `--recover-at` (35 s). Printed per scenario:
+the share of answers that succeeded, p50/p99 latency, how many requests reached the
+failing primary, and how long after its recovery the first answer came from it again.
+
+The three ways: `reset` (the primary accepts and resets the connection at once: a
+connection error it can count, where a refused port could not be counted), `hang`
+(it reads the request and never answers; the gateway's first-byte timeout is 5 s)
+and `500` (it answers 500 at once). Loopback only; bounded in time.
+
+    .venv/bin/python bench/outage.py [--seconds 60] [--recover-at 35] [--scenarios reset,hang,500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CONCURRENCY = 4
+
+
+def answer(status: int, text: str) -> bytes:
+    body = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                       "choices": [{"index": 0, "finish_reason": "stop",
+                                    "message": {"role": "assistant", "content": text}}]}).encode()
+    if status != 200:
+        body = json.dumps({"error": {"message": text, "type": "server_error"}}).encode()
+    return b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
+        status, len(body), body)
+
+
+class Provider:
+    """A provider on loopback whose behaviour is switched while it runs; it counts
+    the requests (or, when resetting, the connections) that reached it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.mode = "ok"  # ok | reset | hang | 500
+        self.reached = 0
+        self.listener = socket.create_server(("127.0.0.1", 0), backlog=256)
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            if self.mode == "reset":
+                self.reached += 1
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                return
+            buffer = b""
+            while True:
+                try:
+                    data = conn.recv(65536)
+                except OSError:
+                    return
+                if not data:
+                    return
+                buffer += data
+                while b"\r\n\r\n" in buffer:
+                    head, _, rest = buffer.partition(b"\r\n\r\n")
+                    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                                   if line.lower().startswith(b"content-length:")), 0)
+                    if len(rest) < length:
+                        break
+                    buffer = rest[length:]
+                    if head.startswith(b"GET"):  # listings and health checks
+                        conn.sendall(answer(200 if self.mode == "ok" else 503, "models"))
+                        continue
+                    mode = self.mode
+                    if mode != "ok":
+                        self.reached += 1
+                    if mode == "hang":
+                        time.sleep(3600)
+                        return
+                    conn.sendall(answer(500, "down") if mode == "500" else answer(200, self.name))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_scenario(way: str, seconds: float, recover_at: float) -> dict:
+    primary, fallback = Provider("primary"), Provider("fallback")
+    port = free_port()
+    config = {"providers": {
+        "primary": {"base_url": f"http://127.0.0.1:{primary.port}/v1", "api": "openai", "first_byte_timeout_s": 5,
+                    "listing": False},
+        "fallback": {"base_url": f"http://127.0.0.1:{fallback.port}/v1", "api": "openai", "listing": False}},
+        "models": {"m": {"targets": ["primary:x", "fallback:y"]}}}
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "TINYGW_CONFIG": json.dumps(config),
+           "TINYGW_PORT": str(port)}
+    command = [os.environ["TINYGW_BINARY"]] if os.environ.get("TINYGW_BINARY") else [sys.executable, "-m", "tinygw"]
+    gateway = subprocess.Popen([*command, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    results: list[tuple[float, float, int, str]] = []  # (start, latency, status, who answered)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit("the gateway did not start")
+                time.sleep(0.05)
+        primary.mode = way
+        start = time.monotonic()
+        stop = start + seconds
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+
+        def client() -> None:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            while (now := time.monotonic()) < stop:
+                if primary.mode != "ok" and now - start >= recover_at:
+                    primary.mode = "ok"
+                try:
+                    connection.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+                    response = connection.getresponse()
+                    text = response.read().decode(errors="replace")
+                    status = response.status
+                except (OSError, http.client.HTTPException):
+                    connection.close()
+                    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                    status, text = 0, ""
+                who = "primary" if '"primary"' in text else "fallback" if '"fallback"' in text else ""
+                results.append((now - start, time.monotonic() - now, status, who))
+
+        threads = [threading.Thread(target=client) for _ in range(CONCURRENCY)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(seconds + 40)
+    finally:
+        gateway.terminate()
+        gateway.wait(30)
+        primary.listener.close()
+        fallback.listener.close()
+    latencies = sorted(r[1] for r in results)
+    back = [r[0] for r in results if r[3] == "primary" and r[0] >= recover_at]
+    return {
+        "way": way, "requests": len(results),
+        "success": sum(1 for r in results if r[2] == 200) / len(results) * 100 if results else 0.0,
+        "p50_ms": statistics.median(latencies) * 1000 if latencies else None,
+        "p99_ms": latencies[int(len(latencies) * 0.99) - 1] * 1000 if latencies else None,
+        "reached": primary.reached,
+        "back_s": (min(back) - recover_at) if back else None,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--recover-at", type=float, default=35.0)
+    parser.add_argument("--scenarios", default="reset,hang,500")
+    args = parser.parse_args()
+    if not 0 < args.recover_at < args.seconds <= 600:
+        parser.error("need 0 < --recover-at < --seconds <= 600")
+    print(f"tinygw at product defaults (breaker 5 failures / 30 s, health checks every 10 s), c={CONCURRENCY}, "
+          f"{args.seconds:g} s a scenario, the primary recovering at +{args.recover_at:g} s")
+    rows = [run_scenario(way, args.seconds, args.recover_at) for way in args.scenarios.split(",")]
+    print("| primary fails by | requests | success | p50 | p99 | reached the failing primary | back to the primary after recovery |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        back = f"{r['back_s']:.1f} s" if r["back_s"] is not None else "not within the run"
+        print(f"| {r['way']} | {r['requests']:,} | {r['success']:.1f}% | {r['p50_ms']:.1f} ms | {r['p99_ms']:.1f} ms "
+              f"| {r['reached']} | {back} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
