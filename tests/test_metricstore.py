@@ -35,7 +35,18 @@ def test_a_dead_workers_counts_stay_and_its_gauges_go(tmp_path):
     seen = samples(mine)
     assert seen[("tinygw_requests_total", (("model", "m"), ("route", "/r"), ("status", "200")))] == 4
     listing = [k for k in seen if k[0] == "tinygw_listing_up"]
-    assert listing == [("tinygw_listing_up", (("provider", "p"), ("worker", str(os.getpid()))))]
+    # labelled by slot, not pid: the dead worker's slot 1 is free again, and taken
+    assert listing == [("tinygw_listing_up", (("provider", "p"), ("worker", "1")))]
+
+
+def test_a_worker_takes_the_first_free_slot_and_a_replacement_the_one_freed(tmp_path):
+    first, second = FileStore(str(tmp_path)), FileStore(str(tmp_path))
+    assert (first.slot, second.slot) == (1, 2)
+    first.close()  # as a worker that dies
+    third = FileStore(str(tmp_path))
+    assert third.slot == 1
+    slots = sorted((slot, alive) for _, slot, alive, _ in third.snapshot())
+    assert slots == [(1, False), (1, True), (2, True)]  # the dead file stays, not alive
 
 
 def test_a_reused_pid_does_not_reopen_an_old_file(tmp_path):
@@ -65,5 +76,5 @@ def test_a_file_grows_past_its_first_size(tmp_path):
     store = FileStore(str(tmp_path))
     for i in range(3000):
         store.add(("tinygw_requests_total", ("/r", f"model-{i}", "200"), ""), i)
-    [(pid, alive, values)] = store.snapshot()
+    [(pid, slot, alive, values)] = store.snapshot()
     assert alive and len(values) == 3000 and values[("tinygw_requests_total", ("/r", "model-2999", "200"), "")] == 2999

@@ -6,12 +6,14 @@ from __future__ import annotations
 import http.client
 import json
 import subprocess
+import threading
+import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import call, closed_port, metric_value, wait_until
-from tinygw.fake_upstream import FakeUpstream, Reply, json_reply, well_behaved
+from tinygw.fake_upstream import FakeUpstream, Reply, json_reply, openai_stream_events, sse_reply, well_behaved
 
 CHAT = "/v1/chat/completions"
 GATEWAY_KEY = "gw-secret-0c1d"
@@ -197,3 +199,147 @@ def test_no_configured_key_appears_anywhere(fake, start_gateway):
     everything = b"\n".join(seen) + gateway.logs().encode()
     for secret in (GATEWAY_KEY, *PROVIDER_KEYS.values()):
         assert secret.encode() not in everything, f"a configured key leaked: {secret[:6]}…"
+
+
+# ---- issue 12: tokens, latency by model and status, time to first token, in flight,
+# process metrics per worker slot ------------------------------------------------------
+
+
+def _openai_usage_stream(model: str) -> list[bytes]:
+    """Chat chunks as OpenAI sends them with `stream_options.include_usage`: `"usage": null`
+    on every chunk, then one chunk with no choices and the usage."""
+    def chunk(choices, usage):
+        return b"data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "model": model,
+                                      "choices": choices, "usage": usage}).encode() + b"\n\n"
+    return [chunk([{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}], None),
+            chunk([{"index": 0, "delta": {"content": "Hi"}, "finish_reason": None}], None),
+            chunk([{"index": 0, "delta": {}, "finish_reason": "stop"}], None),
+            chunk([], {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16}),
+            b"data: [DONE]\n\n"]
+
+
+def test_tokens_from_the_answers_usage_plain_and_streamed(fake, start_gateway):
+    healthy = well_behaved()
+
+    def script(request):
+        body = request.json() or {}
+        if body.get("stream_options"):
+            return sse_reply(_openai_usage_stream(body["model"]))
+        if body.get("model") == "erroring":  # a 200 carrying an error: a 502, its usage not counted
+            return json_reply(200, {"error": {"message": "no"}, "usage": {"prompt_tokens": 99}})
+        return healthy(request)
+
+    fake.script = script
+    gateway = start_gateway({"providers": {"p": provider(fake), "a": {"base_url": fake.url, "api": "anthropic",
+                                                                      "listing": False}},
+                             "models": {"chat": {"targets": ["p:x"]}, "resp": {"targets": ["p:r"]},
+                                        "emb": {"targets": ["p:e"]}, "claude": {"targets": ["a:c"]},
+                                        "bad": {"targets": ["p:erroring"]}}},
+                            PROVIDER_RETRY_FAST_FAILURES="false")
+    anthropic = {"anthropic-version": "2023-06-01"}
+    assert call("POST", f"{gateway.url}{CHAT}", {"model": "chat"})[0] == 200  # 3 + 4
+    assert call("POST", f"{gateway.url}{CHAT}", {"model": "chat", "stream": True,
+                                                 "stream_options": {"include_usage": True}})[0] == 200  # 11 + 5
+    assert call("POST", f"{gateway.url}{CHAT}", {"model": "chat", "stream": True})[0] == 200  # no usage: 0
+    assert call("POST", f"{gateway.url}/v1/responses", {"model": "resp", "input": "hi"})[0] == 200  # 3 + 4
+    assert call("POST", f"{gateway.url}/v1/responses", {"model": "resp", "input": "hi", "stream": True})[0] == 200
+    assert call("POST", f"{gateway.url}/v1/embeddings", {"model": "emb", "input": "hi"})[0] == 200  # 1 + 0
+    assert call("POST", f"{gateway.url}/v1/messages", {"model": "claude", "max_tokens": 9},
+                headers=anthropic)[0] == 200  # 3 + 4
+    assert call("POST", f"{gateway.url}/v1/messages", {"model": "claude", "max_tokens": 9, "stream": True},
+                headers=anthropic)[0] == 200  # message_start 3, message_delta 4
+    assert call("POST", f"{gateway.url}{CHAT}", {"model": "bad"})[0] == 502
+
+    def tokens(provider_name, model, kind):
+        return metric_value(gateway, "tinygw_tokens_total", provider=provider_name, model=model, kind=kind)
+
+    assert (tokens("p", "chat", "prompt"), tokens("p", "chat", "completion")) == (14, 9)
+    assert (tokens("p", "resp", "prompt"), tokens("p", "resp", "completion")) == (6, 8)
+    assert (tokens("p", "emb", "prompt"), tokens("p", "emb", "completion")) == (1, None)
+    assert (tokens("a", "claude", "prompt"), tokens("a", "claude", "completion")) == (6, 8)
+    assert tokens("p", "bad", "prompt") is None
+
+
+def test_duration_by_model_and_status_class_first_token_and_in_flight(fake, start_gateway):
+    healthy = well_behaved()
+
+    def script(request):
+        body = request.json() or {}
+        if body.get("model") == "slow":
+            return sse_reply(openai_stream_events("slow", ["a", "b", "c"]), delay_seconds=0.15)
+        if body.get("model") == "down":
+            return json_reply(500, {"error": {"message": "down"}})
+        return healthy(request)
+
+    fake.script = script
+    gateway = start_gateway({"providers": {"p": provider(fake)},
+                             "models": {"m": {"targets": ["p:x"]}, "s": {"targets": ["p:slow"]},
+                                        "d": {"targets": ["p:down"]}}},
+                            PROVIDER_RETRY_FAST_FAILURES="false")
+    assert metric_value(gateway, "tinygw_requests_in_flight") == 0
+    for _ in range(2):
+        assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 200
+    assert call("POST", f"{gateway.url}{CHAT}", {"model": "nope"})[0] == 404
+    assert call("POST", f"{gateway.url}{CHAT}", {"model": "d"})[0] == 500
+    streamed = []
+    thread = threading.Thread(target=lambda: streamed.append(
+        call("POST", f"{gateway.url}{CHAT}", {"model": "s", "stream": True})[0]))
+    thread.start()
+    wait_until(lambda: metric_value(gateway, "tinygw_requests_in_flight") == 1, what="the stream in flight")
+    thread.join(10)
+    assert streamed == [200]
+    assert metric_value(gateway, "tinygw_requests_in_flight") == 0
+
+    def durations(**labels):
+        return metric_value(gateway, "tinygw_request_duration_seconds_count", route=CHAT, **labels)
+
+    assert durations(model="m", status="2xx") == 2
+    assert durations(model="unknown", status="4xx") == 1
+    assert durations(model="d", status="5xx") == 1
+    assert durations(model="s", status="2xx") == 1
+    # the stream's first output came after two pauses (role chunk, then "a"); its end after five
+    first = metric_value(gateway, "tinygw_stream_first_token_seconds_sum", model="s")
+    total = metric_value(gateway, "tinygw_request_duration_seconds_sum", model="s")
+    assert metric_value(gateway, "tinygw_stream_first_token_seconds_count", model="s") == 1
+    assert 0.25 <= first < total and total >= 0.7
+    assert metric_value(gateway, "tinygw_stream_first_token_seconds_count", model="m") is None  # plain answers
+
+
+def _process_samples(gateway) -> dict[str, dict[str, float]]:
+    """process_* family -> worker label -> value."""
+    text = call("GET", f"{gateway.url}/metrics")[2].decode()
+    seen: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("process_"):
+                seen.setdefault(sample.name, {})[sample.labels["worker"]] = sample.value
+    return seen
+
+
+def test_process_metrics_per_worker_slot_stable_across_restarts(fake, start_gateway):
+    config = {"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}}
+    pids_by_run = []
+    for _ in range(2):  # the same gateway, restarted: new pids, the same labels
+        gateway = start_gateway(config, TINYGW_WORKERS="2")
+        pids = set()
+
+        def both_workers_answered() -> bool:
+            pids.add(json.loads(call("GET", f"{gateway.url}/status.json")[2])["worker"]["pid"])
+            return len(pids) == 2
+
+        wait_until(both_workers_answered, seconds=20, what="both workers to answer")
+        for _ in range(4):  # whichever worker answers, it shows both
+            seen = _process_samples(gateway)
+            assert set(seen) == {"process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds",
+                                 "process_start_time_seconds"}
+            for family, by_worker in seen.items():
+                assert set(by_worker) == {"1", "2"}, family
+                assert all(v > 0 for v in by_worker.values()), family
+            assert all(abs(v - time.time()) < 120 for v in seen["process_start_time_seconds"].values())
+            assert all(v > 10 * 1024 * 1024 for v in seen["process_resident_memory_bytes"].values())
+        labels = {s.labels["worker"] for f in text_string_to_metric_families(
+            call("GET", f"{gateway.url}/metrics")[2].decode()) for s in f.samples if s.name == "tinygw_circuit_open"}
+        assert labels == {"1", "2"}
+        pids_by_run.append(pids)
+        gateway.stop()
+    assert not pids_by_run[0] & pids_by_run[1]

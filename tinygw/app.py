@@ -131,6 +131,7 @@ async def _proxy(gateway: Gateway, route, scope, receive, send, request_id: byte
                 message["headers"] = [*message["headers"], id_header]
         await send(message)
 
+    gateway.metrics.add_in_flight(1)
     try:
         if not gateway.auth.allows(headers):
             status = await _error(send_tracked, 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key")
@@ -198,7 +199,13 @@ async def _proxy(gateway: Gateway, route, scope, receive, send, request_id: byte
         if not response_started:  # else the client sees its response end early
             status = await _error(send_tracked, 500, "internal gateway error", "internal_error", "internal_error")
     finally:
-        gateway.metrics.count_request(route.path, model, status, loop.time() - started)
+        metrics = gateway.metrics
+        metrics.add_in_flight(-1)
+        metrics.count_request(route.path, model, status, loop.time() - started)
+        if result.tokens is not None and result.target is not None:
+            metrics.count_tokens(result.target.provider, model, result.tokens.prompt, result.tokens.completion)
+        if result.first_output_at is not None:
+            metrics.observe_first_token(model, result.first_output_at - started)
         logs.access(
             route=route.path,
             model=model,

@@ -1,9 +1,12 @@
 """SPEC section 7's metrics, kept in a store shared by the workers, in Prometheus text.
 
 Counters and histograms are summed over every worker, so a scrape of any worker
-counts all traffic. Gauges of per-process state (a circuit is per worker by design,
-SPEC section 4; so is a worker's last listing) are shown per worker, with a `worker`
-label (its pid), and only for workers that are alive.
+counts all traffic; so is the in-flight gauge, over live workers. Gauges of
+per-process state (a circuit is per worker by design, SPEC section 4; so is a worker's
+last listing; and `process_*`) are shown per worker, with a `worker` label (its slot,
+1..N, stable across restarts: tinygw.metricstore), and only for workers that are
+alive. `process_*` is read at the scrape from /proc for each live worker, so it costs
+the workers nothing.
 
 Label values come from configuration (routes, model aliases, provider names), from a
 fixed set (statuses, outcomes, states, reasons), or from a circuit's upstream model,
@@ -17,18 +20,25 @@ import bisect
 import logging
 import time
 
-from tinygw import logs
+from tinygw import logs, process
 from tinygw.metricstore import FileStore, Key, MemoryStore
 
 # Seconds; from a cached answer to a long generation (timeout_s defaults to 600).
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+LIVE_SUM = "live_sum"  # a gauge summed over live workers, shown without a `worker` label
 
 # name -> (type, help, label names); per-worker gauges get a `worker` label too.
 FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "tinygw_requests_total": (COUNTER, "Client requests answered.", ("route", "model", "status")),
-    "tinygw_request_duration_seconds": (HISTOGRAM, "Time from a request's arrival to its end.", ("route",)),
+    "tinygw_request_duration_seconds": (HISTOGRAM, "Time from a request's arrival to its end.",
+                                        ("route", "model", "status")),
+    "tinygw_requests_in_flight": (LIVE_SUM, "Proxied requests being answered now.", ()),
+    "tinygw_tokens_total": (COUNTER, "Tokens the providers' answers report in their usage.",
+                            ("provider", "model", "kind")),
+    "tinygw_stream_first_token_seconds": (HISTOGRAM, "Time from a streamed request's arrival to its first output event "
+                                          "relayed.", ("model",)),
     "tinygw_upstream_attempts_total": (COUNTER, "Provider attempts, by how they ended.",
                                        ("provider", "provider_model", "outcome")),
     "tinygw_upstream_first_byte_seconds": (HISTOGRAM, "Time from an attempt's start to the provider's response head.",
@@ -41,6 +51,12 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
                             ("provider", "provider_model")),
     "tinygw_listing_up": (GAUGE, "1 when the provider's last model listing succeeded (per worker).", ("provider",)),
 }
+
+
+# A status's class for request_duration_seconds; 1xx/3xx are not answered by the
+# gateway's routes, and an unknown class counts as the gateway's fault.
+_STATUS_CLASS = {2: "2xx", 4: "4xx", 5: "5xx"}
+_IN_FLIGHT = ("tinygw_requests_in_flight", (), "")
 
 
 def _escape(value: str) -> str:
@@ -70,7 +86,20 @@ class Metrics:
 
     def count_request(self, route: str, model: str, status: int, seconds: float) -> None:
         self.store.add(("tinygw_requests_total", (route, model, str(status)), ""))
-        self._observe("tinygw_request_duration_seconds", (route,), seconds)
+        self._observe("tinygw_request_duration_seconds", (route, model, _STATUS_CLASS.get(status // 100, "5xx")),
+                      seconds)
+
+    def add_in_flight(self, change: int) -> None:
+        self.store.add(_IN_FLIGHT, change)
+
+    def count_tokens(self, provider: str, model: str, prompt: int, completion: int) -> None:
+        if prompt:
+            self.store.add(("tinygw_tokens_total", (provider, model, "prompt"), ""), prompt)
+        if completion:
+            self.store.add(("tinygw_tokens_total", (provider, model, "completion"), ""), completion)
+
+    def observe_first_token(self, model: str, seconds: float) -> None:
+        self._observe("tinygw_stream_first_token_seconds", (model,), seconds)
 
     def count_attempt(self, provider: str, provider_model: str, outcome: str) -> None:
         self.store.add(("tinygw_upstream_attempts_total", (provider, provider_model, outcome), ""))
@@ -105,7 +134,10 @@ class Metrics:
         now = time.monotonic()
         summed: dict[Key, float] = {}
         per_worker: dict[Key, float] = {}
-        for pid, alive, values in self.store.snapshot():
+        live: list[tuple[int, int]] = []  # (slot, pid) of the live workers
+        for pid, slot, alive, values in self.store.snapshot():
+            if alive:
+                live.append((slot, pid))
             for (name, labels, part), value in values.items():
                 if name not in FAMILIES:
                     continue  # written by another version of tinygw
@@ -114,7 +146,10 @@ class Metrics:
                     if alive:
                         if part == "until":
                             value = 1.0 if value > now else 0.0
-                        per_worker[(name, (*labels, str(pid)))] = value
+                        per_worker[(name, (*labels, str(slot)))] = value
+                elif kind == LIVE_SUM:
+                    if alive:
+                        summed[(name, labels, part)] = summed.get((name, labels, part), 0.0) + value
                 else:
                     summed[(name, labels, part)] = summed.get((name, labels, part), 0.0) + value
         lines = [
@@ -124,18 +159,21 @@ class Metrics:
         ]
         for name, (kind, help_text, label_names) in FAMILIES.items():
             lines.append(f"# HELP {name} {help_text}")
-            lines.append(f"# TYPE {name} {kind}")
+            lines.append(f"# TYPE {name} {GAUGE if kind == LIVE_SUM else kind}")
             if kind == GAUGE:
                 for (family, labels), value in sorted(per_worker.items()):
                     if family == name:
                         pairs = zip((*label_names, "worker"), labels)
                         lines.append(f"{name}{{{_labels(pairs)}}} {_number(value)}")
+            elif kind == LIVE_SUM:
+                lines.append(f"{name} {_number(summed.get((name, (), ''), 0.0))}")
             elif kind == COUNTER:
                 for (family, labels, _), value in sorted(summed.items()):
                     if family == name:
                         lines.append(f"{name}{{{_labels(zip(label_names, labels))}}} {_number(value)}")
             else:
                 self._render_histogram(lines, name, label_names, summed)
+        lines += process.render(sorted(live))
         return ("\n".join(lines) + "\n").encode()
 
     @staticmethod

@@ -5,9 +5,15 @@ keeps its values in a file of its own, mapped into memory, in a directory that
 `tinygw serve` creates for the run (prometheus_client's multiprocess mode, in ~100
 lines): an increment is a write of 8 bytes into the map, no system call; a scrape
 reads every worker's file. A worker that died keeps its file, so its counts stay.
-A file is named by its worker's pid and start time (a reused pid never reopens an old
-file), and a live worker holds a lock on it: a scrape tells live workers from dead
-ones by trying that lock, not by the pid, which the system may have given to another.
+A file is named by its worker's pid, start time (a reused pid never reopens an old
+file) and slot, and a live worker holds a lock on it: a scrape tells live workers from
+dead ones by trying that lock, not by the pid, which the system may have given to
+another.
+
+A worker's slot (1..N, the `worker` label of per-process gauges, SPEC section 7) is the
+first of the directory's `slot-N.lock` files that it can lock: a worker that replaces
+one that died takes the slot it freed, so the label stays across restarts. Granian
+numbers its workers too, but tells the app nothing of it.
 
 File layout: 4 bytes of used length (little-endian), 4 of padding, then entries of
 [4-byte key length][key: JSON, padded to 8][8-byte float value]. The used length is
@@ -34,6 +40,9 @@ _HEADER_BYTES = 8
 _INITIAL_BYTES = 64 * 1024
 _FILE_PREFIX = "worker-"
 _FILE_SUFFIX = ".db"
+# Slots tried at most: Granian runs at most 256 workers (TINYGW_WORKERS), and a
+# replacement may start while the worker it replaces is still stopping.
+MAX_SLOTS = 1024
 
 
 def _as_key(value) -> Key:
@@ -45,6 +54,7 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
+        self.slot = 1
         self._values: dict[Hashable, float] = {}
 
     def owns(self, pid: int) -> bool:
@@ -56,9 +66,9 @@ class MemoryStore:
     def set(self, key: Key, value: float) -> None:
         self._values[key] = value
 
-    def snapshot(self) -> list[tuple[int, bool, dict[Key, float]]]:
-        """(pid, alive, values) of every worker."""
-        return [(self.pid, True, dict(self._values))]
+    def snapshot(self) -> list[tuple[int, int, bool, dict[Key, float]]]:
+        """(pid, slot, alive, values) of every worker."""
+        return [(self.pid, self.slot, True, dict(self._values))]
 
 
 class FileStore:
@@ -67,7 +77,8 @@ class FileStore:
     def __init__(self, directory: str) -> None:
         self.pid = os.getpid()
         self.directory = directory
-        self.path = os.path.join(directory, f"{_FILE_PREFIX}{self.pid}-{time.time_ns()}{_FILE_SUFFIX}")
+        self.slot, self._slot_file = _take_slot(directory)
+        self.path = os.path.join(directory, f"{_FILE_PREFIX}{self.pid}-{time.time_ns()}-{self.slot}{_FILE_SUFFIX}")
         self._file = open(self.path, "x+b")  # noqa: SIM115 (open for the worker's life)
         fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while alive
         self._file.truncate(_INITIAL_BYTES)
@@ -109,8 +120,8 @@ class FileStore:
     def owns(self, pid: int) -> bool:
         return pid == self.pid
 
-    def snapshot(self) -> list[tuple[int, bool, dict[Key, float]]]:
-        """(pid, alive, values) of every worker whose file can be read; a file that
+    def snapshot(self) -> list[tuple[int, int, bool, dict[Key, float]]]:
+        """(pid, slot, alive, values) of every worker whose file can be read; a file that
         cannot be read or parsed is left out, not allowed to fail the scrape."""
         try:
             names = sorted(os.listdir(self.directory))
@@ -122,18 +133,32 @@ class FileStore:
                 continue
             path = os.path.join(self.directory, name)
             try:
-                pid = int(name[len(_FILE_PREFIX) : -len(_FILE_SUFFIX)].split("-")[0])
+                pid, _, slot = (int(part) for part in name[len(_FILE_PREFIX) : -len(_FILE_SUFFIX)].split("-"))
                 with open(path, "rb") as f:
                     alive = path == self.path or _locked(f.fileno())
                     values = parse(f.read())
             except (ValueError, OSError, struct.error, msgspec.MsgspecError):
                 continue
-            workers.append((pid, alive, values))
+            workers.append((pid, slot, alive, values))
         return workers
 
     def close(self) -> None:
         self._map.close()
         self._file.close()
+        self._slot_file.close()
+
+
+def _take_slot(directory: str):
+    """The first free slot of the directory, and its lock file, held while alive."""
+    for slot in range(1, MAX_SLOTS + 1):
+        f = open(os.path.join(directory, f"slot-{slot}.lock"), "a+b")  # noqa: SIM115 (held for the worker's life)
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            continue
+        return slot, f
+    raise OSError("no free metrics slot")
 
 
 def _locked(fd: int) -> bool:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import msgspec
 from msgspec import Struct
 
-from tinygw import errors
+from tinygw import errors, usage
 from tinygw.breaker import Outcome
+from tinygw.usage import Usage
 
 # A 502/503 that came back within this many seconds is a quick failure (SPEC section 4).
 QUICK_SECONDS = 5.0
@@ -58,6 +59,17 @@ class _ErrorField(Struct):
 
 
 _decode_error_field = msgspec.json.Decoder(_ErrorField)
+
+
+def judge(body: bytes) -> tuple[bool, Usage | None]:
+    """Does a JSON object body carry a non-null top-level `error`, and what `usage`
+    does it report? One decode for both, of these two fields only (tinygw.usage)."""
+    if b'"usage"' not in body:
+        return carries_error(body), None
+    value = usage.of_body(body)
+    if value is None:  # a `usage` of another shape: the error alone is judged
+        return carries_error(body), None
+    return value.error is not None, value.usage
 
 
 def carries_error(body: bytes) -> bool:

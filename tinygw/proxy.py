@@ -22,7 +22,7 @@ from email.utils import parsedate_to_datetime
 
 from msgspec import Struct
 
-from tinygw import errors, logs, outcome, sse
+from tinygw import errors, logs, outcome, sse, usage
 from tinygw.breaker import Outcome
 from tinygw.settings import Target
 from tinygw.gateway import Gateway, Upstream
@@ -66,6 +66,8 @@ class Result(Struct):
     attempts: list[str] = []  # "provider:status or cause", one per attempt that ended
     current: str | None = None  # the attempt whose answer is being sent, before it ends
     cut: bool = False  # a stream that ended without a finish, or with an error after output
+    tokens: usage.Tokens | None = None  # what the sent answer's `usage` reported
+    first_output_at: float | None = None  # the loop's time when a stream's first output was sent
 
 
 class Answer(Struct):
@@ -218,7 +220,7 @@ async def _attempt(
     try:
         content_type = header(response.headers, b"content-type") or b""
         if inbound.stream and response.status == 200 and content_type.startswith(b"text/event-stream"):
-            return await _relay_stream(response, send, result)
+            return await _relay_stream(response, send, result, gateway.loop or asyncio.get_running_loop())
         data, ended = await response.read_upto(HOLD_BYTES)
         held = not ended
     except errors.UpstreamError as e:
@@ -227,9 +229,12 @@ async def _attempt(
         if not held:
             await response.aclose()
     answer = Answer(response.status, relay_headers(response.headers), data, None if ended else response)
-    if ended and response.status == 200 and (b"json" in content_type or not content_type) and outcome.carries_error(data):
-        answer.status = 502  # SPEC: a 200 carrying an error is a failure; the client gets 502
-        return Attempt(outcome.ERROR_IN_BODY, "200+error", answer=answer)
+    reported = None
+    if ended and response.status == 200 and (b"json" in content_type or not content_type):
+        failed, reported = outcome.judge(data)
+        if failed:
+            answer.status = 502  # SPEC: a 200 carrying an error is a failure; the client gets 502
+            return Attempt(outcome.ERROR_IN_BODY, "200+error", answer=answer)
     verdict = outcome.of_status(response.status, elapsed)
     attempt = Attempt(verdict, str(response.status), answer=answer)
     if response.status == 429:
@@ -238,6 +243,9 @@ async def _attempt(
         )
     if verdict.outcome is Outcome.SUCCESS:
         result.current = f"{target.provider}:{response.status}"
+        if reported is not None:
+            result.tokens = usage.Tokens()
+            result.tokens.add(reported)
         attempt.committed = True
         try:
             sent = await _send_answer(send, answer)
@@ -272,7 +280,7 @@ def _retry_after_seconds(value: bytes | None, cap_seconds: float) -> float | Non
     return min(max(0.0, seconds), cap_seconds)
 
 
-async def _relay_stream(response, send: Send, result: Result) -> Attempt:
+async def _relay_stream(response, send: Send, result: Result, loop: asyncio.AbstractEventLoop) -> Attempt:
     """Hold leading events without output; on output, commit and relay as it comes.
 
     Before output, an error event, a broken connection or an end without output is a
@@ -284,6 +292,7 @@ async def _relay_stream(response, send: Send, result: Result) -> Attempt:
     start = {"type": "http.response.start", "status": 200, "headers": relay_headers(response.headers)}
     held: list[bytes] = []
     held_bytes = 0
+    tokens = usage.Tokens()
     pending = b""  # bytes not yet split into events
     committed = False
     finished = False
@@ -307,6 +316,8 @@ async def _relay_stream(response, send: Send, result: Result) -> Attempt:
                     event_kind, done = sse.kind(event)
                     finished |= done
                     error_after_output |= event_kind is sse.Kind.ERROR
+                if b'"usage"' in event:
+                    tokens.add(usage.of_event(event))
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
             continue
         for i, event in enumerate(events):
@@ -317,6 +328,8 @@ async def _relay_stream(response, send: Send, result: Result) -> Attempt:
             held.append(event)
             held_bytes += len(event)
             finished |= done
+            if b'"usage"' in event:
+                tokens.add(usage.of_event(event))
             if event_kind is sse.Kind.OUTPUT or held_bytes > MAX_HELD_BYTES:
                 committed = True
                 result.current = f"{result.target.provider}:200"
@@ -325,9 +338,13 @@ async def _relay_stream(response, send: Send, result: Result) -> Attempt:
                         later_kind, later_done = sse.kind(later)
                         finished |= later_done
                         error_after_output |= later_kind is sse.Kind.ERROR
+                    if b'"usage"' in later:
+                        tokens.add(usage.of_event(later))
                 await send(start)
                 body = b"".join(held) + b"".join(events[i + 1 :]) + pending
                 await send({"type": "http.response.body", "body": body, "more_body": True})
+                result.first_output_at = loop.time()
+                result.tokens = tokens  # counted from here on: this answer is the client's
                 break
     if not committed:
         answer = Answer(502, start["headers"], b"".join(held) + pending)
