@@ -21,13 +21,16 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import socket
 import statistics
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -105,9 +108,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_scenario(way: str, seconds: float, recover_at: float) -> dict:
-    primary, fallback = Provider("primary"), Provider("fallback")
-    port = free_port()
+def start_tinygw(primary: Provider, fallback: Provider, port: int, workdir: str) -> subprocess.Popen:
     config = {"providers": {
         "primary": {"base_url": f"http://127.0.0.1:{primary.port}/v1", "api": "openai", "first_byte_timeout_s": 5,
                     "listing": False},
@@ -116,22 +117,100 @@ def run_scenario(way: str, seconds: float, recover_at: float) -> dict:
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "TINYGW_CONFIG": json.dumps(config),
            "TINYGW_PORT": str(port)}
     command = [os.environ["TINYGW_BINARY"]] if os.environ.get("TINYGW_BINARY") else [sys.executable, "-m", "tinygw"]
-    gateway = subprocess.Popen([*command, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen([*command, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+# LiteLLM's router set to match tinygw: the primary cooled down after 5 failures for 30 s,
+# a 5 s timeout, no retries of its own, the fallback model when the primary fails.
+LITELLM_CONFIG = """\
+model_list:
+  - model_name: m
+    litellm_params: {{model: openai/x, api_base: "http://127.0.0.1:{primary}/v1", api_key: dummy, timeout: 5}}
+  - model_name: m-fallback
+    litellm_params: {{model: openai/y, api_base: "http://127.0.0.1:{fallback}/v1", api_key: dummy, timeout: 5}}
+router_settings:
+  fallbacks: [{{"m": ["m-fallback"]}}]
+  allowed_fails: 5
+  cooldown_time: 30
+  num_retries: 0
+litellm_settings:
+  num_retries: 0
+  request_timeout: 5
+general_settings:
+  dangerously_permit_weak_or_unset_master_key: true
+"""
+
+
+def start_litellm(primary: Provider, fallback: Provider, port: int, workdir: str) -> subprocess.Popen:
+    cli = ROOT / "bench" / ".venv-litellm" / "bin" / "litellm"  # installed by bench/run.py (make bench)
+    config = Path(workdir) / "litellm.yaml"
+    config.write_text(LITELLM_CONFIG.format(primary=primary.port, fallback=fallback.port))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LITELLM_", "DATABASE_", "REDIS_", "OPENAI_"))}
+    env.update(LITELLM_LOG="ERROR", LITELLM_TELEMETRY="False", LITELLM_TELEMETRY_DISABLED="True",
+               LITELLM_LOCAL_MODEL_COST_MAP="True")
+    return subprocess.Popen([str(cli), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
+                             "--num_workers", "1"], env=env, cwd=workdir, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+PORTKEY = ROOT / "bench" / ".node-portkey" / "node_modules" / "@portkey-ai" / "gateway" / "build" / "start-server.js"
+PORTKEY_VERSION = "1.15.2"
+
+
+def ensure_portkey() -> bool:
+    """Portkey's open-source gateway (npm, run with node) in bench/.node-portkey."""
+    if PORTKEY.exists():
+        return True
+    if not shutil.which("npm") or not shutil.which("node"):
+        return False
+    done = subprocess.run(["npm", "install", "--silent", "--prefix", str(PORTKEY.parents[3]),
+                           f"@portkey-ai/gateway@{PORTKEY_VERSION}"], capture_output=True, timeout=600)
+    return done.returncode == 0 and PORTKEY.exists()
+
+
+def start_portkey(primary: Provider, fallback: Provider, port: int, workdir: str) -> subprocess.Popen:
+    return subprocess.Popen(["node", str(PORTKEY), f"--port={port}", "--headless"], cwd=workdir,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def portkey_headers(primary: Provider, fallback: Provider) -> dict[str, str]:
+    """Portkey's fallback strategy, per request (its open-source build has no breaker)."""
+    target = lambda p, model: {"provider": "openai", "api_key": "dummy", "custom_host": f"http://127.0.0.1:{p.port}/v1",
+                               "override_params": {"model": model}}
+    return {"x-portkey-config": json.dumps({"strategy": {"mode": "fallback"}, "request_timeout": 5000,
+                                            "targets": [target(primary, "x"), target(fallback, "y")]})}
+
+
+GATEWAYS = {"tinygw": (start_tinygw, "/healthz"), "litellm": (start_litellm, "/health/liveliness"),
+            "portkey": (start_portkey, "/")}
+
+
+def run_scenario(gateway_name: str, way: str, seconds: float, recover_at: float) -> dict:
+    primary, fallback = Provider("primary"), Provider("fallback")
+    port = free_port()
+    start_gateway, ready_path = GATEWAYS[gateway_name]
+    workdir = tempfile.mkdtemp(prefix=f"outage-{gateway_name}-")
+    gateway = start_gateway(primary, fallback, port, workdir)
     results: list[tuple[float, float, int, str]] = []  # (start, latency, status, who answered)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 180
         while True:
             try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                urllib.request.urlopen(f"http://127.0.0.1:{port}{ready_path}", timeout=1)
                 break
+            except urllib.error.HTTPError:
+                break  # it answers: ready
             except OSError:
-                if time.monotonic() > deadline:
-                    raise SystemExit("the gateway did not start")
-                time.sleep(0.05)
+                if time.monotonic() > deadline or gateway.poll() is not None:
+                    raise SystemExit(f"{gateway_name} did not start")
+                time.sleep(0.2)
         primary.mode = way
         start = time.monotonic()
         stop = start + seconds
         body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        headers = {"content-type": "application/json"}
+        if gateway_name == "portkey":
+            headers.update(portkey_headers(primary, fallback))
 
         def client() -> None:
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -139,7 +218,7 @@ def run_scenario(way: str, seconds: float, recover_at: float) -> dict:
                 if primary.mode != "ok" and now - start >= recover_at:
                     primary.mode = "ok"
                 try:
-                    connection.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+                    connection.request("POST", "/v1/chat/completions", body, headers)
                     response = connection.getresponse()
                     text = response.read().decode(errors="replace")
                     status = response.status
@@ -157,13 +236,17 @@ def run_scenario(way: str, seconds: float, recover_at: float) -> dict:
             thread.join(seconds + 40)
     finally:
         gateway.terminate()
-        gateway.wait(30)
+        try:
+            gateway.wait(30)
+        except subprocess.TimeoutExpired:
+            gateway.kill()
         primary.listener.close()
         fallback.listener.close()
+        shutil.rmtree(workdir, ignore_errors=True)
     latencies = sorted(r[1] for r in results)
     back = [r[0] for r in results if r[3] == "primary" and r[0] >= recover_at]
     return {
-        "way": way, "requests": len(results),
+        "gateway": gateway_name, "way": way, "requests": len(results),
         "success": sum(1 for r in results if r[2] == 200) / len(results) * 100 if results else 0.0,
         "p50_ms": statistics.median(latencies) * 1000 if latencies else None,
         "p99_ms": latencies[int(len(latencies) * 0.99) - 1] * 1000 if latencies else None,
@@ -177,18 +260,30 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--recover-at", type=float, default=35.0)
     parser.add_argument("--scenarios", default="reset,hang,500")
+    parser.add_argument("--gateways", default="tinygw,litellm,portkey",
+                        help="tinygw; LiteLLM's proxy when bench/.venv-litellm has it (make bench installs it); "
+                             "Portkey's gateway (installed with npm into bench/.node-portkey when missing)")
     args = parser.parse_args()
+    gateways = [g for g in args.gateways.split(",") if g]
+    if "litellm" in gateways and not (ROOT / "bench" / ".venv-litellm" / "bin" / "litellm").exists():
+        print("litellm: not installed in bench/.venv-litellm (make bench installs it); left out")
+        gateways.remove("litellm")
+    if "portkey" in gateways and not ensure_portkey():
+        print("portkey: npm/node missing or the install failed; left out")
+        gateways.remove("portkey")
     if not 0 < args.recover_at < args.seconds <= 600:
         parser.error("need 0 < --recover-at < --seconds <= 600")
-    print(f"tinygw at product defaults (breaker 5 failures / 30 s, health checks every 10 s), c={CONCURRENCY}, "
-          f"{args.seconds:g} s a scenario, the primary recovering at +{args.recover_at:g} s")
-    rows = [run_scenario(way, args.seconds, args.recover_at) for way in args.scenarios.split(",")]
-    print("| primary fails by | requests | success | p50 | p99 | reached the failing primary | back to the primary after recovery |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print(f"tinygw at product defaults (breaker 5 failures / 30 s, health checks every 10 s); LiteLLM's router "
+          f"with allowed_fails 5, cooldown 30 s, timeout 5 s, fallbacks; c={CONCURRENCY}, {args.seconds:g} s a "
+          f"scenario, the primary recovering at +{args.recover_at:g} s", flush=True)
+    rows = [run_scenario(g, way, args.seconds, args.recover_at) for way in args.scenarios.split(",") for g in gateways]
+    print("| primary fails by | gateway | requests | success | p50 | p99 | reached the failing primary "
+          "| back to the primary after recovery |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         back = f"{r['back_s']:.1f} s" if r["back_s"] is not None else "not within the run"
-        print(f"| {r['way']} | {r['requests']:,} | {r['success']:.1f}% | {r['p50_ms']:.1f} ms | {r['p99_ms']:.1f} ms "
-              f"| {r['reached']} | {back} |")
+        print(f"| {r['way']} | {r['gateway']} | {r['requests']:,} | {r['success']:.1f}% | {r['p50_ms']:.1f} ms "
+              f"| {r['p99_ms']:.1f} ms | {r['reached']} | {back} |")
     return 0
 
 
