@@ -14,12 +14,14 @@ import re
 import shutil
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, call, wait_until
 from tinygw.fake_upstream import FakeUpstream, json_reply, well_behaved
+from tinygw import __version__
 from tinygw.status import render_html
 
 CHAT = "/v1/chat/completions"
@@ -74,12 +76,66 @@ def outage(fake, healthy, start_gateway):
     return gateway
 
 
+@pytest.fixture
+def outage_on_two_workers(fake, healthy, start_gateway):
+    """Two workers, each with `down:Qwen3` open (a 502 opens it) and `up:fake-model` closed."""
+    fake.script = lambda r: json_reply(502, {"error": {"message": "upstream down", "type": "server_error"}})
+    gateway = start_gateway(
+        {
+            "providers": {
+                "down": {"base_url": f"{fake.url}/v1", "api": "openai", "listing": False, "api_key_env": "K1"},
+                "up": {"base_url": f"{healthy.url}/v1", "api": "openai"},
+            },
+            "models": {"m": {"targets": ["down:Qwen3"]}, "n": {"targets": ["up:fake-model"]}},
+        },
+        K1=PROVIDER_KEY, TINYGW_WORKERS="2", PROVIDER_RETRY_FAST_FAILURES="false", PROVIDER_BREAKER_FAILURES="1",
+        PROVIDER_BREAKER_OPEN_SECONDS="300", PROVIDER_HEALTH_CHECK_SECONDS="0",
+    )
+
+    def both_open() -> bool:
+        # each call is a new connection, which the kernel gives to either worker
+        assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] in (502, 503)
+        circuits = provider_entry(status_json(gateway), "down")["circuits"]
+        return [(c["worker"], c["state"]) for c in circuits] == [(1, "Circuit Open"), (2, "Circuit Open")]
+
+    wait_until(both_open, seconds=20, what="the circuit open on both workers")
+    wait_until(lambda: provider_entry(status_json(gateway), "up")["listing"]["up"], what="both listings of `up`")
+    return gateway
+
+
+def test_every_reload_shows_every_workers_circuits(outage_on_two_workers):
+    answered_by = set()
+    for _ in range(12):  # whichever worker answers, it shows both
+        data = status_json(outage_on_two_workers)
+        answered_by.add(data["worker"]["pid"])
+        assert [w["slot"] for w in data["workers"]] == [1, 2]
+        assert {w["pid"] for w in data["workers"]} >= {data["worker"]["pid"]}
+        down = provider_entry(data, "down")["circuits"]
+        assert [(c["worker"], c["provider_model"], c["state"], c["last_error"]) for c in down] == [
+            (1, "Qwen3", "Circuit Open", "502"), (2, "Qwen3", "Circuit Open", "502")]
+        up = provider_entry(data, "up")
+        assert [(c["worker"], c["state"]) for c in up["circuits"]] == [(1, "Circuit Closed"), (2, "Circuit Closed")]
+        assert up["listing"] == {"enabled": True, "up": True, "models": 1}
+        page = call("GET", f"{outage_on_two_workers.url}/status")[2].decode()
+        assert page.count("Circuit Open") == 2 and page.count("Circuit Closed") == 2
+    assert len(answered_by) == 2, "both workers must have answered for this test to mean anything"
+
+
 def test_status_json_shows_the_open_and_the_closed_circuit_and_the_worker(outage):
     data = status_json(outage)
     pid = data["worker"]["pid"]
     assert isinstance(pid, int) and pid != outage.process.pid  # a worker, not Granian's parent
     assert pid in {r["pid"] for r in outage.log_records() if r.get("msg") == "worker started"}
-    assert isinstance(data["generated_at_monotonic"], float)
+    generated = datetime.fromisoformat(data["generated_at"].replace("Z", "+00:00"))
+    assert abs(generated.timestamp() - time.time()) < 60  # wall clock, not monotonic
+    started = datetime.fromisoformat(data["started_at"].replace("Z", "+00:00"))
+    assert started <= generated and 0 <= data["uptime_seconds"] < 120
+    [logged] = [r for r in outage.log_records() if r.get("msg") == "worker started"]
+    assert (data["version"], data["config_sha256"]) == (__version__, logged["config_sha256"])
+    assert data["artifact_sha256"] is None  # from source: no frozen executable to hash
+    assert data["workers"] == [{"slot": 1, "pid": pid, "started_at": data["workers"][0]["started_at"]}]
+    assert data["models"] == [{"name": "m", "strategy": "failover", "targets": ["down:Qwen3"]},
+                              {"name": "n", "strategy": "failover", "targets": ["up:fake-model"]}]
 
     down = provider_entry(data, "down")
     assert (down["api"], down["listing"]) == ("openai", {"enabled": False, "up": None, "models": None})
@@ -88,13 +144,18 @@ def test_status_json_shows_the_open_and_the_closed_circuit_and_the_worker(outage
         "Qwen3", "Circuit Open", 2)
     assert circuit["pause_seconds"] == 300
     assert 1 <= circuit["next_probe_seconds"] <= 300
-    assert circuit["last_error"] == "502"
+    assert circuit["last_error"] == "502" and circuit["worker"] == 1
+    next_probe = datetime.fromisoformat(circuit["next_probe_at"].replace("Z", "+00:00")).timestamp()
+    assert time.time() < next_probe <= time.time() + 301
+    opened = datetime.fromisoformat(circuit["opened_at"].replace("Z", "+00:00")).timestamp()
+    assert time.time() - 60 < opened <= time.time() + 1
 
     up = provider_entry(data, "up")
     assert up["listing"] == {"enabled": True, "up": True, "models": 1}
     [circuit] = up["circuits"]
-    assert circuit == {"provider_model": "fake-model", "state": "Circuit Closed", "consecutive_failures": 0,
-                       "pause_seconds": 300, "next_probe_seconds": None, "last_error": None}
+    assert circuit == {"worker": 1, "provider_model": "fake-model", "state": "Circuit Closed",
+                       "consecutive_failures": 0, "pause_seconds": 300, "next_probe_seconds": None,
+                       "next_probe_at": None, "opened_at": None, "last_error": None}
 
 
 def test_status_html_shows_the_open_circuit_without_script_or_secrets(outage):
@@ -108,6 +169,9 @@ def test_status_html_shows_the_open_circuit_without_script_or_secrets(outage):
     pid = status_json(outage)["worker"]["pid"]
     assert f"Answered by worker PID {pid}" in page
     assert "Listing: up, 1 model" in page and "Listing: off" in page
+    data = status_json(outage)
+    for fact in (data["config_sha256"], __version__, "down:Qwen3", "up:fake-model", "Up since"):
+        assert fact in page, fact
     json_body = call("GET", f"{outage.url}/status.json")[2].decode()
     for text in (page, json_body):
         assert PROVIDER_KEY not in text and "K1" not in text and "gw-key-status" not in text
@@ -122,16 +186,19 @@ def test_status_pages_take_get_only(outage):
 def test_every_value_of_the_html_is_escaped():
     hostile = "<img src=x onerror=alert(1)>"
     page = render_html({
-        "worker": {"pid": 7},
-        "generated_at_monotonic": 1.0,
+        "worker": {"pid": 7, "slot": 1}, "version": hostile, "artifact_sha256": hostile, "config_sha256": hostile,
+        "generated_at": hostile, "started_at": hostile, "uptime_seconds": 3.5,
+        "workers": [{"slot": 1, "pid": 7, "started_at": hostile}],
+        "models": [{"name": hostile, "strategy": "failover", "targets": [hostile]}],
         "providers": [{
             "name": hostile, "api": "openai", "listing": {"enabled": True, "up": False, "models": None},
-            "circuits": [{"provider_model": hostile, "state": "Circuit Half-Open", "consecutive_failures": 0,
-                          "pause_seconds": 60, "next_probe_seconds": None, "last_error": hostile}],
+            "circuits": [{"worker": 1, "provider_model": hostile, "state": "Circuit Half-Open",
+                          "consecutive_failures": 0, "pause_seconds": 60, "next_probe_seconds": None,
+                          "next_probe_at": None, "opened_at": None, "last_error": hostile}],
         }],
     })
     assert hostile not in page and "<img" not in page
-    assert page.count("&lt;img src=x onerror=alert(1)&gt;") == 3
+    assert page.count("&lt;img src=x onerror=alert(1)&gt;") == 10
     assert "Circuit Half-Open" in page and "not up" in page
 
 
@@ -167,13 +234,15 @@ def headless(chromium: Path, profile: Path, *args: str) -> subprocess.CompletedP
     return subprocess.run(command, capture_output=True, text=True, timeout=BROWSER_SECONDS)
 
 
-def test_chromium_renders_the_open_circuit_and_the_seconds_to_its_probe(outage, chromium, tmp_path):
+def test_chromium_renders_the_open_circuit_and_the_seconds_to_its_probe(outage_on_two_workers, chromium, tmp_path):
+    outage = outage_on_two_workers
     url = f"{outage.url}/status"
-    before = provider_entry(status_json(outage), "down")["circuits"][0]["next_probe_seconds"]
+    before = max(c["next_probe_seconds"] for c in provider_entry(status_json(outage), "down")["circuits"])
     dom = headless(chromium, tmp_path / "profile-dom", "--dump-dom", url)
-    after = provider_entry(status_json(outage), "down")["circuits"][0]["next_probe_seconds"]
+    after = min(c["next_probe_seconds"] for c in provider_entry(status_json(outage), "down")["circuits"])
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert "Circuit Open" in dom.stdout and "Circuit Closed" in dom.stdout
+    assert dom.stdout.count("Circuit Open") == 2 and dom.stdout.count("Circuit Closed") == 2  # both workers'
+    assert status_json(outage)["config_sha256"] in dom.stdout
     shown = re.search(r"next probe in (\d+) s", dom.stdout)
     assert shown, dom.stdout[-2000:]
     assert math.ceil(after) <= int(shown.group(1)) <= math.ceil(before)

@@ -101,10 +101,12 @@ async def list_models(gateway: Gateway, name: str) -> None:
     except (errors.UpstreamError, msgspec.DecodeError, _Refused) as e:
         gateway.listings.pop(name, None)
         gateway.metrics.set_listing_up(name, False)
+        gateway.board.publish_listing(name, None)
         logs.log(logging.WARNING, "provider listing failed", provider=name, **_why(e))
         return
     gateway.listings[name] = ids
     gateway.metrics.set_listing_up(name, True)
+    gateway.board.publish_listing(name, len(ids))
 
 
 async def list_all(gateway: Gateway) -> None:

@@ -165,6 +165,7 @@ async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, se
                 ticket.done(Outcome.NEUTRAL)
                 raise
             ticket.done(last.verdict.outcome, None if last.verdict.outcome is not Outcome.FAILURE else last.label)
+            gateway.board.publish_circuit(circuit)
             result.attempts.append(f"{target.provider}:{last.label}")
             result.current = None
             gateway.metrics.count_attempt(circuit.provider, circuit.provider_model, last.label)

@@ -1,12 +1,15 @@
 """The status page (SPEC section 7): `/status` in HTML and `/status.json`.
 
-Both show what this worker process knows, and say which worker answered (its PID):
-with several workers, each has its own circuits and listings, so two reloads may be
-answered by two workers. For each provider: its listing state (on or off; `up` true
-when its last listing succeeded, false when it failed or has not finished yet, null
-when listing is off) and the number of models it listed; for each of its circuits,
-the state in words ("Circuit Open" etc.), the consecutive failures, the current pause,
-the seconds until the next probe (null unless open) and the last error.
+Both show every live worker's circuits and listings in one view, read from the shared
+metric store where each worker publishes them (tinygw.board), whichever worker answers;
+and the gateway: version, artifact sha256 (when frozen), config hash, start and uptime,
+live workers (slot and PID) and each model alias's strategy and targets. Times in
+status.json are wall-clock ISO 8601 (UTC). For each provider: its listing state (on or
+off; `up` true when every live worker's last listing succeeded, false when one failed
+or has not finished yet, null when listing is off) and the number of models listed;
+for each circuit of each worker (`worker` = its slot): the state in words ("Circuit
+Open" etc.), the consecutive failures, the current pause, the seconds until the next
+probe and when that is (null unless open), when it opened, and the last error.
 
 `snapshot` builds the plain data from the gateway and is the only reader of it; the
 two handlers render that data. The pages show names, states, counts and error labels
@@ -17,13 +20,19 @@ refresh, and every value in it is HTML-escaped.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
+import time
+from datetime import datetime, timezone
 from html import escape
 
 import msgspec
 
-from tinygw.breaker import Circuit, State
+from tinygw import __version__, board
+from tinygw.attestation import artifact_digests
+from tinygw.breaker import State
+from tinygw.errors import EvidenceUnavailable
 from tinygw.gateway import Gateway
 from tinygw.wire import JSON_HEADERS
 
@@ -39,53 +48,92 @@ _encode = msgspec.json.Encoder()
 _HTML_HEADERS = [(b"content-type", b"text/html; charset=utf-8"), (b"cache-control", b"no-store")]
 
 
-def _circuit(circuit: Circuit) -> dict:
-    state = circuit.state()  # read first: an open circuit whose pause is over turns half-open here
+def _iso(wall_seconds: float | None) -> str | None:
+    if wall_seconds is None:
+        return None
+    return datetime.fromtimestamp(wall_seconds, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _circuit(c: board.CircuitView, slot: int, now: float, wall: float) -> dict:
+    state = c.state
+    if state is State.OPEN and c.opened_at is not None and now >= c.opened_at + c.pause_seconds:
+        state = State.HALF_OPEN  # its pause is over: the worker turns it half-open when it next looks
+    next_probe = max(0.0, c.opened_at + c.pause_seconds - now) if state is State.OPEN and c.opened_at else None
     return {
-        "provider_model": circuit.provider_model,
+        "worker": slot,
+        "provider_model": c.provider_model,
         "state": STATE_WORDS[state],
-        "consecutive_failures": circuit.failures,
-        "pause_seconds": circuit.pause_seconds,
-        "next_probe_seconds": circuit.retry_after() if state is State.OPEN else None,
-        "last_error": circuit.last_error,
+        "consecutive_failures": c.failures,
+        "pause_seconds": c.pause_seconds,
+        "next_probe_seconds": next_probe,
+        "next_probe_at": _iso(wall + next_probe) if next_probe is not None else None,
+        "opened_at": _iso(wall - (now - c.opened_at)) if state is State.OPEN and c.opened_at else None,
+        "last_error": c.last_error,
     }
 
 
-def snapshot(gateway: Gateway, pid: int) -> dict:
-    """What both pages show, as plain data (the shape of /status.json)."""
+def snapshot(gateway: Gateway, pid: int, artifact_sha256: str | None = None) -> dict:
+    """What both pages show, as plain data (the shape of /status.json): every live
+    worker's circuits and listings, read from the shared store (tinygw.board)."""
     settings = gateway.settings
+    now, wall = gateway.clock(), time.time()  # wall: for display only
+    workers = board.read(gateway.metrics.store)
     providers = []
     for name in sorted(settings.providers):
         provider = settings.providers[name]
         enabled = provider.doc.listing and settings.listing_seconds > 0
-        listed = gateway.listings.get(name)
-        circuits = sorted(gateway.breakers.of_provider(name), key=lambda c: c.provider_model)
+        listed = [w.listings.get(name) for w in workers]
+        up = bool(listed) and all(n is not None for n in listed)
+        circuits = [_circuit(c, w.slot, now, wall) for w in workers for c in w.circuits if c.provider == name]
+        circuits.sort(key=lambda c: (c["provider_model"], c["worker"]))
         providers.append(
             {
                 "name": name,
                 "api": provider.doc.api,
                 "listing": {
                     "enabled": enabled,
-                    "up": (listed is not None) if enabled else None,
-                    "models": len(listed) if enabled and listed is not None else None,
+                    "up": up if enabled else None,
+                    "models": min(listed) if enabled and up else None,
                 },
-                "circuits": [_circuit(c) for c in circuits],
+                "circuits": circuits,
             }
         )
-    return {"worker": {"pid": pid}, "generated_at_monotonic": gateway.clock(), "providers": providers}
+    started = min((w.started_at for w in workers if w.started_at is not None), default=gateway.started_at)
+    return {
+        "version": __version__,
+        "artifact_sha256": artifact_sha256,
+        "config_sha256": settings.config_sha256(),
+        "generated_at": _iso(wall),
+        "started_at": _iso(started),
+        "uptime_seconds": round(max(0.0, wall - started), 1),
+        "worker": {"pid": pid, "slot": gateway.metrics.store.slot},
+        "workers": [{"slot": w.slot, "pid": w.pid, "started_at": _iso(w.started_at)} for w in workers],
+        "models": [{"name": n, "strategy": m.strategy, "targets": [str(t) for t in m.targets]}
+                   for n, m in sorted(settings.models.items())],
+        "providers": providers,
+    }
 
 
 # ---- handlers ------------------------------------------------------------------------
 
 
+async def _artifact_sha256(gateway: Gateway) -> str | None:
+    if gateway.artifact_digests is None:  # the executable does not change while it runs
+        try:
+            gateway.artifact_digests = await asyncio.to_thread(artifact_digests)
+        except EvidenceUnavailable:
+            return None
+    return gateway.artifact_digests[0]
+
+
 async def status_json(gateway: Gateway, scope, send) -> None:
-    body = _encode.encode(snapshot(gateway, os.getpid()))
+    body = _encode.encode(snapshot(gateway, os.getpid(), await _artifact_sha256(gateway)))
     await send({"type": "http.response.start", "status": 200, "headers": JSON_HEADERS})
     await send({"type": "http.response.body", "body": body})
 
 
 async def status_page(gateway: Gateway, scope, send) -> None:
-    body = render_html(snapshot(gateway, os.getpid())).encode()
+    body = render_html(snapshot(gateway, os.getpid(), await _artifact_sha256(gateway))).encode()
     await send({"type": "http.response.start", "status": 200, "headers": _HTML_HEADERS})
     await send({"type": "http.response.body", "body": body})
 
@@ -101,7 +149,8 @@ h2 { font-size: 1.15em; margin: 1.6em 0 .3em; }
 table { border-collapse: collapse; width: 100%; table-layout: fixed; background: #fff; }
 th, td { text-align: left; padding: .35em .7em; border-bottom: 1px solid #ddd; }
 th { background: #eee; font-weight: 600; }
-th:nth-child(1) { width: 20%; } th:nth-child(3), th:nth-child(5) { width: 18%; } th:nth-child(4) { width: 13%; }
+th:nth-child(1) { width: 18%; } th:nth-child(2) { width: 7%; } th:nth-child(4), th:nth-child(6) { width: 16%; }
+th:nth-child(5) { width: 12%; }
 th.num, td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .state { font-weight: 600; }
 th, td.num, td.state, td.probe { white-space: nowrap; }
@@ -110,9 +159,12 @@ td { overflow-wrap: anywhere; }
 .open { color: #b00020; }
 .half-open { color: #8a5a00; }
 code { font-size: .95em; }
+table.facts, table.models { table-layout: auto; margin-bottom: 1em; }
+table.facts th { width: 12em; }
+table.models th { width: auto !important; }
 """
 
-_COLUMNS = [("Upstream model", ""), ("State", ""), ("Consecutive failures", ' class="num"'),
+_COLUMNS = [("Upstream model", ""), ("Worker", ' class="num"'), ("State", ""), ("Consecutive failures", ' class="num"'),
             ("Current pause", ' class="num"'), ("Next probe", ""), ("Last error", "")]
 _STATE_CLASS = {"Circuit Closed": "closed", "Circuit Open": "open", "Circuit Half-Open": "half-open"}
 
@@ -136,6 +188,7 @@ def _circuit_row(c: dict) -> str:
     cells = [
         f'<td><code>{escape(c["provider_model"])}</code></td>' if c["provider_model"]
         else "<td><em>(the provider&#x27;s own)</em></td>",
+        f'<td class="num">{escape(str(c["worker"]))}</td>',
         f'<td class="state {_STATE_CLASS[c["state"]]}">{escape(c["state"])}</td>',
         f'<td class="num">{escape(str(c["consecutive_failures"]))}</td>',
         f'<td class="num">{escape(_seconds(c["pause_seconds"]))}</td>',
@@ -156,6 +209,30 @@ def _provider_section(p: dict) -> str:
     )
 
 
+def _uptime(seconds: float) -> str:
+    whole = int(seconds)
+    days, rest = divmod(whole, 86400)
+    return (f"{days} d " if days else "") + f"{rest // 3600} h {rest % 3600 // 60} min {rest % 60} s"
+
+
+def _overview(data: dict) -> str:
+    sha = data.get("artifact_sha256")
+    facts = [
+        ("Version", escape(str(data.get("version")))),
+        ("Artifact sha256", f"<code>{escape(sha)}</code>" if sha else "— (not a frozen build)"),
+        ("Config sha256", f'<code>{escape(str(data.get("config_sha256")))}</code>'),
+        ("Up since", f'{escape(str(data.get("started_at")))} ({escape(_uptime(data.get("uptime_seconds", 0)))})'),
+        ("Workers", escape(", ".join(f'{w["slot"]} (PID {w["pid"]})' for w in data.get("workers", [])) or "—")),
+    ]
+    rows = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in facts)
+    models = "".join(
+        f'<tr><td><code>{escape(m["name"])}</code></td><td>{escape(m["strategy"])}</td>'
+        f'<td>{escape(", ".join(m["targets"]))}</td></tr>' for m in data.get("models", []))
+    model_table = (f'<h2>Models</h2><table class="models"><thead><tr><th>Alias</th><th>Strategy</th><th>Targets</th>'
+                   f"</tr></thead><tbody>{models}</tbody></table>") if models else ""
+    return f'<table class="facts"><tbody>{rows}</tbody></table>{model_table}'
+
+
 def render_html(data: dict) -> str:
     sections = "".join(_provider_section(p) for p in data["providers"]) or "<p>No providers configured.</p>"
     pid = escape(str(data["worker"]["pid"]))
@@ -166,7 +243,7 @@ def render_html(data: dict) -> str:
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>tinygw status</title><style>{_STYLE}</style></head><body>"
         "<h1>tinygw status</h1>"
-        f'<p class="meta">Answered by worker PID {pid}. Each worker keeps its own circuits; '
-        f"this page reloads every {REFRESH_SECONDS} s.</p>"
-        f"{sections}</body></html>\n"
+        f'<p class="meta">Answered by worker PID {pid}, at {escape(str(data.get("generated_at")))}. Each worker '
+        f"keeps its own circuits; this page shows every live worker&#x27;s and reloads every {REFRESH_SECONDS} s.</p>"
+        f"{_overview(data)}{sections}</body></html>\n"
     )

@@ -1,0 +1,104 @@
+"""What each worker publishes of its circuits and listings, for the status page.
+
+Circuits are per worker (SPEC section 4), but the status page shows every live
+worker's in one view (SPEC section 7), whichever worker a reload reaches. So each
+worker writes its circuits' state into its own file of the shared metric store
+(tinygw.metricstore), under names that /metrics does not export, and the page reads
+every live worker's. A value is written only when it changed: a request whose circuit
+stays as it was costs a tuple comparison.
+
+Entries (family, labels, part):
+- ("status_worker", (), "started_at"): the worker's start, wall-clock seconds
+- ("status_circuit", (provider, provider_model), "state" | "failures" | "pause" | "opened_at")
+  (state 0 closed, 1 open, 2 half-open; opened_at on the machine's monotonic clock,
+  which every process shares)
+- ("status_error", (provider, provider_model, label), ""): when `label` became the
+  circuit's last error (a sequence number: the largest is the last)
+- ("status_listing", (provider,), "models"): models of the last successful listing, or -1
+"""
+
+from __future__ import annotations
+
+from msgspec import Struct
+
+from tinygw.breaker import Circuit, State
+
+_STATE_CODE = {State.CLOSED: 0.0, State.OPEN: 1.0, State.HALF_OPEN: 2.0}
+STATES = {0: State.CLOSED, 1: State.OPEN, 2: State.HALF_OPEN}
+
+
+class CircuitView(Struct):
+    provider: str
+    provider_model: str
+    state: State
+    failures: int
+    pause_seconds: float
+    opened_at: float | None  # monotonic
+    last_error: str | None
+
+
+class WorkerView(Struct):
+    pid: int
+    slot: int
+    started_at: float | None  # wall clock
+    circuits: list[CircuitView]
+    listings: dict[str, int | None]  # provider -> models listed, None while not up
+
+
+class Board:
+    def __init__(self, store, started_at: float) -> None:
+        self.store = store
+        self._published: dict[tuple[str, str], tuple] = {}
+        self._errors = 0
+        store.set(("status_worker", (), "started_at"), started_at)
+
+    def publish_circuit(self, circuit: Circuit) -> None:
+        key = (circuit.provider, circuit.provider_model)
+        now = (circuit._state, circuit.failures, circuit.pause_seconds, circuit.opened_at, circuit.last_error)
+        before = self._published.get(key)
+        if now == before:
+            return
+        self._published[key] = now
+        state, failures, pause, opened_at, last_error = now
+        set_ = self.store.set
+        set_(("status_circuit", key, "state"), _STATE_CODE[state])
+        set_(("status_circuit", key, "failures"), float(failures))
+        set_(("status_circuit", key, "pause"), pause)
+        set_(("status_circuit", key, "opened_at"), opened_at or 0.0)
+        if last_error is not None and (before is None or before[4] != last_error):
+            self._errors += 1
+            set_(("status_error", (*key, last_error), ""), float(self._errors))
+
+    def publish_listing(self, provider: str, models: int | None) -> None:
+        self.store.set(("status_listing", (provider,), "models"), -1.0 if models is None else float(models))
+
+
+def read(store) -> list[WorkerView]:
+    """Every live worker's view, by slot."""
+    views = []
+    for pid, slot, alive, values in store.snapshot():
+        if not alive:
+            continue
+        fields: dict[tuple[str, str], dict[str, float]] = {}
+        errors: dict[tuple[str, str], tuple[float, str]] = {}
+        listings: dict[str, int | None] = {}
+        started_at = None
+        for (name, labels, part), value in values.items():
+            if name == "status_circuit" and len(labels) == 2:
+                fields.setdefault(tuple(labels), {})[part] = value
+            elif name == "status_error" and len(labels) == 3:
+                key = (labels[0], labels[1])
+                if key not in errors or errors[key][0] < value:
+                    errors[key] = (value, labels[2])
+            elif name == "status_listing" and len(labels) == 1:
+                listings[labels[0]] = None if value < 0 else int(value)
+            elif name == "status_worker" and part == "started_at":
+                started_at = value
+        circuits = [
+            CircuitView(provider=p, provider_model=m, state=STATES.get(int(f.get("state", 0)), State.CLOSED),
+                        failures=int(f.get("failures", 0)), pause_seconds=f.get("pause", 0.0),
+                        opened_at=f.get("opened_at") or None, last_error=errors.get((p, m), (0, None))[1])
+            for (p, m), f in sorted(fields.items())
+        ]
+        views.append(WorkerView(pid=pid, slot=slot, started_at=started_at, circuits=circuits, listings=listings))
+    return sorted(views, key=lambda v: v.slot)
