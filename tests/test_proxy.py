@@ -12,7 +12,7 @@ import anthropic
 import openai
 import pytest
 
-from conftest import Gateway, call, closed_port, wait_until
+from conftest import Gateway, call, closed_port, metric_value, wait_until
 from tinygw.fake_upstream import (
     FakeUpstream,
     Reply,
@@ -103,6 +103,17 @@ def test_openai_sdk_stream(gateway, fake):
     )
     text = "".join(chunk.choices[0].delta.content or "" for chunk in stream)
     assert text == "Hello from fake."
+
+
+def test_openai_sdk_stream_with_usage_is_relayed_and_counted(gateway, fake):
+    before = metric_value(gateway, "tinygw_tokens_total", model="gpt-x", kind="completion") or 0
+    chunks = list(openai_client(gateway).chat.completions.create(
+        model="gpt-x", messages=[{"role": "user", "content": "hi"}], stream=True,
+        stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello from fake."
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4
+    assert all(c.usage is None for c in chunks[:-1])
+    assert metric_value(gateway, "tinygw_tokens_total", model="gpt-x", kind="completion") == before + 4
 
 
 def test_openai_sdk_completions_and_embeddings(gateway, fake):

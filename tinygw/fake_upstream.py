@@ -61,18 +61,28 @@ def sse_reply(events: list[bytes], delay_seconds: float = 0.0, cut: bool = False
                  chunks=[(delay_seconds, e) for e in events], action="cut" if cut else "answer")
 
 
-def _openai_chunk(model: str, content: str | None, finish: str | None = None, role: bool = False) -> bytes:
+def _openai_chunk(model: str, content: str | None, finish: str | None = None, role: bool = False,
+                  with_usage: bool = False) -> bytes:
     delta = {"role": "assistant"} if role else ({"content": content} if content is not None else {})
     chunk = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model,
              "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    if with_usage:
+        chunk["usage"] = None  # as OpenAI sends it on every chunk but the last
     return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
 
-def openai_stream_events(model: str, words: list[str]) -> list[bytes]:
-    events = [_openai_chunk(model, None, role=True)]
-    events += [_openai_chunk(model, w) for w in words]
-    events += [_openai_chunk(model, None, finish="stop"), b"data: [DONE]\n\n"]
-    return events
+def openai_stream_events(model: str, words: list[str], include_usage: bool = False) -> list[bytes]:
+    """Chat chunks of `words`; with `include_usage` (the request's
+    `stream_options.include_usage`), a last chunk with no choices and the usage."""
+    events = [_openai_chunk(model, None, role=True, with_usage=include_usage)]
+    events += [_openai_chunk(model, w, with_usage=include_usage) for w in words]
+    events += [_openai_chunk(model, None, finish="stop", with_usage=include_usage)]
+    if include_usage:
+        usage = {"prompt_tokens": 3, "completion_tokens": len(words), "total_tokens": 3 + len(words)}
+        chunk = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model,
+                 "choices": [], "usage": usage}
+        events.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+    return [*events, b"data: [DONE]\n\n"]
 
 
 def anthropic_stream_events(model: str, words: list[str]) -> list[bytes]:
@@ -250,7 +260,9 @@ def well_behaved(name: str = "fake", words: list[str] | None = None, delay_secon
                                                              "tool_calls": [call]}}],
                                     "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
         if body.get("stream"):
-            return sse_reply(openai_stream_events(model, words), delay_seconds)
+            options = body.get("stream_options")
+            include_usage = isinstance(options, dict) and options.get("include_usage") is True
+            return sse_reply(openai_stream_events(model, words, include_usage), delay_seconds)
         if request.path.endswith("/completions") and not request.path.endswith("/chat/completions"):
             return json_reply(200, {"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": model,
                                     "choices": [{"index": 0, "text": "".join(words), "finish_reason": "stop",
