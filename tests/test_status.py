@@ -8,8 +8,10 @@ in `artifacts/status.png`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -132,7 +134,9 @@ def test_status_json_shows_the_open_and_the_closed_circuit_and_the_worker(outage
     assert started <= generated and 0 <= data["uptime_seconds"] < 120
     [logged] = [r for r in outage.log_records() if r.get("msg") == "worker started"]
     assert (data["version"], data["config_sha256"]) == (__version__, logged["config_sha256"])
-    assert data["artifact_sha256"] is None  # from source: no frozen executable to hash
+    binary = os.environ.get("TINYGW_BINARY")  # the frozen build (make test-frozen) hashes itself
+    expected = hashlib.sha256(Path(binary).read_bytes()).hexdigest() if binary else None
+    assert data["artifact_sha256"] == expected
     assert data["workers"] == [{"slot": 1, "pid": pid, "started_at": data["workers"][0]["started_at"]}]
     assert data["models"] == [{"name": "m", "strategy": "failover", "targets": ["down:Qwen3"]},
                               {"name": "n", "strategy": "failover", "targets": ["up:fake-model"]}]
