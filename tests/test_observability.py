@@ -3,11 +3,14 @@ debug headers; and no configured key anywhere a gateway writes."""
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
+import os
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -40,6 +43,21 @@ def test_every_metric_of_spec_section_7_parses(fake, start_gateway):
                         outcome="200") == 3
     assert metric_value(gateway, "tinygw_upstream_first_byte_seconds_count", provider="p") == 3
     assert metric_value(gateway, "tinygw_build_info") == 1
+
+
+def test_build_info_names_the_frozen_artifact_s_sha256(fake, start_gateway):
+    """SPEC section 7: the artifact's sha256 is filled in whenever frozen (the frozen
+    suite runs this against build/dist/tinygw); from source it is empty."""
+    gateway = start_gateway({"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}})
+    binary = os.environ.get("TINYGW_BINARY")
+    expected = hashlib.sha256(Path(binary).read_bytes()).hexdigest() if binary else ""
+
+    def build_info_sha256():
+        text = call("GET", f"{gateway.url}/metrics")[2].decode()
+        [sample] = [s for f in text_string_to_metric_families(text) for s in f.samples if s.name == "tinygw_build_info"]
+        return sample.labels["artifact_sha256"]
+
+    assert wait_until(lambda: build_info_sha256() == expected, seconds=10, what="the artifact's sha256")
 
 
 # A private mount namespace whose /dev/shm is read-only, as on some locked-down hosts.

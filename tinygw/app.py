@@ -17,8 +17,8 @@ from urllib.parse import parse_qs, quote
 import msgspec
 
 from tinygw import config, discovery, logs, proxy, wire
-from tinygw.attestation import attestation_page
-from tinygw.errors import ConfigError
+from tinygw.attestation import artifact_digests, attestation_page
+from tinygw.errors import ConfigError, EvidenceUnavailable
 from tinygw.gateway import Gateway
 from tinygw.routing import ROUTES, resolve
 from tinygw.status import status_json, status_page
@@ -62,12 +62,23 @@ async def lifespan(scope, receive, send) -> None:
     if settings.routing.debug:
         logs.log(logging.WARNING, "routing.debug is on: responses carry x-tinygw-* debug headers")
     logs.log(logging.INFO, "worker started", pid=os.getpid(), config_sha256=settings.config_sha256())
-    background = discovery.start(gateway)
+    background = [*discovery.start(gateway), asyncio.create_task(_hash_artifact(gateway), name="artifact")]
     await send({"type": "lifespan.startup.complete"})
     message = await receive()
     await discovery.stop(background)
     await gateway.aclose()
     await send({"type": "lifespan.shutdown.complete"})
+
+
+async def _hash_artifact(gateway: Gateway) -> None:
+    """The frozen executable's digests, for `tinygw_build_info` and /attestation: hashed
+    off the loop once the worker serves (~40 ms for the artifact), not before."""
+    try:
+        gateway.artifact_digests = await asyncio.to_thread(artifact_digests)
+    except EvidenceUnavailable:
+        return
+    if gateway.artifact_digests[0]:
+        gateway.metrics.set_artifact_sha256(gateway.artifact_digests[0])
 
 
 # ---- requests ------------------------------------------------------------------------

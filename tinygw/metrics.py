@@ -74,6 +74,7 @@ def _number(value: float) -> str:
 class Metrics:
     def __init__(self, version: str, artifact_sha256: str, directory: str | None = None) -> None:
         self._build = (("version", version), ("artifact_sha256", artifact_sha256))
+        self._version = version
         self.store = MemoryStore()
         if directory:
             try:
@@ -81,6 +82,10 @@ class Metrics:
             except OSError as e:
                 logs.log(logging.WARNING, "metrics kept per worker: the shared directory is unusable",
                          error=type(e).__name__)
+
+    def set_artifact_sha256(self, digest: str) -> None:
+        """The frozen executable's sha256, once a worker has hashed it (tinygw.app)."""
+        self._build = (("version", self._version), ("artifact_sha256", digest))
 
     # ---- the hot path -----------------------------------------------------------------
 
