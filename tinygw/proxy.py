@@ -298,6 +298,18 @@ async def _relay_stream(response, send: Send, result: Result, loop: asyncio.Abst
     committed = False
     finished = False
     error_after_output = False
+
+    def after_output(event: bytes) -> None:
+        """An event once output was sent: only the cheap scan, unless it may end the
+        answer or carry an error; its `usage`, if any, counted."""
+        nonlocal finished, error_after_output
+        if sse.may_end_or_fail(event):
+            event_kind, done = sse.kind(event)
+            finished |= done
+            error_after_output |= event_kind is sse.Kind.ERROR
+        if b'"usage"' in event:
+            tokens.add(usage.of_event(event))
+
     while True:
         try:
             chunk = await response.next_chunk()
@@ -311,14 +323,9 @@ async def _relay_stream(response, send: Send, result: Result, loop: asyncio.Abst
         if len(pending) > MAX_HELD_BYTES:  # no event boundary in sight: stop looking
             events.append(pending)
             pending = b""
-        if committed:  # all that arrived goes on in one message; few events need a look
+        if committed:  # all that arrived goes on in one message
             for event in events:
-                if sse.may_end_or_fail(event):
-                    event_kind, done = sse.kind(event)
-                    finished |= done
-                    error_after_output |= event_kind is sse.Kind.ERROR
-                if b'"usage"' in event:
-                    tokens.add(usage.of_event(event))
+                after_output(event)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
             continue
         for i, event in enumerate(events):
@@ -334,13 +341,8 @@ async def _relay_stream(response, send: Send, result: Result, loop: asyncio.Abst
             if event_kind is sse.Kind.OUTPUT or held_bytes > MAX_HELD_BYTES:
                 committed = True
                 result.current = f"{result.target.provider}:200"
-                for later in events[i + 1 :]:  # after output: the cheap scan first, as below
-                    if sse.may_end_or_fail(later):
-                        later_kind, later_done = sse.kind(later)
-                        finished |= later_done
-                        error_after_output |= later_kind is sse.Kind.ERROR
-                    if b'"usage"' in later:
-                        tokens.add(usage.of_event(later))
+                for later in events[i + 1 :]:  # in the same read as the first output
+                    after_output(later)
                 await send(start)
                 body = b"".join(held) + b"".join(events[i + 1 :]) + pending
                 await send({"type": "http.response.body", "body": body, "more_body": True})
