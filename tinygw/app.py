@@ -12,19 +12,17 @@ import asyncio
 import logging
 import os
 import sys
-from urllib.parse import parse_qs, quote
+from urllib.parse import quote
 
-import msgspec
 
-from tinygw import config, discovery, logs, proxy, wire
+from tinygw import config, discovery, logs, models, proxy, wire
 from tinygw.attestation import artifact_digests, attestation_page
 from tinygw.errors import ConfigError, EvidenceUnavailable
 from tinygw.gateway import Gateway
 from tinygw.routing import ROUTES, resolve
 from tinygw.status import status_json, status_page
-from tinygw.wire import JSON_HEADERS, BadBody, error_body, header, read_head
-
-_encode = msgspec.json.Encoder()
+from tinygw.models import MODEL_PREFIX
+from tinygw.wire import BadBody, header, read_head, send_error, send_json
 
 # The status logged and counted for a request whose client left before its answer
 # (nginx's convention; never sent, there is nobody to send it to).
@@ -95,17 +93,17 @@ async def handle(gateway: Gateway, scope, receive, send) -> None:
     send = _with_request_id(send, request_id)
     if route is not None:
         if method != "POST":
-            await _error(send, 405, f"{path} takes POST", "invalid_request_error", "method_not_allowed")
+            await send_error(send, 405, f"{path} takes POST", "invalid_request_error", "method_not_allowed")
     elif path in _PAGES or path.startswith(MODEL_PREFIX):
         if method not in ("GET", "HEAD"):
-            await _error(send, 405, f"{path} takes GET", "invalid_request_error", "method_not_allowed")
+            await send_error(send, 405, f"{path} takes GET", "invalid_request_error", "method_not_allowed")
             return
         if path in _PAGES:
             await _PAGES[path](gateway, scope, send)
         else:
-            await _model(gateway, scope, send, path[len(MODEL_PREFIX):])
+            await models.one_model(gateway, scope, send, path[len(MODEL_PREFIX):])
     else:
-        await _error(send, 404, f"no route {path}; the routes are: {ROUTE_LIST}", "invalid_request_error",
+        await send_error(send, 404, f"no route {path}; the routes are: {ROUTE_LIST}", "invalid_request_error",
                      "not_found")
 
 
@@ -145,7 +143,7 @@ async def _proxy(gateway: Gateway, route, scope, receive, send, request_id: byte
     gateway.metrics.add_in_flight(1)
     try:
         if not gateway.auth.allows(headers):
-            status = await _error(send_tracked, 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key")
+            status = await send_error(send_tracked, 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key")
             return
         try:
             body = await _read_body(receive, headers, gateway.settings.max_body_bytes,
@@ -154,18 +152,18 @@ async def _proxy(gateway: Gateway, route, scope, receive, send, request_id: byte
             # Granian reports a malformed chunked body the same way as a client that
             # left: answer 400 (a client that really left will not read it), and count
             # it as a client that left, which is what it most often is.
-            await _error(send_tracked, 400, "the request body is incomplete or its chunked framing is malformed",
+            await send_error(send_tracked, 400, "the request body is incomplete or its chunked framing is malformed",
                          "invalid_request_error", "invalid_body")
             status = CLIENT_CLOSED
             return
         except TimeoutError:
             limit = gateway.settings.client_timeout_seconds
-            status = await _error(send_tracked, 408, f"no byte of the request body for {limit:g} s",
+            status = await send_error(send_tracked, 408, f"no byte of the request body for {limit:g} s",
                                   "invalid_request_error", "request_timeout")
             return
         if body is None:
             limit = gateway.settings.max_body_bytes
-            status = await _error(
+            status = await send_error(
                 send_tracked, 413, f"request body over {limit} bytes", "invalid_request_error", "request_too_large"
             )
             return
@@ -173,7 +171,7 @@ async def _proxy(gateway: Gateway, route, scope, receive, send, request_id: byte
         resolution = resolve(gateway.settings, route, head.model)
         if resolution is None:
             message = f"the model {head.model!r} does not exist on {route.path}"
-            status = await _error(send_tracked, 404, message, "invalid_request_error", "model_not_found")
+            status = await send_error(send_tracked, 404, message, "invalid_request_error", "model_not_found")
             return
         model = resolution.model
         inbound = proxy.Inbound(
@@ -202,13 +200,13 @@ async def _proxy(gateway: Gateway, route, scope, receive, send, request_id: byte
         finally:
             watcher.cancel()
     except BadBody as e:
-        status = await _error(send_tracked, 400, str(e), "invalid_request_error", "invalid_body")
+        status = await send_error(send_tracked, 400, str(e), "invalid_request_error", "invalid_body")
     except ClientLeft:
         status = CLIENT_CLOSED
     except Exception:
         logs.log_exception("request failed inside the gateway", route=route.path)
         if not response_started:  # else the client sees its response end early
-            status = await _error(send_tracked, 500, "internal gateway error", "internal_error", "internal_error")
+            status = await send_error(send_tracked, 500, "internal gateway error", "internal_error", "internal_error")
     finally:
         metrics = gateway.metrics
         metrics.add_in_flight(-1)
@@ -323,119 +321,11 @@ async def _discard_body(receive, message, timeout_seconds: float, loop: asyncio.
         discarded += len(message.get("body", b""))
 
 
-async def _error(send, status: int, message: str, type_: str, code: str | None = None) -> int:
-    await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS})
-    await send({"type": "http.response.body", "body": error_body(message, type_, code)})
-    return status
-
-
 # ---- pages ----------------------------------------------------------------------------
 
 
-async def _send_json(send, value, status: int = 200) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS})
-    await send({"type": "http.response.body", "body": _encode.encode(value)})
-
-
 async def _healthz(gateway: Gateway, scope, send) -> None:
-    await _send_json(send, {"status": "ok"})
-
-
-def _model_entries(gateway: Gateway) -> list[dict]:
-    """SPEC section 6: every model alias, then `provider/upstream_model` for each model
-    of each provider whose last listing succeeded, each with its `availability`: true
-    if any of its targets' circuits admits an attempt now, else `retry_after`, whole
-    seconds until the soonest probe."""
-    # Circuits are looked up, not made: a circuit that no attempt has made yet is closed,
-    # and reading this page must not add circuits (and metric series) for every listed model.
-    circuits = {(c.provider, c.provider_model): c for c in gateway.breakers.all()}
-    models = gateway.settings.models
-    entries = [(name, "tinygw", [(t.provider, t.upstream_model) for t in models[name].targets])
-               for name in sorted(models)]
-    for provider in sorted(gateway.listings):
-        for upstream_model in gateway.listings[provider]:
-            if f"{provider}/{upstream_model}" not in models:  # else the alias is what a request gets
-                entries.append((f"{provider}/{upstream_model}", provider, [(provider, upstream_model)]))
-    data = []
-    for model_id, owner, targets in entries:
-        known = [circuits[t] for t in targets if t in circuits]
-        available = len(known) < len(targets) or any(c.available() for c in known)
-        retry_after = None if available else min(c.retry_after_header() for c in known)
-        data.append(
-            {
-                "id": model_id,
-                "object": "model",
-                "created": 0,
-                "owned_by": owner,
-                "availability": {"available": available, "retry_after": retry_after},
-            }
-        )
-    return data
-
-
-# The models' creation time is not known to the gateway: 0 in OpenAI's shape, the
-# same instant in Anthropic's.
-_EPOCH = "1970-01-01T00:00:00Z"
-# Anthropic's page size: 20 unless the request's `limit` (1 to 1000) says otherwise.
-ANTHROPIC_PAGE = 20
-ANTHROPIC_MAX_PAGE = 1000
-
-
-def _anthropic_entry(entry: dict) -> dict:
-    """A model in the shape of Anthropic's Models API, with tinygw's `availability`."""
-    return {"type": "model", "id": entry["id"], "display_name": entry["id"], "created_at": _EPOCH,
-            "availability": entry["availability"]}
-
-
-def _anthropic_page(data: list[dict], query: bytes) -> dict | str:
-    """One page of the list as Anthropic's API pages it (`limit`, `after_id`,
-    `before_id`), or the reason the query is refused. An id not in the list gives an
-    empty page."""
-    params = {k: v[-1] for k, v in parse_qs(query.decode("latin-1")).items()}
-    limit = params.get("limit", str(ANTHROPIC_PAGE))
-    if not limit.isdigit() or not 1 <= int(limit) <= ANTHROPIC_MAX_PAGE:
-        return f"limit must be an integer from 1 to {ANTHROPIC_MAX_PAGE}"
-    limit = int(limit)
-    ids = [e["id"] for e in data]
-    if "before_id" in params:
-        end = ids.index(params["before_id"]) if params["before_id"] in ids else 0
-        page, has_more = data[max(0, end - limit) : end], end - limit > 0
-    else:
-        after = params.get("after_id")
-        start = 0 if after is None else ids.index(after) + 1 if after in ids else len(ids)
-        page, has_more = data[start : start + limit], start + limit < len(ids)
-    return {"data": page, "has_more": has_more, "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None}
-
-
-async def _models(gateway: Gateway, scope, send) -> None:
-    """GET /v1/models: OpenAI's list, or Anthropic's pages when the request carries
-    `anthropic-version` (as Anthropic's SDKs send it)."""
-    if not gateway.auth.allows(scope["headers"]):
-        await _error(send, 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key")
-        return
-    data = _model_entries(gateway)
-    if header(scope["headers"], b"anthropic-version") is None:
-        await _send_json(send, {"object": "list", "data": data})
-        return
-    page = _anthropic_page([_anthropic_entry(e) for e in data], scope.get("query_string", b""))
-    if isinstance(page, str):
-        await _error(send, 400, page, "invalid_request_error", "invalid_query")
-        return
-    await _send_json(send, page)
-
-
-async def _model(gateway: Gateway, scope, send, model_id: str) -> None:
-    """GET /v1/models/{id}: one entry of the list (the id may hold '/'), or 404."""
-    if not gateway.auth.allows(scope["headers"]):
-        await _error(send, 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key")
-        return
-    for entry in _model_entries(gateway):
-        if entry["id"] == model_id:
-            anthropic = header(scope["headers"], b"anthropic-version") is not None
-            await _send_json(send, _anthropic_entry(entry) if anthropic else entry)
-            return
-    await _error(send, 404, f"the model {model_id!r} does not exist", "invalid_request_error", "model_not_found")
+    await send_json(send, {"status": "ok"})
 
 
 async def _metrics(gateway: Gateway, scope, send) -> None:
@@ -449,9 +339,8 @@ async def _metrics(gateway: Gateway, scope, send) -> None:
     await send({"type": "http.response.body", "body": gateway.metrics.render()})
 
 
-_PAGES = {"/healthz": _healthz, "/v1/models": _models, "/metrics": _metrics, "/status": status_page, "/status.json": status_json,
+_PAGES = {"/healthz": _healthz, "/v1/models": models.model_list, "/metrics": _metrics, "/status": status_page, "/status.json": status_json,
           "/attestation": attestation_page}
-MODEL_PREFIX = "/v1/models/"
 # Named in the 404 for an unknown path, so that a client learns what there is.
 ROUTE_LIST = ", ".join([*(f"POST {p}" for p in ROUTES), "GET /v1/models", f"GET {MODEL_PREFIX}{{id}}",
                         *(f"GET {p}" for p in _PAGES if p != "/v1/models")])

@@ -14,11 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import time
 from collections.abc import Awaitable, Callable
-from datetime import timezone
-from email.utils import parsedate_to_datetime
 
 from msgspec import Struct
 
@@ -29,7 +25,16 @@ from tinygw.gateway import Gateway, Upstream
 from tinygw.outcome import Verdict
 from tinygw.pool import Response
 from tinygw.routing import Resolution, Route
-from tinygw.wire import JSON_HEADERS, error_body, forward_headers, header, relay_headers, rewrite_model, sse_error_event
+from tinygw.wire import (
+    JSON_HEADERS,
+    error_body,
+    forward_headers,
+    header,
+    relay_headers,
+    retry_after_seconds,
+    rewrite_model,
+    sse_error_event,
+)
 
 Send = Callable[[dict], Awaitable[None]]
 
@@ -239,7 +244,7 @@ async def _attempt(
     verdict = outcome.of_status(response.status, elapsed)
     attempt = Attempt(verdict, str(response.status), answer=answer)
     if response.status == 429:
-        attempt.retry_after_seconds = _retry_after_seconds(
+        attempt.retry_after_seconds = retry_after_seconds(
             header(response.headers, b"retry-after"), gateway.settings.breaker.max_open_seconds
         )
     if verdict.outcome is Outcome.SUCCESS:
@@ -258,27 +263,6 @@ async def _attempt(
             attempt.verdict = Verdict(Outcome.FAILURE, may_fall_back=False)
             attempt.label = f"{response.status}+cut"
     return attempt
-
-
-def _retry_after_seconds(value: bytes | None, cap_seconds: float) -> float | None:
-    """A Retry-After header's seconds, at most `cap_seconds`: a number, or an HTTP-date
-    (read against the wall clock, which is what such a date is written in)."""
-    if not value:
-        return None
-    text = value.decode("latin-1").strip()
-    try:
-        seconds = float(text)
-    except ValueError:
-        try:
-            date = parsedate_to_datetime(text)
-        except (TypeError, ValueError, IndexError, OverflowError):
-            return None
-        if date.tzinfo is None:
-            date = date.replace(tzinfo=timezone.utc)  # HTTP-dates are GMT
-        seconds = date.timestamp() - time.time()  # wall
-    if not math.isfinite(seconds):
-        return None
-    return min(max(0.0, seconds), cap_seconds)
 
 
 async def _relay_stream(response, send: Send, result: Result, loop: asyncio.AbstractEventLoop) -> Attempt:

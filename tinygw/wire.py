@@ -7,8 +7,12 @@ replacing its bytes in place when that is unambiguous, and by re-encoding otherw
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import time
+from datetime import timezone
+from email.utils import parsedate_to_datetime
 
 import msgspec
 
@@ -149,6 +153,27 @@ def header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
     return None
 
 
+def retry_after_seconds(value: bytes | None, cap_seconds: float) -> float | None:
+    """A Retry-After header's seconds, at most `cap_seconds`: a number, or an HTTP-date
+    (read against the wall clock, which is what such a date is written in)."""
+    if not value:
+        return None
+    text = value.decode("latin-1").strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            date = parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        if date.tzinfo is None:
+            date = date.replace(tzinfo=timezone.utc)  # HTTP-dates are GMT
+        seconds = date.timestamp() - time.time()  # wall
+    if not math.isfinite(seconds):
+        return None
+    return min(max(0.0, seconds), cap_seconds)
+
+
 # ---- errors -----------------------------------------------------------------------------
 
 
@@ -163,3 +188,19 @@ def sse_error_event(message: str, type_: str, **extra: object) -> bytes:
 
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+# ---- sending an answer --------------------------------------------------------------
+
+
+async def send_json(send, value, status: int = 200) -> None:
+    """An answer of JSON in two ASGI messages."""
+    await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS})
+    await send({"type": "http.response.body", "body": _encode.encode(value)})
+
+
+async def send_error(send, status: int, message: str, type_: str, code: str | None = None) -> int:
+    """An OpenAI-shaped error answer; returns its status, for the access log."""
+    await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS})
+    await send({"type": "http.response.body", "body": error_body(message, type_, code)})
+    return status

@@ -1,0 +1,113 @@
+"""The model list (SPEC sections 3 and 6): GET /v1/models and /v1/models/{id}.
+
+Every configured alias, then `provider/upstream_model` for each model of each provider
+whose last listing succeeded, each with its `availability` from the circuits of its
+targets; in OpenAI's shape, or Anthropic's (paged) when the request carries
+`anthropic-version`.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs
+
+from tinygw.gateway import Gateway
+from tinygw.wire import header, send_error, send_json
+
+MODEL_PREFIX = "/v1/models/"
+
+
+def _model_entries(gateway: Gateway) -> list[dict]:
+    """SPEC section 6: every model alias, then `provider/upstream_model` for each model
+    of each provider whose last listing succeeded, each with its `availability`: true
+    if any of its targets' circuits admits an attempt now, else `retry_after`, whole
+    seconds until the soonest probe."""
+    # Circuits are looked up, not made: a circuit that no attempt has made yet is closed,
+    # and reading this page must not add circuits (and metric series) for every listed model.
+    circuits = {(c.provider, c.provider_model): c for c in gateway.breakers.all()}
+    models = gateway.settings.models
+    entries = [(name, "tinygw", [(t.provider, t.upstream_model) for t in models[name].targets])
+               for name in sorted(models)]
+    for provider in sorted(gateway.listings):
+        for upstream_model in gateway.listings[provider]:
+            if f"{provider}/{upstream_model}" not in models:  # else the alias is what a request gets
+                entries.append((f"{provider}/{upstream_model}", provider, [(provider, upstream_model)]))
+    data = []
+    for model_id, owner, targets in entries:
+        known = [circuits[t] for t in targets if t in circuits]
+        available = len(known) < len(targets) or any(c.available() for c in known)
+        retry_after = None if available else min(c.retry_after_header() for c in known)
+        data.append(
+            {
+                "id": model_id,
+                "object": "model",
+                "created": 0,
+                "owned_by": owner,
+                "availability": {"available": available, "retry_after": retry_after},
+            }
+        )
+    return data
+
+
+# The models' creation time is not known to the gateway: 0 in OpenAI's shape, the
+# same instant in Anthropic's.
+_EPOCH = "1970-01-01T00:00:00Z"
+# Anthropic's page size: 20 unless the request's `limit` (1 to 1000) says otherwise.
+ANTHROPIC_PAGE = 20
+ANTHROPIC_MAX_PAGE = 1000
+
+
+def _anthropic_entry(entry: dict) -> dict:
+    """A model in the shape of Anthropic's Models API, with tinygw's `availability`."""
+    return {"type": "model", "id": entry["id"], "display_name": entry["id"], "created_at": _EPOCH,
+            "availability": entry["availability"]}
+
+
+def _anthropic_page(data: list[dict], query: bytes) -> dict | str:
+    """One page of the list as Anthropic's API pages it (`limit`, `after_id`,
+    `before_id`), or the reason the query is refused. An id not in the list gives an
+    empty page."""
+    params = {k: v[-1] for k, v in parse_qs(query.decode("latin-1")).items()}
+    limit = params.get("limit", str(ANTHROPIC_PAGE))
+    if not limit.isdigit() or not 1 <= int(limit) <= ANTHROPIC_MAX_PAGE:
+        return f"limit must be an integer from 1 to {ANTHROPIC_MAX_PAGE}"
+    limit = int(limit)
+    ids = [e["id"] for e in data]
+    if "before_id" in params:
+        end = ids.index(params["before_id"]) if params["before_id"] in ids else 0
+        page, has_more = data[max(0, end - limit) : end], end - limit > 0
+    else:
+        after = params.get("after_id")
+        start = 0 if after is None else ids.index(after) + 1 if after in ids else len(ids)
+        page, has_more = data[start : start + limit], start + limit < len(ids)
+    return {"data": page, "has_more": has_more, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None}
+
+
+async def model_list(gateway: Gateway, scope, send) -> None:
+    """GET /v1/models: OpenAI's list, or Anthropic's pages when the request carries
+    `anthropic-version` (as Anthropic's SDKs send it)."""
+    if not gateway.auth.allows(scope["headers"]):
+        await send_error(send, 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key")
+        return
+    data = _model_entries(gateway)
+    if header(scope["headers"], b"anthropic-version") is None:
+        await send_json(send, {"object": "list", "data": data})
+        return
+    page = _anthropic_page([_anthropic_entry(e) for e in data], scope.get("query_string", b""))
+    if isinstance(page, str):
+        await send_error(send, 400, page, "invalid_request_error", "invalid_query")
+        return
+    await send_json(send, page)
+
+
+async def one_model(gateway: Gateway, scope, send, model_id: str) -> None:
+    """GET /v1/models/{id}: one entry of the list (the id may hold '/'), or 404."""
+    if not gateway.auth.allows(scope["headers"]):
+        await send_error(send, 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key")
+        return
+    for entry in _model_entries(gateway):
+        if entry["id"] == model_id:
+            anthropic = header(scope["headers"], b"anthropic-version") is not None
+            await send_json(send, _anthropic_entry(entry) if anthropic else entry)
+            return
+    await send_error(send, 404, f"the model {model_id!r} does not exist", "invalid_request_error", "model_not_found")
