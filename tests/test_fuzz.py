@@ -899,3 +899,37 @@ def test_the_cheap_scan_never_misses_an_end_or_an_error_in_provider_events(event
     event_kind, finished = sse.kind(event)
     if event_kind is sse.Kind.ERROR or finished:
         assert sse.may_end_or_fail(event), event
+
+
+def _regex_split(buffer: bytes) -> tuple[list[bytes], bytes]:
+    """What `sse.split` does, the slow way: the reference for its shortcuts."""
+    events, start = [], 0
+    for match in sse._EVENT_END.finditer(buffer):
+        events.append(buffer[start : match.end()])
+        start = match.end()
+    return events, buffer[start:]
+
+
+SCAN_PIECES = [*SSE_PIECES, b'"usage"', b'"finish_reason": "', b'"finish_reason":null', b'"stop_reason"\n:"',
+               b'"finish_reason":', b"event: error", b"event:", b"response.failed", b"response.", b"message_stop",
+               b"\n" * 17, b"\r\n" * 9, b" ", b"\t", b'"']
+scan_streams = sse_streams | st.lists(st.sampled_from(SCAN_PIECES), max_size=24).map(b"".join)
+
+
+@seeded(SSE_SEEDS)
+@given(stream=scan_streams | data_events | provider_events())
+@example(b'"finish_reason":\r\r"error"\n\n')  # a match spanning two events hides nothing
+@example(b"\n\n\n")
+def test_the_stream_scan_after_output_is_the_per_event_scan(stream):
+    """Once output is sent, a stream's reads are scanned whole (sse.last_end,
+    sse.suspects): the same split, and every event that the per-event scan would
+    classify (maybe one more, never one that is not an event)."""
+    events, rest = _regex_split(stream)
+    assert sse.split(stream) == (events, rest)
+    end = sse.last_end(stream)
+    assert end == len(stream) - len(rest)
+    found = sse.suspects(stream, end)
+    wanted = [e for e in events if sse.may_end_or_fail(e) or b'"usage"' in e]
+    assert set(wanted) <= set(found) and all(e in events for e in found)
+    remaining = iter(events)
+    assert all(any(e == later for later in remaining) for e in found)  # in the stream's order

@@ -294,6 +294,12 @@ async def _relay_stream(response, send: Send, result: Result, loop: asyncio.Abst
         if b'"usage"' in event:
             tokens.add(usage.of_event(event))
 
+    def after_output_block(block: bytes, end: int) -> None:
+        """The complete events of `block[:end]`, sent after output: one scan of the
+        bytes finds the few that need a look (sse.suspects), not a step per event."""
+        for event in sse.suspects(block, end):
+            after_output(event)
+
     while True:
         try:
             chunk = await response.next_chunk()
@@ -303,15 +309,21 @@ async def _relay_stream(response, send: Send, result: Result, loop: asyncio.Abst
             return await _end_stream_with_error(send, result, f"the provider failed mid-stream: {e}", e.cause)
         if chunk is None:
             break
-        events, pending = sse.split(pending + chunk if pending else chunk)
+        data = pending + chunk if pending else chunk
+        if committed:  # all that arrived goes on in one message
+            end = sse.last_end(data)
+            if end:
+                after_output_block(data, end)
+            pending = data[end:] if end else data
+            if len(pending) > MAX_HELD_BYTES:  # no event boundary in sight: stop looking
+                after_output(pending)
+                pending = b""
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            continue
+        events, pending = sse.split(data)
         if len(pending) > MAX_HELD_BYTES:  # no event boundary in sight: stop looking
             events.append(pending)
             pending = b""
-        if committed:  # all that arrived goes on in one message
-            for event in events:
-                after_output(event)
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            continue
         for i, event in enumerate(events):
             event_kind, done = sse.kind(event)
             if event_kind is sse.Kind.ERROR:
@@ -325,10 +337,10 @@ async def _relay_stream(response, send: Send, result: Result, loop: asyncio.Abst
             if event_kind is sse.Kind.OUTPUT or held_bytes > MAX_HELD_BYTES:
                 committed = True
                 result.current = f"{result.target.provider}:200"
-                for later in events[i + 1 :]:  # in the same read as the first output
-                    after_output(later)
+                later = b"".join(events[i + 1 :])  # in the same read as the first output
+                after_output_block(later, len(later))
                 await send(start)
-                body = b"".join(held) + b"".join(events[i + 1 :]) + pending
+                body = b"".join(held) + later + pending
                 await send({"type": "http.response.body", "body": body, "more_body": True})
                 result.first_output_at = loop.time()
                 result.tokens = tokens  # counted from here on: this answer is the client's
