@@ -55,9 +55,11 @@ verifier: .venv-verify/.installed
 rehearse: $(STAMP)
 	$(PY) attest/rehearse
 
+# Plain, then streamed answers: tinygw beside nginx, LiteLLM's proxy and Portkey's gateway (the peers are
+# installed on first use into bench/.venv-litellm and bench/.node-portkey); about 8 minutes in all.
 bench: $(STAMP)
 	$(PY) bench/run.py
-	$(PY) bench/run.py --stream --no-peer
+	$(PY) bench/run.py --stream
 
 # What a provider outage costs the clients (refused/reset, hang, 500, then recovery): ~3 min.
 bench-outage: $(STAMP)

@@ -1,7 +1,8 @@
 """tinygw benchmark: an instant upstream, hit directly and through tinygw, with wrk.
 
 Run from the repository root: `.venv/bin/python bench/run.py [--seconds N] [--repeats N]
-[--json PATH]` (what `make bench` does). See bench/README.md for how to read the table.
+[--peers litellm,portkey | --no-peer] [--stream] [--json PATH]` (what `make bench` does). See
+bench/README.md for how to read the table. The peers are LiteLLM's proxy and Portkey's gateway.
 
 Everything listens on 127.0.0.1 only. Every process this script starts runs in a
 process group of its own and is killed on the way out, whatever happened; every wait
@@ -27,6 +28,9 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: its outage.py, however run.py is started
+from outage import PORTKEY, PORTKEY_VERSION  # noqa: E402 - Portkey's gateway: which release, and where
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
@@ -441,23 +445,183 @@ def start_litellm(cli: Path, upstream_port: int) -> tuple[Proc, int, float]:
     return proc, port, time.monotonic() - t0
 
 
-def check_once(port: int, what: str, proc: Proc | None, body: str = BODY) -> None:
-    """One request before measuring, so a broken setup fails loudly, not as a fast table."""
+# ---- the second peer: Portkey's open-source gateway (npm, run with node) ----------------
+
+# One install for run.py and outage.py: the release outage.py names (PORTKEY_VERSION), where it looks
+# for it (PORTKEY, in the git-ignored bench/.node-portkey), made here with the project's npm. The
+# release declares "@hono/node-server": "^1.3.3", so npm takes the newest 1.x, whose lightweight
+# Response (since 1.14.2, honojs/node-server#242) hands back an upstream fetch answer's immutable
+# headers: Portkey's updateHeaders() then throws `TypeError: immutable` on every streamed answer,
+# which the client sees as a 500 {"status":"failure","message":"Something went wrong"}
+# (Portkey-AI/gateway issues #1389 and #1550). So the install is pinned, with npm overrides, to the
+# release before that change, and to the @hono/node-ws whose peer range allows it (the newest wants
+# node-server ^1.19.11).
+PORTKEY_DIR = PORTKEY.parents[4]  # bench/.node-portkey (…/node_modules/@portkey-ai/gateway/build/start-server.js)
+PORTKEY_OVERRIDES = {"@hono/node-server": "1.14.1", "@hono/node-ws": "1.2.0"}
+PORTKEY_INSTALL_TIMEOUT = 600
+
+# Portkey's start-server.js has no host option: its server listens on every interface. This
+# preload makes a listen() without a host listen on loopback only.
+PORTKEY_LOOPBACK_CJS = """\
+const net = require("net");
+const listen = net.Server.prototype.listen;
+net.Server.prototype.listen = function (...args) {
+  if (args[0] !== null && typeof args[0] === "object" && args[0].path === undefined && args[0].host == null) {
+    args[0] = { ...args[0], host: %s };
+  } else if (typeof args[0] === "number" || (typeof args[0] === "string" && /^\\d+$/.test(args[0]))) {
+    if (args[1] === undefined || args[1] === null) args[1] = %s;
+    else if (typeof args[1] !== "string") args.splice(1, 0, %s);
+  }
+  return listen.apply(this, args);
+};
+""" % ((json.dumps(HOST),) * 3)
+
+
+def _npm_version(package_json: Path) -> str | None:
+    try:
+        return json.loads(package_json.read_text()).get("version")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _portkey_hono_version() -> str | None:
+    """The @hono/node-server that Portkey's build resolves: its own nested copy first, else the hoisted one."""
+    for base in (PORTKEY.parents[1] / "node_modules", PORTKEY_DIR / "node_modules"):
+        version = _npm_version(base / "@hono" / "node-server" / "package.json")
+        if version:
+            return version
+    return None
+
+
+def ensure_portkey_peer() -> dict | None:
+    """Portkey's gateway PORTKEY_VERSION in bench/.node-portkey, pinned as above (npm install on first
+    use, or when the folder holds something else): {version, node, hono, install_s, dir}, or None
+    (after printing why: Portkey is then left out) if it cannot be had."""
+    rel = os.path.relpath(PORTKEY_DIR, ROOT)
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if not node or not npm:
+        print(f"peer:    Portkey left out: {'node' if not node else 'npm'} is not on PATH")
+        return None
+    manifest = PORTKEY_DIR / "package.json"
+    try:
+        data = json.loads(manifest.read_text())
+        if not isinstance(data, dict):
+            data = {}
+    except (OSError, ValueError):
+        data = {}
+    install_s = None
+    if (not PORTKEY.exists() or _npm_version(PORTKEY.parents[1] / "package.json") != PORTKEY_VERSION
+            or _portkey_hono_version() != PORTKEY_OVERRIDES["@hono/node-server"]
+            or data.get("overrides") != PORTKEY_OVERRIDES
+            or (data.get("dependencies") or {}).get("@portkey-ai/gateway") != PORTKEY_VERSION):
+        log(f"bench: installing the peer: npm install --prefix {rel} @portkey-ai/gateway@{PORTKEY_VERSION} with "
+            f"overrides {json.dumps(PORTKEY_OVERRIDES)} (first use only)")
+        t0 = time.monotonic()
+        data.setdefault("dependencies", {})["@portkey-ai/gateway"] = PORTKEY_VERSION  # exact, not ^
+        data["overrides"] = PORTKEY_OVERRIDES
+        try:
+            PORTKEY_DIR.mkdir(parents=True, exist_ok=True)
+            manifest.write_text(json.dumps(data, indent=2) + "\n")
+            done = subprocess.run([npm, "install", "--loglevel=error", "--no-audit", "--no-fund", "--prefix", str(PORTKEY_DIR)],
+                                  stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=PORTKEY_INSTALL_TIMEOUT)
+        except (subprocess.SubprocessError, OSError) as e:
+            print(f"peer:    Portkey left out: npm install into {rel} failed ({e})")
+            return None
+        if done.returncode != 0:
+            tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-5:]) or "no output"
+            print(f"peer:    Portkey left out: npm install into {rel} failed (exit {done.returncode}: {tail})")
+            return None
+        install_s = time.monotonic() - t0
+    version, hono = _npm_version(PORTKEY.parents[1] / "package.json"), _portkey_hono_version()
+    if not PORTKEY.exists() or version != PORTKEY_VERSION or hono != PORTKEY_OVERRIDES["@hono/node-server"]:
+        print(f"peer:    Portkey left out: {rel} holds @portkey-ai/gateway {version} with @hono/node-server {hono}, "
+              f"not {PORTKEY_VERSION} with {PORTKEY_OVERRIDES['@hono/node-server']} (delete that folder to reinstall)")
+        return None
+    try:
+        node_version = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30,
+                                      check=True).stdout.strip()
+    except (subprocess.SubprocessError, OSError) as e:
+        print(f"peer:    Portkey left out: `node --version` failed ({e})")
+        return None
+    return {"version": version, "node": node_version, "hono": hono, "install_s": install_s, "dir": rel}
+
+
+def portkey_headers(upstream_port: int) -> dict[str, str]:
+    """Portkey takes its target per request: one OpenAI-compatible provider at the instant upstream."""
+    config = {"provider": "openai", "api_key": "sk-bench", "custom_host": f"http://{HOST}:{upstream_port}/v1"}
+    return {"x-portkey-config": json.dumps(config, separators=(",", ":"))}
+
+
+def start_portkey(upstream_port: int, body: str) -> tuple[Proc, int, float]:
+    """`node --require loopback.cjs .../build/start-server.js --port=P --headless` (one node process, its
+    defaults otherwise; cwd a temp dir); ready once GET / answers 200 and one chat request (`body`,
+    with the x-portkey-config header) succeeds. Returns (process, port, seconds from spawn to ready)."""
+    port = free_port()
+    tmpdir = tempfile.mkdtemp(prefix="bench-portkey-")
+    shim = Path(tmpdir) / "loopback.cjs"
+    shim.write_text(PORTKEY_LOOPBACK_CJS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PORTKEY_", "OPENAI_", "NODE_"))}
+    argv = [shutil.which("node") or "node", "--require", str(shim), str(PORTKEY), f"--port={port}", "--headless"]
+    t0 = time.monotonic()
+    proc = Proc("portkey", argv, env=env, cwd=tmpdir, tmpdir=tmpdir)
+    try:
+        wait_ready(proc, port, "/", PEER_START_TIMEOUT)
+        check_once(port, "portkey", proc, body, portkey_headers(upstream_port))
+    except BaseException:
+        proc.stop()
+        proc.cleanup_files()
+        raise
+    return proc, port, time.monotonic() - t0
+
+
+STREAM_TEXT = "".join(f" word{i}" for i in range(STREAM_EVENTS - 2))  # what the instant upstream streams
+
+
+def check_once(port: int, what: str, proc: Proc | None, body: str = BODY,
+               headers: dict[str, str] | None = None) -> int | None:
+    """One request before measuring, so a broken setup fails loudly, not as a fast table. A streamed
+    answer must be SSE whose chunks carry the upstream's whole text, then `data: [DONE]`; returns how
+    many chunk events it had (None for a plain answer)."""
     req = urllib.request.Request(url(port, PATH), data=body.encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    ctype = ""
     try:
         with urllib.request.urlopen(req, timeout=10, context=UNVERIFIED_TLS) as r:
-            status, body = r.status, r.read()
+            status, answer, ctype = r.status, r.read(), r.headers.get("content-type", "")
     except urllib.error.HTTPError as e:
-        status, body = e.code, e.read()
-    if status != 200 or b"chat.completion" not in body:
-        extra = f"\n--- {proc.name} stderr ---\n{proc.stderr_text()}" if proc else ""
-        raise RuntimeError(f"{what}: POST {PATH} answered {status}: {body[:500]!r}{extra}")
+        status, answer = e.code, e.read()
+    problem = None
+    if status != 200 or b"chat.completion" not in answer:
+        problem = f"answered {status}"
+    elif body == STREAM_BODY:
+        events = [line[5:].strip() for line in answer.decode("utf-8", "replace").splitlines()
+                  if line.startswith("data:")]
+        text = ""
+        try:
+            for data in events[:-1]:
+                for choice in json.loads(data).get("choices") or []:
+                    text += (choice.get("delta") or {}).get("content") or ""
+        except (ValueError, AttributeError) as e:
+            problem = f"streamed an event that is not a JSON chunk ({e})"
+        if problem is None and not ctype.startswith("text/event-stream"):
+            problem = f"streamed with content-type {ctype!r}"
+        elif problem is None and (not events or events[-1] != "[DONE]"):
+            problem = "streamed no final `data: [DONE]`"
+        elif problem is None and text != STREAM_TEXT:
+            problem = f"streamed the text {text[:200]!r}, not the upstream's"
+        if problem is None:
+            return len(events) - 1
+    if problem is None:
+        return None
+    extra = f"\n--- {proc.name} stderr ---\n{proc.stderr_text()}" if proc else ""
+    raise RuntimeError(f"{what}: POST {PATH} {problem}: {answer[:500]!r}{extra}")
 
 
-def run_wrk(wrk: str, lua: str, port: int, conns: int, seconds: float) -> dict:
+def run_wrk(wrk: str, lua: str, port: int, conns: int, seconds: float, headers: dict[str, str] | None = None) -> dict:
     threads = min(2, conns)
-    argv = [wrk, f"-t{threads}", f"-c{conns}", f"-d{seconds:g}s", "--timeout", "10s", "-s", lua,
+    extra = [a for k, v in (headers or {}).items() for a in ("-H", f"{k}: {v}")]  # wrk adds them to wrk.headers
+    argv = [wrk, f"-t{threads}", f"-c{conns}", f"-d{seconds:g}s", "--timeout", "10s", "-s", lua, *extra,
             url(port, PATH)]
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
@@ -492,12 +656,13 @@ def run_wrk(wrk: str, lua: str, port: int, conns: int, seconds: float) -> dict:
     }
 
 
-def measured_run(wrk, lua, port, conns, seconds, warmup, watch: dict[str, int]) -> dict:
+def measured_run(wrk, lua, port, conns, seconds, warmup, watch: dict[str, int],
+                 headers: dict[str, str] | None = None) -> dict:
     """Warm up, then one measured run; CPU deltas of each watched process tree."""
     if warmup > 0:
-        run_wrk(wrk, lua, port, conns, warmup)
+        run_wrk(wrk, lua, port, conns, warmup, headers)
     before = {name: tree_usage(pid) for name, pid in watch.items()}
-    result = run_wrk(wrk, lua, port, conns, seconds)
+    result = run_wrk(wrk, lua, port, conns, seconds, headers)
     after = {name: tree_usage(pid) for name, pid in watch.items()}
     for name in watch:
         cpu = after[name]["cpu_s"] - before[name]["cpu_s"]
@@ -537,7 +702,8 @@ def fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-GATEWAYS = ("tinygw", "tinygw-tls", "litellm", "nginx")
+PEERS = ("litellm", "portkey")  # --peers: the other gateways, beside tinygw and nginx
+GATEWAYS = ("tinygw", "tinygw-tls", *PEERS, "nginx")
 
 
 def ratio(a, b) -> str:
@@ -592,24 +758,23 @@ def print_table(summary: list[dict], names: list[str], stream: bool = False) -> 
             ] + ([fmt(m["cpu_us_per_request"] / STREAM_EVENTS, ".1f") if gw and m["cpu_us_per_request"] else "-"]
                  if stream else []))
     _print_rows(head, rows)
-    pairs = [s for s in summary if "litellm" in s["targets"] and "tinygw" in s["targets"]]
+    pairs = [(s, peer) for s in summary for peer in PEERS if peer in s["targets"] and "tinygw" in s["targets"]]
     if pairs:
         print()
-        head = ["conc", "req/s tinygw/litellm", "+p50 tinygw/litellm", "CPU/req tinygw/litellm",
-                "peak RSS tinygw/litellm"]
+        head = ["conc", "tinygw / peer", "req/s", "+p50", "CPU/req", "peak RSS"]
         rows = []
-        for s in pairs:
-            g, l = s["targets"]["tinygw"], s["targets"]["litellm"]
-            rows.append([str(s["concurrency"]), ratio(g["rps"], l["rps"]),
-                         ratio(s["added_p50_ms"]["tinygw"], s["added_p50_ms"]["litellm"]),
+        for s, peer in pairs:
+            g, l = s["targets"]["tinygw"], s["targets"][peer]
+            rows.append([str(s["concurrency"]), f"tinygw / {peer}", ratio(g["rps"], l["rps"]),
+                         ratio(s["added_p50_ms"]["tinygw"], s["added_p50_ms"][peer]),
                          ratio(g["cpu_us_per_request"], l["cpu_us_per_request"]),
-                         ratio(s["peak_rss_bytes"]["tinygw"], s["peak_rss_bytes"]["litellm"])])
+                         ratio(s["peak_rss_bytes"]["tinygw"], s["peak_rss_bytes"][peer])])
         _print_rows(head, rows)
 
 
 def _print_rows(head: list[str], rows: list[list[str]]) -> None:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-    aligns = [str.ljust if h == "target" else str.rjust for h in head]
+    aligns = [str.ljust if h in ("target", "tinygw / peer") else str.rjust for h in head]
     line = "  ".join(al(h, w) for h, w, al in zip(head, widths, aligns))
     print(line)
     print("-" * len(line))
@@ -641,8 +806,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="measured runs per configuration; median reported (3)")
     ap.add_argument("--concurrency", default="1,32",
                     help="comma-separated connection counts (default 1,32); wrk threads = min(2, c)")
-    ap.add_argument("--no-peer", action="store_true",
-                    help="skip the peer (LiteLLM's proxy, installed on first use into bench/.venv-litellm)")
+    ap.add_argument("--peers", default=",".join(PEERS),
+                    help="comma-separated peers measured beside tinygw and nginx (default litellm,portkey): "
+                         "LiteLLM's proxy (pip, into bench/.venv-litellm) and Portkey's gateway (npm, into "
+                         "bench/.node-portkey), each installed on first use; '' for none")
+    ap.add_argument("--no-peer", action="store_true", help="no peers at all (the same as --peers '')")
     ap.add_argument("--json", metavar="PATH", help="also write the raw numbers as JSON to PATH")
     ap.add_argument("--stream", action="store_true",
                     help="streamed answers (stream: true; 22 events, chunked) instead of plain ones; adds CPU/event")
@@ -655,6 +823,9 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     if not levels or min(levels) < 1:
         ap.error("--concurrency needs positive integers")
+    wanted = [] if args.no_peer else [p.strip() for p in args.peers.split(",") if p.strip()]
+    if set(wanted) - set(PEERS):
+        ap.error(f"--peers: unknown {', '.join(sorted(set(wanted) - set(PEERS)))} (known: {', '.join(PEERS)})")
 
     signal.signal(signal.SIGTERM, _on_sigterm)
     command = shlex.join([os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(str(ROOT))
@@ -662,24 +833,36 @@ def main(argv: list[str] | None = None) -> int:
     print(f"command: {command}")
     print(f"machine: {machine()}")
     print(f"runs:    {args.warmup:g} s warm-up + {args.seconds:g} s measured, {args.repeats} repeat(s) per "
-          f"configuration, median shown; POST {PATH} (non-streaming) on {HOST}")
+          f"configuration, median shown; POST {PATH} ({'streamed' if args.stream else 'non-streaming'}) on {HOST}")
     sys.stdout.flush()
 
     wrk = ensure_wrk()
     wrk_version = subprocess.run([wrk, "-v"], capture_output=True, text=True, timeout=10).stdout.splitlines()
-    peer = None
-    peer_info: dict = {"name": "litellm", "enabled": False}
-    if args.no_peer:
-        print("peer:    none (--no-peer)")
-    else:
-        peer = ensure_litellm()
-        if peer is not None:
-            cli, version, install_s = peer
-            peer_info.update(enabled=True, version=version, venv=os.path.relpath(PEER_VENV, ROOT),
-                             install_s=install_s, start_s={})
+    # The peers: what each is (raw["peers"]), only those that could be had are enabled.
+    peers: dict[str, dict] = {name: {"enabled": False, "chosen": name in wanted} for name in PEERS}
+    litellm_cli = None
+    if not wanted:
+        print(f"peer:    none ({'--no-peer' if args.no_peer else '--peers'})")
+    if "litellm" in wanted:
+        got = ensure_litellm()
+        if got is not None:
+            litellm_cli, version, install_s = got
+            peers["litellm"].update(enabled=True, version=version, venv=os.path.relpath(PEER_VENV, ROOT),
+                                    install_s=install_s, start_s={})
             how = f"installed now in {install_s:.0f} s" if install_s is not None else "already installed"
-            print(f"peer:    LiteLLM {version} (litellm[proxy] in {peer_info['venv']}, {how}); "
+            print(f"peer:    LiteLLM {version} (litellm[proxy] in {peers['litellm']['venv']}, {how}); "
                   "1 uvicorn worker, no database, no master key")
+    if "portkey" in wanted:
+        got = ensure_portkey_peer()
+        if got is not None:
+            peers["portkey"].update(enabled=True, start_s={}, **got)
+            how = f"installed now in {got['install_s']:.0f} s" if got["install_s"] is not None else "already installed"
+            print(f"peer:    Portkey gateway {got['version']} (npm @portkey-ai/gateway in {got['dir']}, {how}; "
+                  f"node {got['node']}, @hono/node-server pinned to {got['hono']}); 1 node process, its target "
+                  "per request in an x-portkey-config header")
+    for name in PEERS:
+        if wanted and name not in wanted:
+            print(f"peer:    {name} not chosen (--peers {','.join(wanted)})")
     sys.stdout.flush()
     procs: list[Proc] = []
     lua_file = tempfile.NamedTemporaryFile("w", prefix="bench-wrk-", suffix=".lua", delete=False)
@@ -688,9 +871,9 @@ def main(argv: list[str] | None = None) -> int:
     lua_file.close()
     raw: dict = {"command": command, "machine": machine(), "nproc": os.cpu_count(),
                  "wrk": wrk_version[0] if wrk_version else "", "seconds": args.seconds, "warmup": args.warmup,
-                 "repeats": args.repeats, "tinygw_version": tinygw_version(), "peer": peer_info, "levels": []}
+                 "repeats": args.repeats, "tinygw_version": tinygw_version(), "peers": peers, "levels": []}
     failed = False
-    stderr_of: dict[str, str] = {"tinygw": "", "tinygw-tls": "", "litellm": "", "nginx": ""}
+    stderr_of: dict[str, str] = {"tinygw": "", "tinygw-tls": "", "nginx": "", **{name: "" for name in PEERS}}
     nginx = None if args.no_nginx else ensure_nginx()
     try:
         upstream, up_port = start_upstream()
@@ -701,48 +884,65 @@ def main(argv: list[str] | None = None) -> int:
             # A fresh gateway (and peer) per concurrency level, so its peak RSS belongs to that level.
             gateway, gw_port = start_gateway(up_port)
             procs.append(gateway)
-            check_once(gw_port, "tinygw", gateway, body)
-            targets: list[tuple[str, int, Proc | None]] = [("direct", up_port, None), ("tinygw", gw_port, gateway)]
+            events = {"tinygw": check_once(gw_port, "tinygw", gateway, body)}
+            # (name, port, process, extra request headers)
+            targets: list[tuple[str, int, Proc | None, dict | None]] = [
+                ("direct", up_port, None, None), ("tinygw", gw_port, gateway, None)]
             watch = {"upstream": upstream.pid, "tinygw": gateway.pid}
             idle = {"tinygw": tree_usage(gateway.pid)}
             if nginx is not None:
                 nginx_proc, nginx_port = start_nginx(nginx, up_port)
                 procs.append(nginx_proc)
-                check_once(nginx_port, "nginx", nginx_proc, body)
-                targets.append(("nginx", nginx_port, nginx_proc))
+                events["nginx"] = check_once(nginx_port, "nginx", nginx_proc, body)
+                targets.append(("nginx", nginx_port, nginx_proc, None))
                 watch["nginx"] = nginx_proc.pid
                 idle["nginx"] = tree_usage(nginx_proc.pid)
             if args.tls:
                 tls_gateway, tls_port = start_gateway(up_port, tls=True)
                 procs.append(tls_gateway)
-                check_once(tls_port, "tinygw with TLS", tls_gateway, body)
-                targets.append(("tinygw-tls", tls_port, tls_gateway))
+                events["tinygw-tls"] = check_once(tls_port, "tinygw with TLS", tls_gateway, body)
+                targets.append(("tinygw-tls", tls_port, tls_gateway, None))
                 watch["tinygw-tls"] = tls_gateway.pid
                 idle["tinygw-tls"] = tree_usage(tls_gateway.pid)
-            if peer is not None:
-                log(f"bench: c={conns}: starting LiteLLM (may take tens of seconds)")
+            for name in PEERS:
+                if not peers[name]["enabled"]:
+                    continue
+                log(f"bench: c={conns}: starting {name}" + (" (may take tens of seconds)" if name == "litellm" else ""))
+                headers = portkey_headers(up_port) if name == "portkey" else None
+                peer_proc = None
                 try:
-                    peer_proc, peer_port, start_s = start_litellm(peer[0], up_port)
+                    if name == "litellm":
+                        peer_proc, peer_port, start_s = start_litellm(litellm_cli, up_port)
+                        procs.append(peer_proc)
+                    else:
+                        peer_proc, peer_port, start_s = start_portkey(up_port, body)
+                        procs.append(peer_proc)
+                    events[name] = check_once(peer_port, name, peer_proc, body, headers)  # this run's body
                 except RuntimeError as e:
-                    print(f"WARNING: LiteLLM did not start for c={conns}; this level runs without the peer: "
+                    print(f"WARNING: {name} did not start or answer for c={conns}; this level runs without it: "
                           f"{str(e)[-3000:]}")
-                else:
-                    procs.append(peer_proc)
-                    peer_info["start_s"][str(conns)] = start_s
-                    targets.append(("litellm", peer_port, peer_proc))
-                    watch["litellm"] = peer_proc.pid
-                    idle["litellm"] = tree_usage(peer_proc.pid)
-                    log(f"bench: c={conns}: LiteLLM ready in {start_s:.1f} s")
+                    if peer_proc is not None:
+                        stderr_of[name] += peer_proc.stderr_text()
+                        peer_proc.stop()
+                    continue
+                peers[name]["start_s"][str(conns)] = start_s
+                targets.append((name, peer_port, peer_proc, headers))
+                watch[name] = peer_proc.pid
+                idle[name] = tree_usage(peer_proc.pid)
+                log(f"bench: c={conns}: {name} ready in {start_s:.1f} s")
             for name, u in idle.items():
                 log(f"bench: c={conns}: {name} pids {u['pids']} (RSS {u['rss_bytes'] / 2**20:.1f} MiB idle)")
-            runs: dict[str, list[dict]] = {t: [] for t, _, _ in targets}
+            if args.stream:
+                log(f"bench: c={conns}: chunk events in one streamed answer: "
+                    + ", ".join(f"{t} {n}" for t, n in events.items()))
+            runs: dict[str, list[dict]] = {t: [] for t, _, _, _ in targets}
             for rep in range(args.repeats):
-                for target, port, proc in targets:
-                    r = measured_run(wrk, lua_file.name, port, conns, args.seconds, args.warmup, watch)
+                for target, port, proc, headers in targets:
+                    r = measured_run(wrk, lua_file.name, port, conns, args.seconds, args.warmup, watch, headers)
                     runs[target].append(r)
                     log(f"bench: c={conns} rep {rep + 1}/{args.repeats} {target}: {r['rps']:,.0f} req/s, "
                         f"p50 {r['p50_us']} µs, p99 {r['p99_us']} µs, errors {r['error_count']}")
-                    for _, _, p in targets:
+                    for _, _, p, _ in targets:
                         if p is not None and p.popen.poll() is not None:
                             raise RuntimeError(f"{p.name} exited with {p.popen.returncode} during the c={conns} "
                                                f"runs:\n{p.stderr_text()}")
@@ -770,18 +970,22 @@ def main(argv: list[str] | None = None) -> int:
                 "idle_rss_bytes": {g: idle[g]["rss_bytes"] for g in end},
                 "pids": {g: end[g]["pids"] for g in end},
                 "background_cpu_percent_of_a_core": background,
+                "stream_events": events if args.stream else None,
                 "runs": runs,
             }
             summary.append(level)
             raw["levels"].append(level)
-            for _, _, p in reversed(targets):
+            for _, _, p, _ in reversed(targets):
                 if p is not None:
                     stderr_of[p.name] += p.stderr_text()
                     p.stop()
-        names = ["direct", "nginx", "tinygw", "tinygw-tls", "litellm"]
+        names = ["direct", "nginx", "tinygw", "tinygw-tls", *PEERS]
         print()
         print(f"direct = the instant upstream; tinygw {raw['tinygw_version']} (this tree, 1 Granian worker)"
-              + (f"; litellm {peer_info['version']} (peer, 1 uvicorn worker)" if peer_info["enabled"] else ""))
+              + (f"; litellm {peers['litellm']['version']} (peer, 1 uvicorn worker)" if peers["litellm"]["enabled"]
+                 else "")
+              + (f"; portkey {peers['portkey']['version']} (peer, Portkey's gateway, 1 node process)"
+                 if peers["portkey"]["enabled"] else ""))
         print(f"answers: {'streamed, ' + str(STREAM_EVENTS) + ' events each (chunked)' if args.stream else 'plain'}; "
               f"gateways at the product's defaults (log level info, access log on); nginx with its access log on")
         print_table(summary, names, args.stream)
@@ -791,12 +995,22 @@ def main(argv: list[str] | None = None) -> int:
         print("p50/p99: wrk latency percentiles. +p50: the gateway's p50 - direct p50. CPU/req: utime+stime of the "
               "gateway's process tree during its measured run / requests completed. peak RSS: VmHWM summed over "
               "that tree, at the end of the level's runs."
-              + (" Ratios: tinygw's median / LiteLLM's median (below 1 means tinygw's is lower: better for "
-                 "+p50, CPU/req and RSS, worse for req/s)." if any("litellm" in s["targets"] for s in summary)
+              + (" Ratios: tinygw's median / the peer's median (below 1 means tinygw's is lower: better for "
+                 "+p50, CPU/req and RSS, worse for req/s)." if any(p in s["targets"] for s in summary for p in PEERS)
                  else ""))
-        if peer_info["enabled"] and peer_info["start_s"]:
-            print("litellm start-up (spawn to first answered chat): "
-                  + ", ".join(f"c={c}: {t:.1f} s" for c, t in peer_info["start_s"].items()))
+        for name in PEERS:
+            if peers[name]["enabled"] and peers[name]["start_s"]:
+                print(f"{name} start-up (spawn to first answered chat): "
+                      + ", ".join(f"c={c}: {t:.1f} s" for c, t in peers[name]["start_s"].items()))
+        if args.stream and any("portkey" in s["targets"] for s in summary):
+            print("portkey: its stream reader waits 25 ms before it relays the first event of every streamed answer "
+                  "(readStream in its src/handlers/streamHandler.ts): most of its +p50 at c=1")
+        for s in summary:
+            odd = {t: n for t, n in (s["stream_events"] or {}).items() if n != STREAM_EVENTS}
+            if odd:
+                print(f"c={s['concurrency']}: chunk events in one streamed answer other than the upstream's "
+                      f"{STREAM_EVENTS}: " + ", ".join(f"{t} {n}" for t, n in odd.items())
+                      + f" (CPU/event divides by {STREAM_EVENTS} for every target)")
         for s in summary:
             bg = {g: v for g, v in s["background_cpu_percent_of_a_core"].items() if v is not None}
             if bg and len(s["targets"]) > 2:
