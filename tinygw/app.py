@@ -65,6 +65,7 @@ async def lifespan(scope, receive, send) -> None:
     message = await receive()
     await discovery.stop(background)
     await gateway.aclose()
+    logs.flush()
     await send({"type": "lifespan.shutdown.complete"})
 
 
@@ -216,6 +217,7 @@ async def _proxy(gateway: Gateway, route, scope, receive, send, request_id: byte
         if result.first_output_at is not None:
             metrics.observe_first_token(model, result.first_output_at - started)
         logs.access(
+            loop,
             route=route.path,
             model=model,
             status=status,

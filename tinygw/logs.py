@@ -6,8 +6,10 @@ form. Granian's own loggers are routed through the same formatter.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import select
 import sys
 import time
 
@@ -65,24 +67,59 @@ _logger = logging.getLogger(LOGGER_NAME)
 
 def log(level: int, message: str, **fields: object) -> None:
     if _logger.isEnabledFor(level):
+        flush()
         _logger.log(level, message, extra={"fields": fields})
 
 
 def log_exception(message: str, **fields: object) -> None:
     """An error line naming the exception's type (never its message) and the fields."""
+    flush()
     _logger.error(message, exc_info=True, extra={"fields": fields})
 
 
-def access(**fields: object) -> None:
+# Access lines wait for the loop's next turn and are written together, in writes of
+# whole lines of at most PIPE_BUF bytes: such a write to a pipe is atomic, so the lines
+# of workers sharing one stderr never interleave. Under load that is one write(2) for
+# many requests instead of one each (~10 µs apiece, measured with `make bench`).
+_PIPE_BUF = select.PIPE_BUF
+_batch: list[bytes] = []
+
+
+def access(loop: asyncio.AbstractEventLoop | None, **fields: object) -> None:
     """The one `request` line a proxied request writes, at level info: the hot path's
     log line, so it skips the logging module (a record, a formatter, a lock and a
-    flush: about 30 µs) and writes its JSON line to stderr in one write(2), which is
-    atomic for lines under the pipe's 4 KiB. Same shape as the other lines."""
+    flush: about 30 µs) and goes to stderr with the other lines of this turn of
+    `loop` (at once without a loop). Same shape as the other lines."""
     if not _logger.isEnabledFor(logging.INFO):
         return
-    line = _encode.encode({"ts": round(time.time(), 3), "level": "info", "logger": LOGGER_NAME, "msg": "request",
-                           **fields})
+    _batch.append(_encode.encode({"ts": round(time.time(), 3), "level": "info", "logger": LOGGER_NAME,
+                                  "msg": "request", **fields}) + b"\n")
+    if loop is None:
+        flush()
+    elif len(_batch) == 1:
+        loop.call_soon(flush)
+
+
+def flush() -> None:
+    """Write the access lines waiting for the loop's turn (tinygw.app calls it at
+    shutdown too; log() before its own line, to keep the order)."""
+    if not _batch:
+        return
+    lines = _batch[:]
+    _batch.clear()
+    piece: list[bytes] = []
+    size = 0
+    for line in lines:
+        if piece and size + len(line) > _PIPE_BUF:
+            _write(b"".join(piece))
+            piece, size = [], 0
+        piece.append(line)
+        size += len(line)
+    _write(b"".join(piece) if len(piece) != 1 else piece[0])
+
+
+def _write(data: bytes) -> None:
     try:
-        os.write(2, line + b"\n")
+        os.write(2, data)
     except OSError:  # stderr closed or full: the request is not failed for its log line
         pass
