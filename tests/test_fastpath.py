@@ -129,7 +129,7 @@ def responses(draw) -> bytes:
     if framing in ("chunked", "both"):
         out, rest = b"", body
         while rest:
-            n = draw(st.integers(1, max(1, len(rest))))
+            n = draw(st.integers(1, max(1, len(rest))) | st.integers(1, 8))  # streams: many small chunks
             ext = draw(st.sampled_from([b"", b"", b";name=value", b" ", b";x"]))
             size = draw(st.sampled_from([b"%x", b"%X", b"%04x"])) % n
             out += size + ext + b"\r\n" + rest[:n] + b"\r\n"
@@ -168,6 +168,8 @@ def mutate(raw: bytes, data) -> bytes:
 @example(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1;" + b"x" * 70_000, [100, 5000], False)
 @example(b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\nx: " + b"v" * 70_000 + b"\r\n\r\nx", [50], False)
 @example(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + b"0" * 21 + b"1\r\nx\r\n", [], False)
+@example(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n2\r\nokXX1\r\nx\r\n0\r\n\r\n", [], False)
+@example(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n2\r\nok\r\n1\r\nx\r0\r\n\r\n", [], False)
 def test_well_formed_and_odd_responses_agree(raw, cuts, eof):
     agree(raw, cuts, eof)
 
