@@ -333,6 +333,22 @@ def test_client_leaving_mid_stream_closes_the_upstream(gateway, fake):
         gate.set()
 
 
+def test_client_leaving_a_quick_request_still_closes_the_upstream(gateway, fake):
+    """A request watches for its client leaving only from 50 ms in (tinygw.app): a
+    client that sends its request and leaves at once is still noticed, its hung
+    attempt ended (499, not the provider's timeout) and the provider's connection closed."""
+    fake.script = lambda r: Reply(action="hang")
+    body = json.dumps({"model": "gpt-x", "messages": [{"role": "user", "content": "leave-at-once"}]}).encode()
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=5) as client:
+        client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                       + GATEWAY_KEY.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: "
+                       + str(len(body)).encode() + b"\r\n\r\n" + body)
+        wait_until(lambda: len(fake.requests) >= 1, seconds=3, what="the request to reach the provider")
+    wait_until(lambda: fake.peer_closed >= 1, seconds=3, what="the upstream connection to be closed")
+    wait_until(lambda: any(r.get("msg") == "request" and r.get("status") == 499 for r in gateway.log_records()),
+               seconds=3, what="the request to be logged as 499")
+
+
 # ---- other routes ----------------------------------------------------------------------------
 
 
