@@ -6,10 +6,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ROOT
 from tinygw.metrics import Metrics
+from tinygw import metricstore
 from tinygw.metricstore import FileStore, MemoryStore
 
 
@@ -72,9 +75,16 @@ def test_an_unusable_directory_falls_back_to_memory(tmp_path):
     assert samples(metrics)[("tinygw_requests_total", (("model", "m"), ("route", "/r"), ("status", "200")))] == 1
 
 
-def test_a_file_grows_past_its_first_size(tmp_path):
+@pytest.mark.parametrize("as_doubles", [True, False], ids=["doubles", "struct"])
+def test_a_file_grows_past_its_first_size(tmp_path, monkeypatch, as_doubles):
+    monkeypatch.setattr(metricstore, "_NATIVE_LITTLE", as_doubles)  # both ways of writing a value
     store = FileStore(str(tmp_path))
     for i in range(3000):
         store.add(("tinygw_requests_total", ("/r", f"model-{i}", "200"), ""), i)
+        store.add(("tinygw_requests_total", ("/r", "model-0", "200"), ""), 0.5)
+    store.set(("tinygw_listing_up", ("p",), ""), 1.0)
     [(pid, slot, alive, values)] = store.snapshot()
-    assert alive and len(values) == 3000 and values[("tinygw_requests_total", ("/r", "model-2999", "200"), "")] == 2999
+    assert alive and len(values) == 3001 and values[("tinygw_requests_total", ("/r", "model-2999", "200"), "")] == 2999
+    assert values[("tinygw_requests_total", ("/r", "model-0", "200"), "")] == 1500
+    assert values[("tinygw_listing_up", ("p",), "")] == 1.0
+    store.close()

@@ -25,6 +25,8 @@ from tinygw.metricstore import FileStore, Key, MemoryStore
 
 # Seconds; from a cached answer to a long generation (timeout_s defaults to 600).
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+# Each bucket's `le` label, and "+Inf" past the last: an observation's part, by bisect.
+_LE = (*(str(bucket) for bucket in DURATION_BUCKETS), "+Inf")
 
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 LIVE_SUM = "live_sum"  # a gauge summed over live workers, shown without a `worker` label
@@ -128,9 +130,7 @@ class Metrics:
         self.store.set(("tinygw_listing_up", (provider,), ""), 1.0 if up else 0.0)
 
     def _observe(self, name: str, labels: tuple[str, ...], seconds: float) -> None:
-        index = bisect.bisect_left(DURATION_BUCKETS, seconds)
-        le = str(DURATION_BUCKETS[index]) if index < len(DURATION_BUCKETS) else "+Inf"
-        self.store.add((name, labels, le))
+        self.store.add((name, labels, _LE[bisect.bisect_left(DURATION_BUCKETS, seconds)]))
         self.store.add((name, labels, "sum"), seconds)
 
     # ---- the scrape --------------------------------------------------------------------

@@ -26,6 +26,7 @@ import fcntl
 import mmap
 import os
 import struct
+import sys
 import time
 from collections.abc import Hashable
 
@@ -37,6 +38,7 @@ _USED = struct.Struct("<I")
 _LENGTH = struct.Struct("<I")
 _VALUE = struct.Struct("<d")
 _HEADER_BYTES = 8
+_NATIVE_LITTLE = sys.byteorder == "little" and struct.calcsize("d") == 8
 _INITIAL_BYTES = 64 * 1024
 _FILE_PREFIX = "worker-"
 _FILE_SUFFIX = ".db"
@@ -83,23 +85,27 @@ class FileStore:
         fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while alive
         self._file.truncate(_INITIAL_BYTES)
         self._map = mmap.mmap(self._file.fileno(), _INITIAL_BYTES)
+        # The map as doubles (values are 8-aligned): an increment is an index, not two
+        # struct calls.
+        self._doubles = _doubles(self._map)
         self._size = _INITIAL_BYTES
         self._used = _HEADER_BYTES
         _USED.pack_into(self._map, 0, self._used)
-        self._offsets: dict[Key, int] = {}
+        self._indexes: dict[Key, int] = {}  # key -> its value's offset / 8
 
     def add(self, key: Key, amount: float = 1.0) -> None:
-        offset = self._offsets.get(key)
-        if offset is None:
-            offset = self._append(key)
-        (value,) = _VALUE.unpack_from(self._map, offset)
-        _VALUE.pack_into(self._map, offset, value + amount)
+        try:
+            self._doubles[self._indexes[key]] += amount
+        except KeyError:
+            index = self._append(key)  # first: it may replace the view
+            self._doubles[index] += amount
 
     def set(self, key: Key, value: float) -> None:
-        offset = self._offsets.get(key)
-        if offset is None:
-            offset = self._append(key)
-        _VALUE.pack_into(self._map, offset, value)
+        try:
+            self._doubles[self._indexes[key]] = value
+        except KeyError:
+            index = self._append(key)
+            self._doubles[index] = value
 
     def _append(self, key: Key) -> int:
         raw = msgspec.json.encode(key)
@@ -108,14 +114,16 @@ class FileStore:
         while self._used + len(entry) > self._size:
             self._size *= 2
             self._file.truncate(self._size)
+            self._doubles.release()  # a map with a view on it cannot be resized
             self._map.resize(self._size)
+            self._doubles = _doubles(self._map)
         start = self._used
         self._map[start : start + len(entry)] = entry
         self._used += len(entry)
         _USED.pack_into(self._map, 0, self._used)
-        offset = start + _LENGTH.size + len(raw)
-        self._offsets[key] = offset
-        return offset
+        index = (start + _LENGTH.size + len(raw)) // 8
+        self._indexes[key] = index
+        return index
 
     def owns(self, pid: int) -> bool:
         return pid == self.pid
@@ -143,9 +151,30 @@ class FileStore:
         return workers
 
     def close(self) -> None:
+        self._doubles.release()
         self._map.close()
         self._file.close()
         self._slot_file.close()
+
+
+class _StructDoubles:
+    """The map's values as little-endian doubles where memoryview's native ones are not."""
+
+    def __init__(self, buffer: mmap.mmap) -> None:
+        self._buffer = buffer
+
+    def __getitem__(self, index: int) -> float:
+        return _VALUE.unpack_from(self._buffer, index * 8)[0]
+
+    def __setitem__(self, index: int, value: float) -> None:
+        _VALUE.pack_into(self._buffer, index * 8, value)
+
+    def release(self) -> None:
+        pass
+
+
+def _doubles(buffer: mmap.mmap):
+    return memoryview(buffer).cast("d") if _NATIVE_LITTLE else _StructDoubles(buffer)
 
 
 def _take_slot(directory: str):
