@@ -24,14 +24,18 @@ import h11
 # What the fast path writes: header names as tokens, values visible ASCII without
 # leading or trailing space (a stricter subset of what h11 accepts).
 _TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9a-zA-Z]+")
-_VALUE = re.compile(rb"(?:[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?)?")
 _TARGET = re.compile(rb"[\x21-\x7e]+")
 
 # What the fast path reads: HTTP/1.1, a 3-digit status of 200 and up, a reason of
 # visible ASCII and spaces; header lines `name: value` with optional spaces or tabs
 # around a visible-ASCII value; CRLF everywhere.
 _STATUS_LINE = re.compile(rb"HTTP/1\.1 ([2-5][0-9]{2})(?: [\x20-\x7e]*)?")
-_HEADER_LINE = re.compile(rb"([-!#$%&'*+.^_`|~0-9a-zA-Z]+):[ \t]*((?:[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?)?)[ \t]*")
+_NAME = rb"[-!#$%&'*+.^_`|~0-9a-zA-Z]+"
+_FIELD_VALUE = rb"(?:[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?)?"
+_HEADER_LINE = re.compile(rb"(" + _NAME + rb"):[ \t]*(" + _FIELD_VALUE + rb")[ \t]*\r\n")
+_HEADER_LINES = re.compile(rb"(?:" + _NAME + rb":[ \t]*" + _FIELD_VALUE + rb"[ \t]*\r\n)*")
+_REQUEST_LINES = re.compile(rb"(?:" + _NAME + rb": " + _FIELD_VALUE + rb"\r\n)*")
+_FRAMING_NAMES = frozenset((b"content-length", b"transfer-encoding", b"connection"))
 _CHUNK_HEADER = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;.*)?[ \t]*")
 _DIGITS = re.compile(rb"[0-9]+")
 
@@ -49,25 +53,21 @@ def encode_request(method: bytes, target: bytes, headers: list[tuple[bytes, byte
     encodes it, and judges it). The caller has put `content-length` in `headers`."""
     if not _TARGET.fullmatch(target):
         return None
-    parts = [method, b" ", target, b" HTTP/1.1\r\n"]
-    hosts = lengths = 0
-    for name, value in headers:
-        if not _TOKEN.fullmatch(name) or not _VALUE.fullmatch(value):
-            return None
-        lower = name.lower()
-        if lower == b"host":
-            hosts += 1
-        elif lower == b"content-length":
-            if value != b"%d" % len(body):
-                return None
-            lengths += 1
-        elif lower == b"transfer-encoding":
-            return None
-        parts += (name, b": ", value, b"\r\n")
-    if hosts != 1 or lengths != 1:  # framing and Host as h11 requires them, else h11 says what is wrong
+    lines = b"".join([b"%s: %s\r\n" % header for header in headers])
+    names = [name for name, _ in headers]
+    # Each header is one line (no LF of its own; the pattern takes CR only before an
+    # LF), its name all token bytes (so that its line splits at its own colon), and
+    # every line `name: value`: checked for all the headers at once.
+    if lines.count(b"\n") != len(headers) or not _TOKEN.fullmatch(b"".join(names)):
         return None
-    parts += (b"\r\n", body)
-    return b"".join(parts)
+    if not _REQUEST_LINES.fullmatch(lines):
+        return None
+    lowered = b"\n".join(names).lower().split(b"\n")
+    if lowered.count(b"host") != 1 or lowered.count(b"content-length") != 1 or b"transfer-encoding" in lowered:
+        return None  # framing and Host as h11 requires them, else h11 says what is wrong
+    if headers[lowered.index(b"content-length")][1] != b"%d" % len(body):
+        return None
+    return b"".join((method, b" ", target, b" HTTP/1.1\r\n", lines, b"\r\n", body))
 
 
 class Answer:
@@ -131,27 +131,28 @@ class Answer:
             return None
         if end + 4 > self._max_head_bytes:
             raise HandOff
-        lines = bytes(buffer[:end]).split(b"\r\n")
-        status = _STATUS_LINE.fullmatch(lines[0])
+        head = bytes(buffer[: end + 2])  # the status line and each header line, with its CRLF
+        line_end = head.find(b"\r\n")
+        status = _STATUS_LINE.fullmatch(head, 0, line_end)
         if status is None:
             raise HandOff
         code = int(status.group(1))
         if code in (204, 304):
             raise HandOff
-        headers = []
+        # Every header line checked in one match, then taken apart in one findall:
+        # with no CR or LF inside a line (checked above), both see the same lines.
+        if not _HEADER_LINES.fullmatch(head, line_end + 2):
+            raise HandOff
+        headers = [(name.lower(), value) for name, value in _HEADER_LINE.findall(head, line_end + 2)]
         lengths, encodings = [], []
-        for line in lines[1:]:
-            match = _HEADER_LINE.fullmatch(line)
-            if match is None:
-                raise HandOff
-            name, value = match.group(1).lower(), match.group(2)
-            headers.append((name, value))
-            if name == b"content-length":
-                lengths.append(value)
-            elif name == b"transfer-encoding":
-                encodings.append(value)
-            elif name == b"connection" and b"close" in (t.strip().lower() for t in value.split(b",")):
-                self.keep_alive = False
+        for name, value in headers:
+            if name in _FRAMING_NAMES:
+                if name == b"content-length":
+                    lengths.append(value)
+                elif name == b"transfer-encoding":
+                    encodings.append(value)
+                elif b"close" in (t.strip().lower() for t in value.split(b",")):
+                    self.keep_alive = False
         if encodings:
             if lengths or encodings != [b"chunked"]:
                 raise HandOff
