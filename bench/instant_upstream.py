@@ -1,6 +1,7 @@
 """An "instant" OpenAI-like upstream for the benchmark.
 
-Run as `python bench/instant_upstream.py [PORT]` (0 or nothing: any free port). It
+Run as `python bench/instant_upstream.py [PORT [WORDS]]` (0 or nothing: any free port;
+WORDS in a streamed answer, 20 by default). It
 prints the port it listens on (one line, flushed), then serves until SIGTERM/SIGINT.
 
 It does as little as possible per request, so that what the benchmark measures is the
@@ -10,7 +11,7 @@ body) and answers every request with one precomputed response in a single
 transport.write. GET .../models gets a fixed model listing (the gateway's discovery
 and health checks call it); everything else gets a fixed chat.completion. Requests
 with a chunked body are not supported: the connection is closed. A request whose body
-says `"stream": true` gets a streamed answer: 20 words as 22 events, chunked.
+says `"stream": true` gets a streamed answer: 20 words (or WORDS) as 22 events, chunked.
 """
 
 from __future__ import annotations
@@ -130,4 +131,6 @@ async def main(port: int) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2:
+        STREAM_RESPONSE = _stream_response(int(sys.argv[2]))
     asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 0))

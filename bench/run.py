@@ -269,7 +269,8 @@ def start_nginx(nginx: str, upstream_port: int) -> tuple[Proc, int]:
 
 
 def start_upstream() -> tuple[Proc, int]:
-    proc = Proc("upstream", [sys.executable, str(HERE / "instant_upstream.py"), "0"], stdout=subprocess.PIPE)
+    proc = Proc("upstream", [sys.executable, str(HERE / "instant_upstream.py"), "0", str(STREAM_EVENTS - 2)],
+                stdout=subprocess.PIPE)
     os.set_blocking(proc.popen.stdout.fileno(), False)
     deadline, data = time.monotonic() + 15, b""
     while b"\n" not in data:
@@ -800,6 +801,7 @@ def _on_sigterm(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
+    global STREAM_EVENTS, STREAM_TEXT
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=5.0, help="length of each measured run (default 5)")
     ap.add_argument("--warmup", type=float, default=1.0, help="warm-up before each measured run (default 1)")
@@ -814,10 +816,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="PATH", help="also write the raw numbers as JSON to PATH")
     ap.add_argument("--stream", action="store_true",
                     help="streamed answers (stream: true; 22 events, chunked) instead of plain ones; adds CPU/event")
+    ap.add_argument("--stream-words", type=int, default=20, metavar="N",
+                    help="words in a streamed answer (default 20: 22 events); a run with more shows what one more "
+                         "event costs, without the request's own cost")
     ap.add_argument("--no-nginx", action="store_true", help="skip the nginx peer (Debian's nginx, proxy_pass)")
     ap.add_argument("--tls", action="store_true",
                     help="also measure tinygw with attested TLS (TINYGW_TLS=attested; wrk over https, keep-alive)")
     args = ap.parse_args(argv)
+    if args.stream_words < 1:
+        ap.error("--stream-words must be at least 1")
+    STREAM_EVENTS = args.stream_words + 2
+    STREAM_TEXT = "".join(f" word{i}" for i in range(STREAM_EVENTS - 2))
     if args.seconds <= 0 or args.repeats < 1 or args.warmup < 0:
         ap.error("--seconds must be > 0, --repeats >= 1, --warmup >= 0")
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
