@@ -177,20 +177,20 @@ class Answer:
             self._remaining -= len(data)
             return data
         buffer, pos, out = self._buffer, 0, []
-        while self._state == "size":  # whole chunks, the usual read of a stream: one step each
-            line_end = buffer.find(b"\r\n", pos)
-            if line_end < 0:
-                break
-            match = _CHUNK_HEADER.fullmatch(buffer, pos, line_end)
-            if match is None:
-                raise Malformed("illegal chunk header")
-            end = line_end + 2 + int(match.group(1), 16)
-            if end == line_end + 2 or len(buffer) < end + 2:
-                break  # the last chunk, or one still arriving: the steps below, from its size line
-            if not buffer.startswith(b"\r\n", end):
-                raise Malformed("malformed chunk footer")
-            out.append(buffer[line_end + 2 : end])
-            pos = end + 2
+        if self._state == "size":  # whole chunks, the usual read of a stream: one short step each
+            find, size_line, crlf_at = buffer.find, _CHUNK_HEADER.fullmatch, buffer.startswith
+            append, available = out.append, len(buffer) - 2
+            while (line_end := find(b"\r\n", pos)) >= 0:
+                if (match := size_line(buffer, pos, line_end)) is None:
+                    raise Malformed("illegal chunk header")
+                start = line_end + 2
+                end = start + int(match[1], 16)
+                if end == start or end > available:
+                    break  # the last chunk, or one still arriving: the steps below, from its size line
+                if not crlf_at(b"\r\n", end):
+                    raise Malformed("malformed chunk footer")
+                append(buffer[start:end])
+                pos = end + 2
         while True:
             if self._state == "data":
                 data = buffer[pos : pos + self._chunk_left]
