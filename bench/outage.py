@@ -158,14 +158,11 @@ PORTKEY_VERSION = "1.15.2"
 
 
 def ensure_portkey() -> bool:
-    """Portkey's open-source gateway (npm, run with node) in bench/.node-portkey."""
-    if PORTKEY.exists():
-        return True
-    if not shutil.which("npm") or not shutil.which("node"):
-        return False
-    done = subprocess.run(["npm", "install", "--silent", "--prefix", str(PORTKEY.parents[3]),
-                           f"@portkey-ai/gateway@{PORTKEY_VERSION}"], capture_output=True, timeout=600)
-    return done.returncode == 0 and PORTKEY.exists()
+    """Portkey's open-source gateway (npm, run with node) in bench/.node-portkey: bench/run.py's
+    installer, the one place that pins it and its @hono/node-server (a newer one breaks its streams)."""
+    from run import ensure_portkey_peer  # here, not at the top: run.py imports this module
+
+    return ensure_portkey_peer() is not None
 
 
 def start_portkey(primary: Provider, fallback: Provider, port: int, workdir: str) -> subprocess.Popen:
