@@ -139,8 +139,13 @@ def split(buffer: bytes) -> tuple[list[bytes], bytes]:
 
 
 def _fields(event: bytes) -> tuple[bytes, bytes]:
+    """An event's name (`event:`) and data (its `data:` lines, joined by LF)."""
     if event.startswith(b"data:") and event.find(b"\n") == len(event) - 2 and b"\r" not in event:
         return b"", event[5:-2].removeprefix(b" ")  # one data line, then the blank line: most events
+    return _fields_line_by_line(event)
+
+
+def _fields_line_by_line(event: bytes) -> tuple[bytes, bytes]:
     name = b""
     data = []
     for line in event.splitlines():
