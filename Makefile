@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: all demo test fuzz bench bench-outage soak verifier rehearse lock clean build reproduce test-frozen
+.PHONY: all demo test fuzz bench bench-floor bench-outage soak verifier rehearse lock clean build reproduce test-frozen
 
 all: $(STAMP)
 
@@ -60,6 +60,11 @@ rehearse: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/run.py
 	$(PY) bench/run.py --stream
+
+# The floor under `make bench`: Granian alone, Granian + tinygw's upstream pool, the pool on one
+# uvloop thread, and tinygw, side by side (~4 min).
+bench-floor: $(STAMP)
+	$(PY) bench/floor.py
 
 # What a provider outage costs the clients (refused/reset, hang, 500, then recovery): ~3 min.
 bench-outage: $(STAMP)
