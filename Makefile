@@ -60,6 +60,7 @@ rehearse: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/run.py
 	$(PY) bench/run.py --stream
+	$(PY) bench/artifact.py
 
 # The floor under `make bench`: Granian alone, Granian + tinygw's upstream pool, the pool on one
 # uvloop thread, and tinygw, side by side (~4 min).
