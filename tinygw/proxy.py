@@ -314,7 +314,7 @@ async def _relay_stream(response, send: Send, result: Result, loop: asyncio.Abst
             end = sse.last_end(data)
             if end:
                 after_output_block(data, end)
-            pending = data[end:] if end else data
+            pending = data[end:]
             if len(pending) > MAX_HELD_BYTES:  # no event boundary in sight: stop looking
                 after_output(pending)
                 pending = b""

@@ -32,10 +32,11 @@ _OUTPUT_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls", "fu
 # Bytes without which an event can neither end an answer nor report an error: after
 # output, only events that carry one of them are classified (SPEC section 4). Inside a
 # JSON string a quote is escaped, so `"error"` and `"finish_reason": "` are structure.
-_MAY_END_OR_FAIL = re.compile(
-    rb'\[DONE\]|"(?:finish|stop)_reason"\s*:\s*"|message_stop|response\.(?:completed|incomplete|failed|error)|"error"'
-    rb"|event:\s*error"
-)
+# Plain bytes, then patterns, each starting with a long literal.
+_END_OR_FAIL_BYTES = (b"[DONE]", b"message_stop", b'"error"')
+_END_OR_FAIL_PATTERNS = (rb'"finish_reason"\s*:\s*"', rb'"stop_reason"\s*:\s*"',
+                         rb"response\.(?:completed|incomplete|failed|error)", rb"event:\s*error")
+_MAY_END_OR_FAIL = re.compile(b"|".join([*map(re.escape, _END_OR_FAIL_BYTES), *_END_OR_FAIL_PATTERNS]))
 
 
 def may_end_or_fail(event: bytes) -> bool:
@@ -45,17 +46,11 @@ def may_end_or_fail(event: bytes) -> bool:
 
 
 # What makes an event worth a look once output has been sent: it may end the answer or
-# fail it (above), or it reports usage. The same alternatives as _MAY_END_OR_FAIL, each
-# looked for alone: with bytes.find, or a regex that starts with a long literal (which
-# the regex engine finds fast): a few µs for a read of events, where the one regex of
-# all the alternatives takes tens.
-_LITERAL_HITS = (b"[DONE]", b"message_stop", b'"error"', b'"usage"')
-_CHECKED_HITS = (  # each with a literal start of its own, which the regex engine finds fast
-    re.compile(rb'"finish_reason"\s*:\s*"'),
-    re.compile(rb'"stop_reason"\s*:\s*"'),
-    re.compile(rb"response\.(?:completed|incomplete|failed|error)"),
-    re.compile(rb"event:\s*error"),
-)
+# fail it (above), or it reports usage. Each alternative looked for alone, with
+# bytes.find or its own regex (which the regex engine finds fast by its literal start):
+# a few µs for a read of events, where the one regex of all of them takes tens.
+_LITERAL_HITS = (*_END_OR_FAIL_BYTES, b'"usage"')
+_CHECKED_HITS = tuple(re.compile(pattern) for pattern in _END_OR_FAIL_PATTERNS)
 
 
 def _hits(block: bytes, end: int) -> list[int]:
