@@ -26,7 +26,7 @@ settings.register_profile("long", max_examples=5_000, deadline=None, database=No
                           print_blob=True, suppress_health_check=_NOT_CHECKED)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
-from tinygw.fake_upstream import FakeUpstream
+from tinygw.fake_upstream import FakeUpstream, well_behaved
 
 ROOT = Path(__file__).resolve().parent.parent
 START_SECONDS = 20  # a gateway that is not answering /healthz by then has failed
@@ -143,6 +143,28 @@ def fake():
     upstream = FakeUpstream().start_in_thread()
     yield upstream
     upstream.stop_thread()
+
+
+def module_fake():
+    """A module's `fake` (one fake provider for the module's gateway, replacing the
+    per-test one above) and `fresh_fake`, which resets it before each test of the
+    module: well-behaved, no requests recorded, no connections counted. In the module:
+    `fake, fresh_fake = module_fake()`."""
+
+    @pytest.fixture(scope="module")
+    def fake():
+        upstream = FakeUpstream().start_in_thread()
+        yield upstream
+        upstream.stop_thread()
+
+    @pytest.fixture(autouse=True)
+    def fresh_fake(fake):
+        fake.script = well_behaved("fake")
+        fake.requests.clear()
+        fake.peer_closed = fake.accepted = 0
+        yield
+
+    return fake, fresh_fake
 
 
 @pytest.fixture

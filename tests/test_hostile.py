@@ -13,17 +13,13 @@ import zlib
 
 import pytest
 
-from conftest import call, wait_until
+from conftest import call, module_fake, wait_until
 from tinygw.fake_upstream import FakeUpstream, Reply, json_reply, openai_stream_events, well_behaved
 
 MiB = 1024 * 1024
 
 
-@pytest.fixture(scope="module")
-def fake():
-    upstream = FakeUpstream().start_in_thread()
-    yield upstream
-    upstream.stop_thread()
+fake, fresh_fake = module_fake()
 
 
 @pytest.fixture(scope="module")
@@ -31,13 +27,6 @@ def backup():
     upstream = FakeUpstream(well_behaved("backup")).start_in_thread()
     yield upstream
     upstream.stop_thread()
-
-
-@pytest.fixture(autouse=True)
-def fresh_fake(fake):
-    fake.script = well_behaved("fake")
-    fake.requests.clear()
-    yield
 
 
 @pytest.fixture(scope="module")

@@ -12,34 +12,15 @@ import anthropic
 import openai
 import pytest
 
-from conftest import Gateway, call, closed_port, metric_value, wait_until
-from tinygw.fake_upstream import (
-    FakeUpstream,
-    Reply,
-    json_reply,
-    openai_stream_events,
-    sse_reply,
-    well_behaved,
-)
+from conftest import Gateway, call, closed_port, metric_value, module_fake, wait_until
+from tinygw.fake_upstream import Reply, json_reply, openai_stream_events, sse_reply
 
 GATEWAY_KEY = "gw-key-7f3a"
 PROVIDER_KEY = "prov-key-91c2"
 ANTHROPIC_KEY = "anth-key-55d0"
 
 
-@pytest.fixture(scope="module")
-def fake():
-    upstream = FakeUpstream().start_in_thread()
-    yield upstream
-    upstream.stop_thread()
-
-
-@pytest.fixture(autouse=True)
-def fresh_fake(fake):
-    fake.script = well_behaved("fake")
-    fake.requests.clear()
-    fake.peer_closed = fake.accepted = 0
-    yield
+fake, fresh_fake = module_fake()
 
 
 @pytest.fixture(scope="module")

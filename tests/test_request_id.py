@@ -10,27 +10,16 @@ import re
 
 import pytest
 
-from conftest import Gateway, call, closed_port, wait_until
+from conftest import Gateway, call, closed_port, module_fake, wait_until
 from tinygw import config, wire
 from tinygw.errors import ConfigError
-from tinygw.fake_upstream import FakeUpstream, well_behaved
+from tinygw.fake_upstream import well_behaved
 
 GATEWAY_KEY = "gw-key-rid"
 NEW_ID = re.compile(r"[0-9a-f]{16}")
 
 
-@pytest.fixture(scope="module")
-def fake():
-    upstream = FakeUpstream().start_in_thread()
-    yield upstream
-    upstream.stop_thread()
-
-
-@pytest.fixture(autouse=True)
-def fresh_fake(fake):
-    fake.script = well_behaved("fake")
-    fake.requests.clear()
-    yield
+fake, fresh_fake = module_fake()
 
 
 @pytest.fixture(scope="module")

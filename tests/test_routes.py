@@ -11,27 +11,16 @@ import anthropic
 import openai
 import pytest
 
-from conftest import Gateway, call, wait_until
+from conftest import Gateway, call, module_fake, wait_until
 from tinygw import sse
-from tinygw.fake_upstream import FakeUpstream, responses_stream_events, sse_reply, well_behaved
+from tinygw.fake_upstream import responses_stream_events, sse_reply, well_behaved
 
 GATEWAY_KEY = "gw-key-routes"
 PROVIDER_KEY = "prov-key-routes"
 ANTHROPIC_KEY = "anth-key-routes"
 
 
-@pytest.fixture(scope="module")
-def fake():
-    upstream = FakeUpstream().start_in_thread()
-    yield upstream
-    upstream.stop_thread()
-
-
-@pytest.fixture(autouse=True)
-def fresh_fake(fake):
-    fake.script = well_behaved("fake")
-    fake.requests.clear()
-    yield
+fake, fresh_fake = module_fake()
 
 
 @pytest.fixture(scope="module")
