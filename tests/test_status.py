@@ -51,18 +51,23 @@ def provider_entry(data: dict, name: str) -> dict:
     return entry
 
 
+def outage_config(fake, healthy) -> dict:
+    """`down` (the fake, which the outage fixtures make answer 502) and `up` (healthy, listed)."""
+    return {
+        "providers": {
+            "down": {"base_url": f"{fake.url}/v1", "api": "openai", "listing": False, "api_key_env": "K1"},
+            "up": {"base_url": f"{healthy.url}/v1", "api": "openai"},
+        },
+        "models": {"m": {"targets": ["down:Qwen3"]}, "n": {"targets": ["up:fake-model"]}},
+    }
+
+
 @pytest.fixture
 def outage(fake, healthy, start_gateway):
     """A gateway with `down:Qwen3` open (two 502s) and `up:fake-model` closed, listed."""
     fake.script = lambda r: json_reply(502, {"error": {"message": "upstream down", "type": "server_error"}})
     gateway = start_gateway(
-        {
-            "providers": {
-                "down": {"base_url": f"{fake.url}/v1", "api": "openai", "listing": False, "api_key_env": "K1"},
-                "up": {"base_url": f"{healthy.url}/v1", "api": "openai"},
-            },
-            "models": {"m": {"targets": ["down:Qwen3"]}, "n": {"targets": ["up:fake-model"]}},
-        },
+        outage_config(fake, healthy),
         K1=PROVIDER_KEY,
         TINYGW_API_KEYS="gw-key-status",  # the status pages ask for none
         PROVIDER_RETRY_FAST_FAILURES="false",
@@ -83,13 +88,7 @@ def outage_on_two_workers(fake, healthy, start_gateway):
     """Two workers, each with `down:Qwen3` open (a 502 opens it) and `up:fake-model` closed."""
     fake.script = lambda r: json_reply(502, {"error": {"message": "upstream down", "type": "server_error"}})
     gateway = start_gateway(
-        {
-            "providers": {
-                "down": {"base_url": f"{fake.url}/v1", "api": "openai", "listing": False, "api_key_env": "K1"},
-                "up": {"base_url": f"{healthy.url}/v1", "api": "openai"},
-            },
-            "models": {"m": {"targets": ["down:Qwen3"]}, "n": {"targets": ["up:fake-model"]}},
-        },
+        outage_config(fake, healthy),
         K1=PROVIDER_KEY, TINYGW_WORKERS="2", PROVIDER_RETRY_FAST_FAILURES="false", PROVIDER_BREAKER_FAILURES="1",
         PROVIDER_BREAKER_OPEN_SECONDS="300", PROVIDER_HEALTH_CHECK_SECONDS="0",
     )
