@@ -19,15 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run import ROOT, free_port  # noqa: E402 - bench/run.py's, as the other bench tools
+
 ARTIFACT_MB_GOAL = 20
 COLD_START_GOAL_S = 0.4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def healthz(port: int) -> bool:
