@@ -93,8 +93,8 @@ def access(loop: asyncio.AbstractEventLoop | None, **fields: object) -> None:
     `loop` (at once without a loop). Same shape as the other lines."""
     if not _logger.isEnabledFor(logging.INFO):
         return
-    _batch.append(_encode.encode({"ts": round(time.time(), 3), "level": "info", "logger": LOGGER_NAME,
-                                  "msg": "request", **fields}) + b"\n")
+    _batch.append(_encode.encode({"ts": round(time.time(), 3),  # wall clock, as JsonFormatter: for people
+                                  "level": "info", "logger": LOGGER_NAME, "msg": "request", **fields}) + b"\n")
     if loop is None:
         flush()
     elif len(_batch) == 1:
