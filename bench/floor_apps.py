@@ -3,7 +3,7 @@ of tinygw's own logic. Not part of tinygw; loopback only.
 
 - `hello`: Granian's ASGI interface answering the upstream's chat body itself (no upstream).
 - `pool_app`: Granian's ASGI interface, each request's body forwarded with tinygw's own
-  upstream pool (tinygw.pool) to the instant upstream, the answer sent back: nothing else.
+  upstream pool (tinygw.upstream.pool) to the instant upstream, the answer sent back: nothing else.
 - `python bench/floor_apps.py PORT UPSTREAM_PORT`: the same forwarding on one thread, a
   uvloop server with no Granian (instant_upstream.py's way of finding a request's end).
 
@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tinygw, from 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from instant_upstream import _CHAT  # noqa: E402 - the same chat answer as the upstream's
-from tinygw.pool import Pool, Timeouts  # noqa: E402
-from tinygw.settings import Origin  # noqa: E402
+from tinygw.upstream.pool import Pool, Timeouts  # noqa: E402
+from tinygw.config.settings import Origin  # noqa: E402
 
 _CHAT_PATH = b"/v1/chat/completions"
 _REQUEST_HEADERS = [(b"content-type", b"application/json")]

@@ -3,7 +3,7 @@
 Run from the repository root: `.venv/bin/python bench/soak.py [--seconds 180]
 [--concurrency 32] [--max-requests 200000]` (what `make soak` does). See bench/README.md.
 
-Two fake providers (tinygw.fake_upstream, each in a child process of its own) answer
+Two fake providers (tinygw.fake.upstream, each in a child process of its own) answer
 every request by a random script: mostly well, sometimes 500, a closed connection, no
 answer at all, a stream or body cut short; each is SIGKILLed every 20-30 s (b's first
 kill 10 s later than a's would be) and restarted on the same port after 1.5-3 s. A real `tinygw serve` (one Granian worker, a model with
@@ -68,7 +68,7 @@ def chaos_script(name: str):
     """A FakeUpstream script: per request, a well-behaved answer that echoes the nonce
     (the first message's content) in its text, or one of CHAOS's misbehaviours (listings
     and health checks, GETs, get the 500s, closes and hangs too)."""
-    from tinygw.fake_upstream import Reply, json_reply, openai_stream_events, sse_reply, well_behaved
+    from tinygw.fake.upstream import Reply, json_reply, openai_stream_events, sse_reply, well_behaved
 
     rng = random.Random()
 
@@ -102,7 +102,7 @@ def chaos_script(name: str):
 
 
 def upstream_main(port: int, name: str) -> None:
-    from tinygw.fake_upstream import FakeUpstream
+    from tinygw.fake.upstream import FakeUpstream
 
     upstream = FakeUpstream(chaos_script(name), port=port, record=False)
 

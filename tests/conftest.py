@@ -26,7 +26,7 @@ settings.register_profile("long", max_examples=5_000, deadline=None, database=No
                           print_blob=True, suppress_health_check=_NOT_CHECKED)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
-from tinygw.fake_upstream import FakeUpstream, well_behaved
+from tinygw.fake.upstream import FakeUpstream, well_behaved
 
 ROOT = Path(__file__).resolve().parent.parent
 START_SECONDS = 20  # a gateway that is not answering /healthz by then has failed

@@ -34,13 +34,15 @@ from types import SimpleNamespace
 import pytest
 
 import conftest
-from tinygw.gateway import Gateway
+from tinygw.worker.gateway import Gateway
 from conftest import ROOT, call, wait_until
 
 sys.path.insert(0, str(ROOT / "attest"))
 from fake_tdx import FakeTdx  # noqa: E402 (attest/ is not a package)
-from tinygw import __version__, attestation, config
-from tinygw.fake_upstream import FakeUpstream
+from tinygw import __version__
+from tinygw.trust import attestation
+from tinygw.config import environment
+from tinygw.fake.upstream import FakeUpstream
 
 LAUNCH = ROOT / "attest" / "launch"
 VERIFY = ROOT / "attest" / "verify"
@@ -234,7 +236,7 @@ def measured(tmp_path_factory):
         wait_until(lambda: tdx.rtmr3.hex() == release["measurement"]["expected_rtmr3"], what="the launch's measurement")
         yield SimpleNamespace(
             root=root, tdx=tdx, artifact=artifact, release=release, release_path=root / "release.json",
-            event_log=event_log, gateway=gateway, config_sha256=config.from_environ(gateway.env).config_sha256(),
+            event_log=event_log, gateway=gateway, config_sha256=environment.from_environ(gateway.env).config_sha256(),
         )
     finally:
         if gateway is not None:
@@ -316,7 +318,7 @@ def test_attestation_without_hardware_says_so(tmp_path, start_gateway, fake):
 
 
 def in_process_attestation(report_dir: Path, nonce: bytes) -> tuple[int, dict]:
-    settings = config.from_environ({"TINYGW_CONFIG": "{}", "TINYGW_TSM_REPORT_DIR": str(report_dir),
+    settings = environment.from_environ({"TINYGW_CONFIG": "{}", "TINYGW_TSM_REPORT_DIR": str(report_dir),
                                     "TINYGW_EVENT_LOG": str(report_dir / "no-log")})
     sent = []
 
@@ -491,7 +493,7 @@ def test_verify_counts_every_rtmr3_event_and_only_those(measured):
 def test_verify_fails_a_changed_configuration(measured):
     other = gateway_config("http://127.0.0.1:1")
     other["routing"] = {"max_attempts": 3}
-    other_sha256 = config.from_environ({**measured.gateway.env, "TINYGW_CONFIG": json.dumps(other)}).config_sha256()
+    other_sha256 = environment.from_environ({**measured.gateway.env, "TINYGW_CONFIG": json.dumps(other)}).config_sha256()
     assert other_sha256 != measured.config_sha256
     code, verdicts, output = verify("--release", str(measured.release_path), "--url", measured.gateway.url,
                                     "--config-sha256", other_sha256)

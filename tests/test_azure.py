@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from conftest import ROOT, call, gateway_command, wait_until
-from tinygw.config import from_environ
+from tinygw.config.environment import from_environ
 from tinygw.errors import ConfigError
 
 CHAT = "/v1/chat/completions"

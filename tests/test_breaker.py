@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tinygw.breaker import (
+from tinygw.resilience.breaker import (
     TRANSITIONS,
     Breakers,
     Circuit,
@@ -13,7 +13,7 @@ from tinygw.breaker import (
     Outcome,
     State,
 )
-from tinygw.settings import Breaker
+from tinygw.config.settings import Breaker
 
 S, F, N = Outcome.SUCCESS, Outcome.FAILURE, Outcome.NEUTRAL
 

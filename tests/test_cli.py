@@ -12,7 +12,7 @@ import pytest
 
 from conftest import ROOT, free_port, gateway_command
 from tinygw import __version__
-from tinygw.fake_upstream import EMBEDDING
+from tinygw.fake.upstream import EMBEDDING
 
 COMMANDS = ["serve", "check", "version", "demo", "fake"]
 CONFIG = {"providers": {"p": {"base_url": "http://127.0.0.1:9/v1", "api": "openai"}},

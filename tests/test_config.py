@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import ROOT, free_port, gateway_command
-from tinygw.config import from_environ
+from tinygw.config.environment import from_environ
 from tinygw.secret import Secret
 from tinygw.errors import ConfigError
 
@@ -196,7 +196,7 @@ def test_a_worker_whose_startup_fails_stops_the_server():
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "granian", "--interface", "asgi", "--port", str(port), "--workers", "2",
-         "tinygw.app:app"],
+         "tinygw.api.app:app"],
         env=full, cwd=ROOT, capture_output=True, text=True, timeout=30,
     )
     assert done.returncode != 0

@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, START_SECONDS, call, free_port, gateway_command, metric_value, wait_until
-from tinygw.fake_upstream import json_reply
+from tinygw.fake.upstream import json_reply
 
 sys.path.insert(0, str(ROOT / "attest"))
 from fake_tdx import FakeTdx  # noqa: E402 (attest/ is not a package)

@@ -12,7 +12,7 @@ import re
 import pytest
 
 from conftest import call, metric_value, wait_until
-from tinygw.fake_upstream import Reply, json_reply, well_behaved
+from tinygw.fake.upstream import Reply, json_reply, well_behaved
 
 GATEWAY_KEY = "gw-key-d1s0"
 PROVIDER_KEY = "prov-key-6b7e"

@@ -1,5 +1,5 @@
 """The docs cannot drift from the code: docs/configuration.md names every JSON field
-(with its default) and every variable that config.py reads, and nothing else;
+(with its default) and every variable that config/environment.py reads, and nothing else;
 docs/api.md names every route and error code; README and docs link only inside the
 repository."""
 
@@ -12,8 +12,9 @@ import msgspec
 import pytest
 
 from conftest import ROOT
-from tinygw import app, config
-from tinygw.settings import ConfigDoc, ModelDoc, ProviderDoc, RoutingDoc
+from tinygw.api import app
+from tinygw.config import environment
+from tinygw.config.settings import ConfigDoc, ModelDoc, ProviderDoc, RoutingDoc
 
 CONFIGURATION = (ROOT / "docs" / "configuration.md").read_text()
 API = (ROOT / "docs" / "api.md").read_text()
@@ -54,7 +55,7 @@ def test_every_json_field_is_documented_with_its_default(struct, heading):
 
 
 def _variables_read_by_the_code() -> set[str]:
-    code = (ROOT / "tinygw" / "config.py").read_text() + (ROOT / "tinygw" / "settings.py").read_text()
+    code = (ROOT / "tinygw" / "config" / "environment.py").read_text() + (ROOT / "tinygw" / "config" / "settings.py").read_text()
     return set(re.findall(r'"((?:TINYGW|PROVIDER)_[A-Z0-9_]+)"', code))
 
 
@@ -65,14 +66,14 @@ def test_every_variable_the_code_reads_is_documented():
 
 
 def test_every_documented_variable_exists():
-    code = "".join(p.read_text() for p in (ROOT / "tinygw").glob("*.py"))
+    code = "".join(p.read_text() for p in (ROOT / "tinygw").rglob("*.py"))
     code += (ROOT / "attest" / "launch").read_text()
     invented = {name for name in VARIABLE.findall(CONFIGURATION + API) if name not in code}
     assert not invented
 
 
 def test_documented_variable_defaults_are_the_codes():
-    settings = config.from_environ({"TINYGW_CONFIG": "{}"})
+    settings = environment.from_environ({"TINYGW_CONFIG": "{}"})
     effective = {
         "TINYGW_HOST": settings.host, "TINYGW_PORT": settings.port, "TINYGW_WORKERS": settings.workers,
         "TINYGW_LOG_LEVEL": settings.log_level, "TINYGW_DRAIN_SECONDS": settings.drain_seconds,
@@ -104,7 +105,7 @@ def test_documented_variable_defaults_are_the_codes():
 def test_api_doc_names_every_route_and_error_code():
     for route in app.ROUTE_LIST.split(", "):
         assert f"`{route}`" in API, route
-    code = "".join((ROOT / "tinygw" / name).read_text() for name in ("app.py", "proxy.py", "attestation.py"))
+    code = "".join((ROOT / "tinygw" / name).read_text() for name in ("api/app.py", "worker/proxy.py", "trust/attestation.py"))
     codes = set(re.findall(r'"(?:invalid_request_error|authentication_error|internal_error)",\s*"([a-z_]+)"', code))
     codes |= {"circuit_open", "connect_error", "timeout", "protocol_error", "attestation_raced",
               "evidence_unavailable"}

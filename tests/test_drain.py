@@ -8,7 +8,7 @@ import socket
 import threading
 
 from conftest import wait_until
-from tinygw.fake_upstream import Reply, openai_stream_events
+from tinygw.fake.upstream import Reply, openai_stream_events
 
 
 def refused(port: int) -> bool:

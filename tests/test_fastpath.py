@@ -1,4 +1,4 @@
-"""The upstream client's fast path against h11, its authority (tinygw.fastpath).
+"""The upstream client's fast path against h11, its authority (tinygw.upstream.fastpath).
 
 Random responses, well-formed and mutated, split at random points, are read by both.
 The fast path must give what h11 gives (status, headers, body, where the answer ends,
@@ -11,7 +11,7 @@ from __future__ import annotations
 import h11
 from hypothesis import example, given, settings, strategies as st
 
-from tinygw.fastpath import Answer, HandOff, Malformed, encode_request
+from tinygw.upstream.fastpath import Answer, HandOff, Malformed, encode_request
 
 MAX_HEAD = 64 * 1024
 # Pure and quick: more examples than the profile's default, never fewer.

@@ -122,7 +122,7 @@ def test_holds_the_runtime_packages_and_no_test_dependency():
 
 
 def test_bundles_the_locked_trust_roots():
-    # tinygw/pool.py loads certifi.where(), which in the frozen build is this member.
+    # tinygw/upstream/pool.py loads certifi.where(), which in the frozen build is this member.
     assert archive().extract("certifi/cacert.pem") == Path(certifi.where()).read_bytes()
 
 

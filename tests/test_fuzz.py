@@ -29,8 +29,9 @@ from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import Gateway
-from tinygw import sse, wire
-from tinygw.fake_upstream import FakeUpstream, Reply, json_reply, well_behaved
+from tinygw.protocol import sse
+from tinygw.protocol import wire
+from tinygw.fake.upstream import FakeUpstream, Reply, json_reply, well_behaved
 
 # Hypothesis' profiles ("default": few derandomized examples; "long": make fuzz) are
 # registered in conftest.py, for this file and tests/test_fastpath.py alike.

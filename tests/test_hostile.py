@@ -14,7 +14,7 @@ import zlib
 import pytest
 
 from conftest import call, module_fake, wait_until
-from tinygw.fake_upstream import FakeUpstream, Reply, json_reply, openai_stream_events, well_behaved
+from tinygw.fake.upstream import FakeUpstream, Reply, json_reply, openai_stream_events, well_behaved
 
 MiB = 1024 * 1024
 
@@ -337,8 +337,9 @@ def test_a_client_that_leaves_during_a_large_answer_frees_its_connection_slot():
     answer is relayed; the provider's connection slot must come back every time."""
     import asyncio
 
-    from tinygw import app, config as tinygw_config
-    from tinygw.gateway import Gateway as TinyGateway
+    from tinygw.api import app
+    from tinygw.config import environment
+    from tinygw.worker.gateway import Gateway as TinyGateway
 
     answer = b"x" * (4 * MiB)
 
@@ -360,7 +361,7 @@ def test_a_client_that_leaves_during_a_large_answer_frees_its_connection_slot():
     async def run() -> list[int]:
         server = await asyncio.start_server(provider, "127.0.0.1", 0)
         url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
-        settings = tinygw_config.from_environ({"TINYGW_CONFIG": json.dumps({
+        settings = environment.from_environ({"TINYGW_CONFIG": json.dumps({
             "providers": {"p": {"base_url": url, "api": "openai", "max_connections": 2, "listing": False}},
             "models": {"m": {"targets": ["p:m"]}}})})
         gateway = TinyGateway(settings)

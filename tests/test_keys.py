@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tinygw.keys import DEFAULT_REST_SECONDS, KeyRing
+from tinygw.resilience.keys import DEFAULT_REST_SECONDS, KeyRing
 
 
 def test_round_robin_across_keys():

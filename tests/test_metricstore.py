@@ -11,9 +11,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ROOT
-from tinygw.metrics import Metrics
-from tinygw import metricstore
-from tinygw.metricstore import FileStore, MemoryStore
+from tinygw.observe.metrics import Metrics
+from tinygw.observe import metricstore
+from tinygw.observe.metricstore import FileStore, MemoryStore
 
 
 def samples(metrics: Metrics) -> dict:
@@ -24,7 +24,7 @@ def samples(metrics: Metrics) -> dict:
 
 def count_in_another_process(directory, requests: int) -> None:
     """A worker that counts and exits: its file stays, unlocked."""
-    code = (f"from tinygw.metrics import Metrics\nm = Metrics('1', '', {str(directory)!r})\n"
+    code = (f"from tinygw.observe.metrics import Metrics\nm = Metrics('1', '', {str(directory)!r})\n"
             f"for _ in range({requests}): m.count_request('/r', 'm', 200, 0.01)\n"
             "m.set_listing_up('p', True)\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import call, closed_port, metric_value, wait_until
-from tinygw.fake_upstream import FakeUpstream, Reply, json_reply, openai_stream_events, sse_reply, well_behaved
+from tinygw.fake.upstream import FakeUpstream, Reply, json_reply, openai_stream_events, sse_reply, well_behaved
 
 CHAT = "/v1/chat/completions"
 GATEWAY_KEY = "gw-secret-0c1d"

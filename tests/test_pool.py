@@ -9,9 +9,9 @@ import pytest
 
 from conftest import closed_port
 from tinygw import errors
-from tinygw.settings import Origin
-from tinygw.fake_upstream import FakeUpstream, Reply, json_reply, sse_reply
-from tinygw.pool import Pool, Timeouts
+from tinygw.config.settings import Origin
+from tinygw.fake.upstream import FakeUpstream, Reply, json_reply, sse_reply
+from tinygw.upstream.pool import Pool, Timeouts
 
 pytestmark = pytest.mark.anyio
 

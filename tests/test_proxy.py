@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from conftest import Gateway, call, closed_port, metric_value, module_fake, wait_until
-from tinygw.fake_upstream import Reply, json_reply, openai_stream_events, sse_reply
+from tinygw.fake.upstream import Reply, json_reply, openai_stream_events, sse_reply
 
 GATEWAY_KEY = "gw-key-7f3a"
 PROVIDER_KEY = "prov-key-91c2"
@@ -315,7 +315,7 @@ def test_client_leaving_mid_stream_closes_the_upstream(gateway, fake):
 
 
 def test_client_leaving_a_quick_request_still_closes_the_upstream(gateway, fake):
-    """A request watches for its client leaving only from 50 ms in (tinygw.app): a
+    """A request watches for its client leaving only from 50 ms in (tinygw.api.app): a
     client that sends its request and leaves at once is still noticed, its hung
     attempt ended (499, not the provider's timeout) and the provider's connection closed."""
     fake.script = lambda r: Reply(action="hang")

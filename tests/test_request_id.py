@@ -11,9 +11,10 @@ import re
 import pytest
 
 from conftest import Gateway, call, closed_port, module_fake, wait_until
-from tinygw import config, wire
+from tinygw.config import environment
+from tinygw.protocol import wire
 from tinygw.errors import ConfigError
-from tinygw.fake_upstream import well_behaved
+from tinygw.fake.upstream import well_behaved
 
 GATEWAY_KEY = "gw-key-rid"
 NEW_ID = re.compile(r"[0-9a-f]{16}")
@@ -152,4 +153,4 @@ def test_a_provider_header_may_not_set_the_request_id():
     document = {"providers": {"p": {"base_url": "http://127.0.0.1:1", "api": "openai",
                                     "headers": {"X-Request-Id": "fixed"}}}}
     with pytest.raises(ConfigError, match=r"headers\.X-Request-Id"):
-        config.from_environ({"TINYGW_CONFIG": json.dumps(document)})
+        environment.from_environ({"TINYGW_CONFIG": json.dumps(document)})

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from conftest import call, closed_port, metric_value, wait_until
-from tinygw.fake_upstream import FakeUpstream, Reply, json_reply, openai_stream_events, sse_reply, well_behaved
+from tinygw.fake.upstream import FakeUpstream, Reply, json_reply, openai_stream_events, sse_reply, well_behaved
 
 CHAT = "/v1/chat/completions"
 

@@ -12,8 +12,8 @@ import openai
 import pytest
 
 from conftest import Gateway, call, module_fake, wait_until
-from tinygw import sse
-from tinygw.fake_upstream import responses_stream_events, sse_reply, well_behaved
+from tinygw.protocol import sse
+from tinygw.fake.upstream import responses_stream_events, sse_reply, well_behaved
 
 GATEWAY_KEY = "gw-key-routes"
 PROVIDER_KEY = "prov-key-routes"

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, call, wait_until
-from tinygw.fake_upstream import FakeUpstream, json_reply, well_behaved
+from tinygw.fake.upstream import FakeUpstream, json_reply, well_behaved
 from tinygw import __version__
-from tinygw.status import render_html
+from tinygw.api.status import render_html
 
 CHAT = "/v1/chat/completions"
 PROVIDER_KEY = "sk-status-secret"

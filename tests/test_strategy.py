@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import random
 
-from tinygw.config import from_environ
-from tinygw.strategy import Strategies
+from tinygw.config.environment import from_environ
+from tinygw.resilience.strategy import Strategies
 
 
 def settings(strategy: str, weights=(1, 1, 1)):

@@ -24,7 +24,7 @@ from cryptography.x509.oid import NameOID
 from conftest import ROOT, Gateway, call, gateway_command, wait_until
 from test_attest import FakeTdx, launched_gateway, make_artifact, verify, write_release  # puts attest/ on the path
 from relay import Relay  # noqa: E402 (attest/relay.py)
-from tinygw.fake_upstream import FakeUpstream
+from tinygw.fake.upstream import FakeUpstream
 
 SECRET = "sk-attest-never-shown"  # test_attest's gateway_config names it
 

@@ -1,5 +1,5 @@
-"""Unit: the `usage` an answer or an event reports (tinygw.usage), and the one decode
-of a held answer that judges its `error` and reads its `usage` (tinygw.outcome)."""
+"""Unit: the `usage` an answer or an event reports (tinygw.protocol.usage), and the one decode
+of a held answer that judges its `error` and reads its `usage` (tinygw.resilience.outcome)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from tinygw import outcome, usage
+from tinygw.resilience import outcome
+from tinygw.protocol import usage
 
 
 def event(data: dict, name: str | None = None) -> bytes:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tinygw.wire import BadBody, forward_headers, read_head, relay_headers, rewrite_model
+from tinygw.protocol.wire import BadBody, forward_headers, read_head, relay_headers, rewrite_model
 
 
 def test_rewrite_replaces_only_the_model_bytes():

@@ -61,12 +61,12 @@ def artifact_sha256() -> str:
 
 
 def _settings_or_exit():
-    from tinygw import config
+    from tinygw.config import environment
     from tinygw.errors import ConfigError
 
-    config.forget_inherited()  # serve sets those for its workers; nobody else may
+    environment.forget_inherited()  # serve sets those for its workers; nobody else may
     try:
-        return config.from_environ()
+        return environment.from_environ()
     except ConfigError as e:
         print(f"tinygw: configuration error: {e}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
@@ -124,10 +124,10 @@ def main(argv: list[str] | None = None) -> None:
     elif command == "version":
         _version()
     elif command == "demo":
-        from tinygw import demo
+        from tinygw.fake import demo
 
         sys.exit(demo.main(rest))
     elif command == "fake":
-        from tinygw import fake_upstream
+        from tinygw.fake import upstream as fake_upstream
 
         fake_upstream.main(rest)

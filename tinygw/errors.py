@@ -1,7 +1,7 @@
 """Every exception tinygw raises, grouped by what the caller should do.
 
 Foreign exceptions (OSError, ssl.SSLError, h11's errors) are translated once, at the
-upstream client's boundary (`tinygw.network`, `tinygw.connection`), into the `UpstreamError`
+upstream client's boundary (`tinygw.upstream.network`, `tinygw.upstream.connection`), into the `UpstreamError`
 family below. Nothing above that layer catches a foreign exception.
 """
 

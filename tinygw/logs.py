@@ -102,7 +102,7 @@ def access(loop: asyncio.AbstractEventLoop | None, **fields: object) -> None:
 
 
 def flush() -> None:
-    """Write the access lines waiting for the loop's turn (tinygw.app calls it at
+    """Write the access lines waiting for the loop's turn (tinygw.api.app calls it at
     shutdown too; log() before its own line, to keep the order)."""
     if not _batch:
         return

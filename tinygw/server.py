@@ -22,11 +22,12 @@ from granian.constants import HTTPModes, Interfaces, Loops
 from granian.http import HTTP1Settings
 from granian.log import LogLevels
 
-from tinygw import config, logs
+from tinygw import logs
+from tinygw.config import environment
 from tinygw.errors import ConfigError
-from tinygw.settings import Settings
+from tinygw.config.settings import Settings
 
-APP_TARGET = "tinygw.app:app"
+APP_TARGET = "tinygw.api.app:app"
 
 # Connections a worker holds open at once (Granian's `backpressure`: a connection
 # takes a permit from accept to close, idle keep-alive ones included). Bounded by the
@@ -51,24 +52,24 @@ def serve(settings: Settings) -> None:
     try:
         metrics_dir = _metrics_dir(settings.workers)
         if metrics_dir:
-            config.share_metrics_dir(metrics_dir)
+            environment.share_metrics_dir(metrics_dir)
         if served is not None:
-            config.share_served_cert(served.cert_path, served.spki_sha256)
+            environment.share_served_cert(served.cert_path, served.spki_sha256)
         _granian(settings, open_files, served).serve()
     finally:
         if metrics_dir:
             shutil.rmtree(metrics_dir, ignore_errors=True)
         if served is not None:
-            from tinygw import tls
+            from tinygw.trust import tls
 
             tls.remove(served)
 
 
 def _tls(settings: Settings):
-    """The certificate and key to serve (tinygw.tls.Served), or None with TLS off."""
+    """The certificate and key to serve (tinygw.trust.tls.Served), or None with TLS off."""
     if settings.tls_mode == "off":
         return None
-    from tinygw import tls  # cryptography is imported only when TLS is on
+    from tinygw.trust import tls  # cryptography is imported only when TLS is on
 
     if settings.tls_mode == "files":
         return tls.served_files(settings.tls_cert_file, settings.tls_key_file)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 
-from tinygw.settings import Model, Settings, Target
+from tinygw.config.settings import Model, Settings, Target
 
 
 class Strategies:

@@ -3,7 +3,7 @@
 Circuits are per worker (SPEC section 4), but the status page shows every live
 worker's in one view (SPEC section 7), whichever worker a reload reaches. So each
 worker writes its circuits' state into its own file of the shared metric store
-(tinygw.metricstore), under names that /metrics does not export, and the page reads
+(tinygw.observe.metricstore), under names that /metrics does not export, and the page reads
 every live worker's. A value is written only when it changed: a request whose circuit
 stays as it was costs a tuple comparison.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from msgspec import Struct
 
-from tinygw.breaker import Circuit, State
+from tinygw.resilience.breaker import Circuit, State
 
 _STATE_CODE = {State.CLOSED: 0.0, State.OPEN: 1.0, State.HALF_OPEN: 2.0}
 STATES = {0: State.CLOSED, 1: State.OPEN, 2: State.HALF_OPEN}

@@ -1,7 +1,7 @@
 """Forwarding one client request: the attempt loop, and relaying the answer.
 
 Targets come in the order of the model's strategy; a target whose circuit is open is
-skipped (not an attempt). An attempt's ending is judged by `tinygw.outcome`; what the
+skipped (not an attempt). An attempt's ending is judged by `tinygw.resilience.outcome`; what the
 loop does next follows SPEC section 4: another key of the provider after a 429, the
 next target after a failure that may fall back, the one quick retry when no target is
 left, and at most `routing.max_attempts` attempts. Nothing reaches the client until an
@@ -18,14 +18,17 @@ from collections.abc import Awaitable, Callable
 
 from msgspec import Struct
 
-from tinygw import errors, logs, outcome, sse, usage
-from tinygw.breaker import Outcome
-from tinygw.settings import Target
-from tinygw.gateway import Gateway, Upstream
-from tinygw.outcome import Verdict
-from tinygw.pool import Response
-from tinygw.routing import Resolution, Route
-from tinygw.wire import (
+from tinygw import errors, logs
+from tinygw.resilience import outcome
+from tinygw.protocol import sse
+from tinygw.protocol import usage
+from tinygw.resilience.breaker import Outcome
+from tinygw.config.settings import Target
+from tinygw.worker.gateway import Gateway, Upstream
+from tinygw.resilience.outcome import Verdict
+from tinygw.upstream.pool import Response
+from tinygw.protocol.routing import Resolution, Route
+from tinygw.protocol.wire import (
     JSON_HEADERS,
     error_body,
     forward_headers,

@@ -15,14 +15,19 @@ import sys
 from urllib.parse import quote
 
 
-from tinygw import config, discovery, logs, models, proxy, wire
-from tinygw.attestation import artifact_digests, attestation_page
+from tinygw import logs
+from tinygw.config import environment
+from tinygw.worker import discovery
+from tinygw.api import models
+from tinygw.worker import proxy
+from tinygw.protocol import wire
+from tinygw.trust.attestation import artifact_digests, attestation_page
 from tinygw.errors import ConfigError, EvidenceUnavailable
-from tinygw.gateway import Gateway
-from tinygw.routing import ROUTES, resolve
-from tinygw.status import status_json, status_page
-from tinygw.models import MODEL_PREFIX
-from tinygw.wire import BadBody, header, read_head, send_error, send_json
+from tinygw.worker.gateway import Gateway
+from tinygw.protocol.routing import ROUTES, resolve
+from tinygw.api.status import status_json, status_page
+from tinygw.api.models import MODEL_PREFIX
+from tinygw.protocol.wire import BadBody, header, read_head, send_error, send_json
 
 # The status logged and counted for a request whose client left before its answer
 # (nginx's convention; never sent, there is nobody to send it to).
@@ -50,7 +55,7 @@ async def lifespan(scope, receive, send) -> None:
     message = await receive()
     assert message["type"] == "lifespan.startup"
     try:
-        settings = config.from_environ()
+        settings = environment.from_environ()
         logs.configure(settings.log_level)
         gateway = Gateway(settings)
     except ConfigError as e:

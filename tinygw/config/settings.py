@@ -1,7 +1,7 @@
 """What the configuration is: the JSON document's types and the effective Settings.
 
 Frozen msgspec Structs, keyword-only, unknown fields forbidden, limits in the types
-(so a bad value names its path). `tinygw.config` reads them from the environment;
+(so a bad value names its path). `tinygw.config.environment` reads them from the environment;
 everything else receives them. `Settings.config_sha256()` is the hash that
 `tinygw check` prints and `/attestation` reports.
 """
@@ -46,7 +46,7 @@ class ProviderDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     api_key_header: str | None = None
     headers: dict[str, str] = {}
     # Non-secret query parameters appended to every upstream request (Azure's
-    # `api-version`); tinygw.config checks them, tinygw.gateway encodes them once.
+    # `api-version`); tinygw.config.environment checks them, tinygw.worker.gateway encodes them once.
     query: dict[str, str] = {}
     weight: Annotated[int, Meta(ge=1)] = 1
     connect_timeout_s: Seconds = 10.0
@@ -138,7 +138,7 @@ class Settings(Struct, frozen=True, kw_only=True):
     listing_seconds: float = 60.0
     # TLS (SPEC section 9): "off" | "attested" | "files"; the names of an attested
     # certificate; the files of `files`; where an attested key may be written (memory
-    # file systems only, tinygw.tls); and the certificate being served, set by serve for
+    # file systems only, tinygw.trust.tls); and the certificate being served, set by serve for
     # its workers (not configuration: not in the hash, nor is the key's place).
     tls_mode: str = "off"
     tls_names: tuple[str, ...] = ("localhost", "127.0.0.1")
@@ -147,7 +147,7 @@ class Settings(Struct, frozen=True, kw_only=True):
     tls_key_dirs: tuple[str, ...] = ()
     served_cert: str | None = None
     served_spki_sha256: str | None = None
-    # Where the workers of one `tinygw serve` keep their metrics (tinygw.metricstore);
+    # Where the workers of one `tinygw serve` keep their metrics (tinygw.observe.metricstore);
     # set by serve itself for its workers, not configuration, so not in the hash.
     metrics_dir: str | None = None
     # Paths of the measurement register, the configfs-tsm report interface and the

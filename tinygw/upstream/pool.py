@@ -18,8 +18,8 @@ import certifi
 from msgspec import Struct
 
 from tinygw import errors
-from tinygw.settings import Origin
-from tinygw.connection import Connection, open_connection
+from tinygw.config.settings import Origin
+from tinygw.upstream.connection import Connection, open_connection
 
 # A connection idle longer than this is closed instead of reused. Servers close idle
 # keep-alive connections on their own clock (uvicorn, which vLLM and many OpenAI-
@@ -60,7 +60,7 @@ class Pool:
         ssl_context: ssl.SSLContext | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
-        self._loop = loop  # the worker's, cached (tinygw.gateway); else looked up per request
+        self._loop = loop  # the worker's, cached (tinygw.worker.gateway); else looked up per request
         self.origin = origin
         self.timeouts = timeouts
         self._ssl = ssl_context if origin.scheme == "https" else None

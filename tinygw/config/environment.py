@@ -3,7 +3,7 @@
 This is the only module that reads `os.environ` (through `from_environ`, which takes
 the mapping as an argument so that tests pass their own). Every bad value raises
 `ConfigError` naming the variable or JSON path and the reason; the caller turns that
-into exit code 2. The types it fills are in `tinygw.settings`; secrets are held in
+into exit code 2. The types it fills are in `tinygw.config.settings`; secrets are held in
 `tinygw.secret.Secret`.
 """
 
@@ -20,7 +20,7 @@ import msgspec
 
 from tinygw.errors import ConfigError
 from tinygw.secret import Secret
-from tinygw.settings import (
+from tinygw.config.settings import (
     DEFAULT_EVENT_LOG,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_RTMR_PATH,
@@ -291,7 +291,7 @@ def _tls(env: Mapping[str, str]) -> dict:
         if not key_file:
             raise ConfigError("TINYGW_TLS_KEY_FILE", "unset, and TINYGW_TLS=files needs it")
         if served is None:
-            from tinygw import tls  # cryptography is imported only when TLS is on, and not by workers
+            from tinygw.trust import tls  # cryptography is imported only when TLS is on, and not by workers
 
             tls.check_files(cert_file, key_file,
                             _read_file("TINYGW_TLS_CERT_FILE", cert_file, MAX_SECRET_FILE_BYTES).encode(),

@@ -19,7 +19,7 @@ import enum
 import math
 from collections.abc import Callable
 
-from tinygw.settings import Breaker as BreakerSettings
+from tinygw.config.settings import Breaker as BreakerSettings
 
 
 class State(enum.Enum):

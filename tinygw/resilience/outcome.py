@@ -10,9 +10,10 @@ from __future__ import annotations
 import msgspec
 from msgspec import Struct
 
-from tinygw import errors, usage
-from tinygw.breaker import Outcome
-from tinygw.usage import Usage
+from tinygw import errors
+from tinygw.protocol import usage
+from tinygw.resilience.breaker import Outcome
+from tinygw.protocol.usage import Usage
 
 # A 502/503 that came back within this many seconds is a quick failure (SPEC section 4).
 QUICK_SECONDS = 5.0
@@ -63,7 +64,7 @@ _decode_error_field = msgspec.json.Decoder(_ErrorField)
 
 def judge(body: bytes) -> tuple[bool, Usage | None]:
     """Does a JSON object body carry a non-null top-level `error`, and what `usage`
-    does it report? One decode for both, of these two fields only (tinygw.usage)."""
+    does it report? One decode for both, of these two fields only (tinygw.protocol.usage)."""
     if b'"usage"' not in body:
         return carries_error(body), None
     value = usage.of_body(body)

@@ -17,14 +17,14 @@ from urllib.parse import quote, unquote_to_bytes
 from msgspec import Struct
 
 from tinygw import __version__, logs
-from tinygw.auth import InboundAuth
-from tinygw.board import Board
-from tinygw.breaker import Breakers, Circuit, Clock, State
-from tinygw.settings import Provider, Settings
-from tinygw.keys import KeyRing
-from tinygw.metrics import Metrics
-from tinygw.pool import Pool, Timeouts, tls_context
-from tinygw.strategy import Strategies
+from tinygw.trust.auth import InboundAuth
+from tinygw.observe.board import Board
+from tinygw.resilience.breaker import Breakers, Circuit, Clock, State
+from tinygw.config.settings import Provider, Settings
+from tinygw.resilience.keys import KeyRing
+from tinygw.observe.metrics import Metrics
+from tinygw.upstream.pool import Pool, Timeouts, tls_context
+from tinygw.resilience.strategy import Strategies
 
 
 _FIRST_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+-----END CERTIFICATE-----")
@@ -110,7 +110,7 @@ class Gateway:
             self.tls_certificate, self.tls_spki_sha256 = pem.group().decode("ascii") + "\n", settings.served_spki_sha256
         self.strategies = Strategies(settings)
         # provider -> upstream model ids of its last successful listing; absent while
-        # its listing has not succeeded (tinygw.discovery keeps it up to date)
+        # its listing has not succeeded (tinygw.worker.discovery keeps it up to date)
         self.listings: dict[str, list[str]] = {}
         context = tls_context() if any(p.origin.scheme == "https" for p in settings.providers.values()) else None
         self.upstreams = {

@@ -21,7 +21,7 @@ import time
 import urllib.error
 import urllib.request
 
-from tinygw.fake_upstream import FakeUpstream, json_reply, well_behaved
+from tinygw.fake.upstream import FakeUpstream, json_reply, well_behaved
 
 START_SECONDS = 20.0
 OPEN_SECONDS = 2  # the demo's pause, so that the probe comes quickly

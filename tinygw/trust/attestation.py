@@ -25,7 +25,7 @@ import msgspec
 
 from tinygw import __version__, logs
 from tinygw.errors import EvidenceUnavailable, Raced
-from tinygw.wire import JSON_HEADERS, error_body
+from tinygw.protocol.wire import JSON_HEADERS, error_body
 
 # report_data = SHA-512(DOMAIN || nonce || config_sha256): 64 bytes, the quote's REPORTDATA;
 # with TLS on, SHA-512(DOMAIN_TLS || nonce || config_sha256 || tls_spki_sha256) (SPEC section 9).

@@ -4,7 +4,7 @@ Counters and histograms are summed over every worker, so a scrape of any worker
 counts all traffic; so is the in-flight gauge, over live workers. Gauges of
 per-process state (a circuit is per worker by design, SPEC section 4; so is a worker's
 last listing; and `process_*`) are shown per worker, with a `worker` label (its slot,
-1..N, stable across restarts: tinygw.metricstore), and only for workers that are
+1..N, stable across restarts: tinygw.observe.metricstore), and only for workers that are
 alive. `process_*` is read at the scrape from /proc for each live worker, so it costs
 the workers nothing.
 
@@ -20,8 +20,9 @@ import bisect
 import logging
 import time
 
-from tinygw import logs, process
-from tinygw.metricstore import FileStore, Key, MemoryStore
+from tinygw import logs
+from tinygw.observe import process
+from tinygw.observe.metricstore import FileStore, Key, MemoryStore
 
 # Seconds; from a cached answer to a long generation (timeout_s defaults to 600).
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -86,7 +87,7 @@ class Metrics:
                          error=type(e).__name__)
 
     def set_artifact_sha256(self, digest: str) -> None:
-        """The frozen executable's sha256, once a worker has hashed it (tinygw.app)."""
+        """The frozen executable's sha256, once a worker has hashed it (tinygw.api.app)."""
         self._build = (("version", self._version), ("artifact_sha256", digest))
 
     # ---- the hot path -----------------------------------------------------------------

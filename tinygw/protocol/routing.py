@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from msgspec import Struct
 
-from tinygw.settings import Model, Settings, Target
+from tinygw.config.settings import Model, Settings, Target
 
 
 class Route(Struct, frozen=True):

@@ -1,7 +1,7 @@
 """Model discovery and health checks of open circuits: background loops per worker.
 
 Started and cancelled by the ASGI lifespan (`start`, `stop`); SPEC sections 5 and 6.
-`/v1/models` (tinygw.app) lists what the listings found.
+`/v1/models` (tinygw.api.app) lists what the listings found.
 
 - Listing, every `PROVIDER_LISTING_SECONDS` (0: off), the first at start: each
   provider with `listing` on gets GET `{base_url}/models` (`{base_url}/v1/models` for
@@ -29,9 +29,9 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from tinygw import errors, logs
-from tinygw.breaker import Circuit, State
-from tinygw.settings import Provider
-from tinygw.gateway import Gateway, Upstream
+from tinygw.resilience.breaker import Circuit, State
+from tinygw.config.settings import Provider
+from tinygw.worker.gateway import Gateway, Upstream
 
 # A listing or health answer over this size is a failure: room for thousands of model
 # entries with descriptions and prices, and a bound on what a worker reads whole.

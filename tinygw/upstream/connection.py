@@ -2,7 +2,7 @@
 
 Every wait takes an absolute deadline (the event loop's monotonic clock) and a named
 timeout to raise when it passes. h11's exceptions are translated here, once, into
-tinygw.errors (the stream's own, OS and TLS ones, in tinygw.network).
+tinygw.errors (the stream's own, OS and TLS ones, in tinygw.upstream.network).
 A connection that saw any error, or whose response was not read to the end, is
 closed and never reused.
 """
@@ -13,8 +13,9 @@ import ssl
 
 import h11
 
-from tinygw import errors, fastpath
-from tinygw.network import Deadline, Stream, open_stream
+from tinygw import errors
+from tinygw.upstream import fastpath
+from tinygw.upstream.network import Deadline, Stream, open_stream
 
 # A response head (status line and headers) larger than this is a protocol error.
 # h11's own default is 16 KiB; providers add long rate-limit and trace headers.
@@ -24,7 +25,7 @@ Timeout = type[errors.UpstreamError]
 
 
 class Connection:
-    """One connection; each exchange on it takes the fast path (tinygw.fastpath) when
+    """One connection; each exchange on it takes the fast path (tinygw.upstream.fastpath) when
     it can, and h11 otherwise: a request the fast path cannot write, or an answer it
     hands off (h11 then gets every byte of the answer so far, and decides)."""
 

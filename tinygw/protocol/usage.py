@@ -3,7 +3,7 @@
 OpenAI reports `usage.prompt_tokens` / `completion_tokens` (chat, completions,
 embeddings), Anthropic and the Responses API `input_tokens` / `output_tokens`. Only
 the `usage` field is decoded (msgspec skips the rest without building it), and a held
-answer is decoded once for both its `error` (tinygw.outcome) and its `usage`.
+answer is decoded once for both its `error` (tinygw.resilience.outcome) and its `usage`.
 
 Streams report usage in a few events: OpenAI's last chunk (with
 `stream_options.include_usage`), Anthropic's `message_start` (`message.usage`) and

@@ -1,7 +1,7 @@
 """The status page (SPEC section 7): `/status` in HTML and `/status.json`.
 
 Both show every live worker's circuits and listings in one view, read from the shared
-metric store where each worker publishes them (tinygw.board), whichever worker answers;
+metric store where each worker publishes them (tinygw.observe.board), whichever worker answers;
 and the gateway: version, artifact sha256 (when frozen), config hash, start and uptime,
 live workers (slot and PID) and each model alias's strategy and targets. Times in
 status.json are wall-clock ISO 8601 (UTC). For each provider: its listing state (on or
@@ -29,12 +29,13 @@ from html import escape
 
 import msgspec
 
-from tinygw import __version__, board
-from tinygw.attestation import artifact_digests
-from tinygw.breaker import State
+from tinygw import __version__
+from tinygw.observe import board
+from tinygw.trust.attestation import artifact_digests
+from tinygw.resilience.breaker import State
 from tinygw.errors import EvidenceUnavailable
-from tinygw.gateway import Gateway
-from tinygw.wire import JSON_HEADERS
+from tinygw.worker.gateway import Gateway
+from tinygw.protocol.wire import JSON_HEADERS
 
 STATE_WORDS = {
     State.CLOSED: "Circuit Closed",
@@ -74,7 +75,7 @@ def _circuit(c: board.CircuitView, slot: int, now: float, wall: float) -> dict:
 
 def snapshot(gateway: Gateway, pid: int, artifact_sha256: str | None = None) -> dict:
     """What both pages show, as plain data (the shape of /status.json): every live
-    worker's circuits and listings, read from the shared store (tinygw.board)."""
+    worker's circuits and listings, read from the shared store (tinygw.observe.board)."""
     settings = gateway.settings
     now, wall = gateway.clock(), time.time()  # wall: for display only
     workers = board.read(gateway.metrics.store)

@@ -438,7 +438,7 @@ async def _write(reader, writer: asyncio.StreamWriter, reply: Reply, upstream: F
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`tinygw fake [PORT]` (or `python -m tinygw.fake_upstream [PORT]`): a well-behaved
+    """`tinygw fake [PORT]` (or `python -m tinygw.fake.upstream [PORT]`): a well-behaved
     fake provider on 127.0.0.1, both APIs at once, until interrupted. Prints its port
     (a free one without PORT) on the first line of stdout."""
     import sys

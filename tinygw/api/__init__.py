@@ -1,0 +1,1 @@
+"""The ASGI app and the pages it answers."""

@@ -1,0 +1,1 @@
+"""The configuration's types, and the one reader of the environment that fills them."""

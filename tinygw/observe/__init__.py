@@ -1,0 +1,1 @@
+"""Metrics, the shared metric store, process gauges and the status board."""

@@ -1,0 +1,1 @@
+"""Circuit breakers, the failure table, key pools and target order."""

@@ -1,0 +1,1 @@
+"""Who may call us and what we prove: inbound keys, the TLS key, attestation evidence."""
