@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT / "attest"))
 from fake_tdx import FakeTdx  # noqa: E402 (attest/ is not a package)
 from tinygw import __version__
 from tinygw.trust import attestation
+from tinygw.api.attestation import attestation_page
 from tinygw.config import environment
 from tinygw.fake.upstream import FakeUpstream
 
@@ -326,7 +327,7 @@ def in_process_attestation(report_dir: Path, nonce: bytes) -> tuple[int, dict]:
         sent.append(message)
 
     scope = {"query_string": b"nonce=" + nonce.hex().encode()}
-    asyncio.run(attestation.attestation_page(Gateway(settings), scope, send))
+    asyncio.run(attestation_page(Gateway(settings), scope, send))
     return sent[0]["status"], json.loads(sent[1]["body"])
 
 

@@ -105,7 +105,7 @@ def test_documented_variable_defaults_are_the_codes():
 def test_api_doc_names_every_route_and_error_code():
     for route in app.ROUTE_LIST.split(", "):
         assert f"`{route}`" in API, route
-    code = "".join((ROOT / "tinygw" / name).read_text() for name in ("api/app.py", "worker/proxy.py", "trust/attestation.py"))
+    code = "".join((ROOT / "tinygw" / name).read_text() for name in ("api/app.py", "worker/proxy.py", "api/attestation.py"))
     codes = set(re.findall(r'"(?:invalid_request_error|authentication_error|internal_error)",\s*"([a-z_]+)"', code))
     codes |= {"circuit_open", "connect_error", "timeout", "protocol_error", "attestation_raced",
               "evidence_unavailable"}

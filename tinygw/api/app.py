@@ -21,7 +21,8 @@ from tinygw.worker import discovery
 from tinygw.api import models
 from tinygw.worker import proxy
 from tinygw.protocol import wire
-from tinygw.trust.attestation import artifact_digests, attestation_page
+from tinygw.api.attestation import attestation_page
+from tinygw.trust.attestation import artifact_digests
 from tinygw.errors import ConfigError, EvidenceUnavailable
 from tinygw.worker.gateway import Gateway
 from tinygw.protocol.routing import ROUTES, resolve

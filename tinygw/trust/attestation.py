@@ -1,4 +1,4 @@
-"""GET /attestation?nonce=HEX (SPEC section 8): the evidence a client checks us with.
+"""The evidence a client checks us with (the page that serves it is tinygw.api.attestation).
 
 The gateway vouches for nothing itself: it binds the client's nonce, its config hash
 and (with TLS on) the digest of the key its connections are served with into
@@ -23,9 +23,8 @@ from urllib.parse import parse_qs
 
 import msgspec
 
-from tinygw import __version__, logs
+from tinygw import logs
 from tinygw.errors import EvidenceUnavailable, Raced
-from tinygw.protocol.wire import JSON_HEADERS, error_body
 
 # report_data = SHA-512(DOMAIN || nonce || config_sha256): 64 bytes, the quote's REPORTDATA;
 # with TLS on, SHA-512(DOMAIN_TLS || nonce || config_sha256 || tls_spki_sha256) (SPEC section 9).
@@ -40,8 +39,6 @@ POLL_SECONDS = 0.02
 BLOB_MAX_BYTES = EVENT_LOG_MAX_BYTES = 1 << 20
 
 _HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")
-_encode = msgspec.json.Encoder()
-_HEADERS = [*JSON_HEADERS, (b"cache-control", b"no-store")]
 
 
 def parse_nonce(query_string: bytes) -> bytes:
@@ -118,48 +115,6 @@ async def fetch_evidence(report_dir: str, data: bytes) -> dict:
     if before != after or before.strip() != b"1":
         raise Raced("attestation raced; retry")
     return {"provider": provider.decode("ascii", "replace").strip(), "outblob": base64.b64encode(outblob).decode()}
-
-
-async def attestation_page(gateway, scope, send) -> None:
-    try:
-        nonce = parse_nonce(scope.get("query_string", b""))
-    except ValueError as e:
-        await _send(send, 400, error_body(str(e), "invalid_request_error", "invalid_nonce"))
-        return
-    config_sha256 = gateway.settings.config_sha256()
-    data = report_data(nonce, config_sha256, gateway.tls_spki_sha256)
-    try:
-        if gateway.artifact_digests is None:  # the executable does not change while it runs
-            gateway.artifact_digests = await asyncio.to_thread(artifact_digests)
-        artifact_sha256, artifact_sha384 = gateway.artifact_digests
-        if gateway.evidence_slot.locked():  # one quote at a time: the platform makes them slowly
-            raise EvidenceUnavailable("busy with another attestation; retry")
-        async with gateway.evidence_slot:
-            evidence = await fetch_evidence(gateway.settings.tsm_report_dir, data)
-        events = await asyncio.to_thread(read_event_log, gateway.settings.event_log)
-    except EvidenceUnavailable as e:
-        logs.log(logging.WARNING, "attestation failed", reason=str(e))
-        await _send(send, 503, error_body(str(e), "attestation_unavailable", e.code))
-        return
-    answer = {
-        "version": __version__,
-        "artifact_sha256": artifact_sha256,
-        "artifact_sha384": artifact_sha384,
-        "config_sha256": config_sha256,
-        "nonce": nonce.hex(),
-        "report_data": data.hex(),
-        "event_log": events,
-        "evidence": evidence,
-    }
-    if gateway.tls_spki_sha256 is not None:
-        answer["tls_spki_sha256"] = gateway.tls_spki_sha256
-        answer["tls_certificate"] = gateway.tls_certificate
-    await _send(send, 200, _encode.encode(answer))
-
-
-async def _send(send, status: int, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": _HEADERS})
-    await send({"type": "http.response.body", "body": body})
 
 
 async def _read_when_ready(entry: str, name: str, deadline: float) -> bytes:

@@ -1,0 +1,62 @@
+"""GET /attestation?nonce=HEX: the page that hands a client the evidence (docs/design.md).
+
+What goes into the evidence and how it is fetched is `tinygw.trust.attestation`; this
+page parses the nonce, fetches one quote at a time, and answers in JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import msgspec
+
+from tinygw import __version__, logs
+from tinygw.errors import EvidenceUnavailable
+from tinygw.protocol.wire import JSON_HEADERS, error_body
+from tinygw.trust.attestation import artifact_digests, fetch_evidence, parse_nonce, read_event_log, report_data
+
+_encode = msgspec.json.Encoder()
+_HEADERS = [*JSON_HEADERS, (b"cache-control", b"no-store")]
+
+
+async def attestation_page(gateway, scope, send) -> None:
+    try:
+        nonce = parse_nonce(scope.get("query_string", b""))
+    except ValueError as e:
+        await _send(send, 400, error_body(str(e), "invalid_request_error", "invalid_nonce"))
+        return
+    config_sha256 = gateway.settings.config_sha256()
+    data = report_data(nonce, config_sha256, gateway.tls_spki_sha256)
+    try:
+        if gateway.artifact_digests is None:  # the executable does not change while it runs
+            gateway.artifact_digests = await asyncio.to_thread(artifact_digests)
+        artifact_sha256, artifact_sha384 = gateway.artifact_digests
+        if gateway.evidence_slot.locked():  # one quote at a time: the platform makes them slowly
+            raise EvidenceUnavailable("busy with another attestation; retry")
+        async with gateway.evidence_slot:
+            evidence = await fetch_evidence(gateway.settings.tsm_report_dir, data)
+        events = await asyncio.to_thread(read_event_log, gateway.settings.event_log)
+    except EvidenceUnavailable as e:
+        logs.log(logging.WARNING, "attestation failed", reason=str(e))
+        await _send(send, 503, error_body(str(e), "attestation_unavailable", e.code))
+        return
+    answer = {
+        "version": __version__,
+        "artifact_sha256": artifact_sha256,
+        "artifact_sha384": artifact_sha384,
+        "config_sha256": config_sha256,
+        "nonce": nonce.hex(),
+        "report_data": data.hex(),
+        "event_log": events,
+        "evidence": evidence,
+    }
+    if gateway.tls_spki_sha256 is not None:
+        answer["tls_spki_sha256"] = gateway.tls_spki_sha256
+        answer["tls_certificate"] = gateway.tls_certificate
+    await _send(send, 200, _encode.encode(answer))
+
+
+async def _send(send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": _HEADERS})
+    await send({"type": "http.response.body", "body": body})
