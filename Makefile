@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: all demo test fuzz bench bench-floor bench-outage soak verifier rehearse lock clean build reproduce test-frozen
+.PHONY: all demo test lint fuzz bench bench-floor bench-outage soak verifier rehearse lock clean build reproduce test-frozen
 
 all: $(STAMP)
 
@@ -22,6 +22,13 @@ demo: $(STAMP)
 # tests/test_frozen.py runs against build/dist/tinygw, which may predate the sources: `make test-frozen`.
 test: $(STAMP)
 	$(PY) -m pytest -q --ignore=tests/test_frozen.py
+
+# Linters: ruff's checks and format, mypy on tinygw/, and the import layers of pyproject.toml.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check
+	$(VENV)/bin/ruff format --check
+	$(VENV)/bin/mypy tinygw
+	$(VENV)/bin/lint-imports
 
 # The fuzz tests with many more examples, from a random seed (`make test` runs a few, derandomized).
 fuzz: $(STAMP)
@@ -84,4 +91,4 @@ lock:
 	cd requirements && $(PYTHON) -m uv pip compile -q --python-version 3.11 --generate-hashes --no-header verify.in -o verify.lock
 
 clean:
-	rm -rf $(VENV) .venv-verify .pytest_cache build/dist build/work
+	rm -rf $(VENV) .venv-verify .pytest_cache .mypy_cache .ruff_cache build/dist build/work
