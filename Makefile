@@ -32,7 +32,7 @@ lint: $(STAMP)
 
 # The fuzz tests with many more examples, from a random seed (`make test` runs a few, derandomized).
 fuzz: $(STAMP)
-	HYPOTHESIS_PROFILE=long $(PY) -m pytest -q tests/test_fuzz.py tests/test_fastpath.py
+	HYPOTHESIS_PROFILE=long $(PY) -m pytest -q tests/test_fuzz_units.py tests/test_fuzz_gateway.py tests/test_fastpath.py
 
 # build/dist/tinygw and build/dist/release.json (SPEC section 8), built inside a Debian build
 # root from pinned packages and the locks: needs root and apt, not .venv; see build/build.sh.
