@@ -207,3 +207,41 @@ def metric_value(gateway: Gateway, name: str, **labels: str) -> float | None:
         if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
     ]
     return sum(values) if values else None
+
+
+# ---- shared by several modules --------------------------------------------------------
+
+
+def second_fake(name: str, scope: str = "function"):
+    """A fixture of one more well-behaved fake provider that answers as model `name`
+    (a fallback, a backup, a healthy provider beside a failing one). In the module:
+    `backup = second_fake("backup", scope="module")`."""
+
+    @pytest.fixture(scope=scope)
+    def upstream_fixture():
+        upstream = FakeUpstream(well_behaved(name)).start_in_thread()
+        yield upstream
+        upstream.stop_thread()
+
+    return upstream_fixture
+
+
+def provider(fake: FakeUpstream, **extra) -> dict:
+    """A provider entry of the configuration for an OpenAI-shaped fake, without model listing."""
+    return {"base_url": f"{fake.url}/v1", "api": "openai", "listing": False, **extra}
+
+
+def sdk_clients(api_key: str):
+    """`(openai_client, anthropic_client)`: the official SDKs pointed at a gateway with
+    `api_key`, no retries of their own. In the module:
+    `openai_client, anthropic_client = sdk_clients(GATEWAY_KEY)`."""
+    import anthropic
+    import openai
+
+    def openai_client(gateway) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=api_key, max_retries=0, timeout=10)
+
+    def anthropic_client(gateway) -> anthropic.Anthropic:
+        return anthropic.Anthropic(base_url=gateway.url, api_key=api_key, max_retries=0, timeout=10)
+
+    return openai_client, anthropic_client

@@ -13,8 +13,8 @@ import zlib
 
 import pytest
 
-from conftest import call, module_fake, wait_until
-from tinygw.fake.upstream import FakeUpstream, Reply, json_reply, openai_stream_events, well_behaved
+from conftest import call, module_fake, second_fake, wait_until
+from tinygw.fake.upstream import Reply, json_reply, openai_stream_events, well_behaved
 
 MiB = 1024 * 1024
 
@@ -22,11 +22,7 @@ MiB = 1024 * 1024
 fake, fresh_fake = module_fake()
 
 
-@pytest.fixture(scope="module")
-def backup():
-    upstream = FakeUpstream(well_behaved("backup")).start_in_thread()
-    yield upstream
-    upstream.stop_thread()
+backup = second_fake("backup", scope="module")
 
 
 @pytest.fixture(scope="module")

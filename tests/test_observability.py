@@ -15,16 +15,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import call, closed_port, metric_value, wait_until
+from conftest import call, closed_port, metric_value, provider, wait_until
 from tinygw.fake.upstream import FakeUpstream, Reply, json_reply, openai_stream_events, sse_reply, well_behaved
 
 CHAT = "/v1/chat/completions"
 GATEWAY_KEY = "gw-secret-0c1d"
 PROVIDER_KEYS = {"K_ONE": "sk-prov-one-93aa", "K_TWO": "sk-prov-two-1b7e", "K_ANTH": "sk-ant-5f20"}
-
-
-def provider(fake: FakeUpstream, **extra) -> dict:
-    return {"base_url": f"{fake.url}/v1", "api": "openai", "listing": False, **extra}
 
 
 def test_every_metric_of_spec_section_7_parses(fake, start_gateway):

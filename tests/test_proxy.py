@@ -8,11 +8,9 @@ import socket
 import threading
 import time
 
-import anthropic
-import openai
 import pytest
 
-from conftest import Gateway, call, closed_port, metric_value, module_fake, wait_until
+from conftest import Gateway, call, closed_port, metric_value, module_fake, sdk_clients, wait_until
 from tinygw.fake.upstream import Reply, json_reply, openai_stream_events, sse_reply
 
 GATEWAY_KEY = "gw-key-7f3a"
@@ -53,12 +51,7 @@ def auth(extra: dict | None = None) -> dict:
     return {"Authorization": f"Bearer {GATEWAY_KEY}", **(extra or {})}
 
 
-def openai_client(gateway) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=GATEWAY_KEY, max_retries=0, timeout=10)
-
-
-def anthropic_client(gateway) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=gateway.url, api_key=GATEWAY_KEY, max_retries=0, timeout=10)
+openai_client, anthropic_client = sdk_clients(GATEWAY_KEY)
 
 
 # ---- the SDKs -----------------------------------------------------------------------

@@ -9,14 +9,10 @@ import threading
 
 import pytest
 
-from conftest import call, closed_port, metric_value, wait_until
+from conftest import call, closed_port, metric_value, provider, second_fake, wait_until
 from tinygw.fake.upstream import FakeUpstream, Reply, json_reply, openai_stream_events, sse_reply, well_behaved
 
 CHAT = "/v1/chat/completions"
-
-
-def provider(fake: FakeUpstream, **extra) -> dict:
-    return {"base_url": f"{fake.url}/v1", "api": "openai", "listing": False, **extra}
 
 
 def chats(fake: FakeUpstream) -> list:
@@ -27,11 +23,7 @@ def messages(gateway, text: str) -> list[dict]:
     return [r for r in gateway.log_records() if r.get("msg") == text]
 
 
-@pytest.fixture
-def fallback():
-    upstream = FakeUpstream(well_behaved("fallback")).start_in_thread()
-    yield upstream
-    upstream.stop_thread()
+fallback = second_fake("fallback")
 
 
 def bad_gateway(request):

@@ -11,7 +11,7 @@ import anthropic
 import openai
 import pytest
 
-from conftest import Gateway, call, module_fake, wait_until
+from conftest import Gateway, call, module_fake, sdk_clients, wait_until
 from tinygw.protocol import sse
 from tinygw.fake.upstream import responses_stream_events, sse_reply, well_behaved
 
@@ -52,12 +52,7 @@ def auth(extra: dict | None = None) -> dict:
     return {"Authorization": f"Bearer {GATEWAY_KEY}", **(extra or {})}
 
 
-def openai_client(gateway) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=GATEWAY_KEY, max_retries=0, timeout=10)
-
-
-def anthropic_client(gateway) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=gateway.url, api_key=GATEWAY_KEY, max_retries=0, timeout=10)
+openai_client, anthropic_client = sdk_clients(GATEWAY_KEY)
 
 
 def posts(fake) -> list:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, call, wait_until
-from tinygw.fake.upstream import FakeUpstream, json_reply, well_behaved
+from conftest import ROOT, call, second_fake, wait_until
+from tinygw.fake.upstream import json_reply
 from tinygw import __version__
 from tinygw.api.status import render_html
 
@@ -33,11 +33,7 @@ INSTALL_SECONDS = 600  # apt-get update and install of chromium, at most
 BROWSER_SECONDS = 60  # one headless chromium run, at most
 
 
-@pytest.fixture
-def healthy():
-    upstream = FakeUpstream(well_behaved("up")).start_in_thread()
-    yield upstream
-    upstream.stop_thread()
+healthy = second_fake("up")
 
 
 def status_json(gateway) -> dict:
