@@ -12,6 +12,8 @@ import asyncio
 import logging
 import os
 import sys
+from collections.abc import Callable
+from typing import NamedTuple
 from urllib.parse import quote
 
 
@@ -25,9 +27,10 @@ from tinygw.api.attestation import attestation_page
 from tinygw.trust.attestation import artifact_digests
 from tinygw.errors import ConfigError, EvidenceUnavailable
 from tinygw.worker.gateway import Gateway
-from tinygw.protocol.routing import ROUTES, resolve
+from tinygw.protocol.routing import Route, resolve
 from tinygw.api.status import status_json, status_page
 from tinygw.api.models import MODEL_PREFIX
+from tinygw.api.pages import healthz, metrics, root
 from tinygw.protocol.wire import BadBody, header, read_head, send_error, send_json
 
 # The status logged and counted for a request whose client left before its answer
@@ -94,29 +97,59 @@ async def _hash_artifact(gateway: Gateway) -> None:
 # ---- requests ------------------------------------------------------------------------
 
 
+class Endpoint(NamedTuple):
+    """One row of the route table: what answers a path, to which methods, and whether the
+    gateway key is asked for. The key is checked here, at dispatch, before any handler
+    runs: a new route cannot forget it."""
+
+    methods: tuple[str, ...]
+    auth: bool
+    page: Callable | None = None  # async (gateway, scope, send)
+    route: Route | None = None  # a proxied API route
+
+
+def _api(path: str, api: str, upstream_path: str) -> tuple[str, Endpoint]:
+    return path, Endpoint(("POST",), True, route=Route(path, api, upstream_path))
+
+
+def _page(path: str, page: Callable, auth: bool = False) -> tuple[str, Endpoint]:
+    return path, Endpoint(("GET", "HEAD"), auth, page=page)
+
+
 async def handle(gateway: Gateway, scope, receive, send) -> None:
     path = scope["path"]
-    method = scope["method"]
     request_id = wire.request_id(scope["headers"])
-    route = ROUTES.get(path)
-    if route is not None and method == "POST":  # the hot path: its answers get the id in _proxy
-        await _proxy(gateway, route, scope, receive, send, request_id)
-        return
-    send = _with_request_id(send, request_id)
-    if route is not None:
-        if method != "POST":
-            await send_error(send, 405, f"{path} takes POST", "invalid_request_error", "method_not_allowed")
-    elif path in _PAGES or path.startswith(MODEL_PREFIX):
-        if method not in ("GET", "HEAD"):
-            await send_error(send, 405, f"{path} takes GET", "invalid_request_error", "method_not_allowed")
-            return
-        if path in _PAGES:
-            await _PAGES[path](gateway, scope, send)
+    endpoint = ROUTES.get(path) or (ROUTES[MODEL_ROUTE] if path.startswith(MODEL_PREFIX) else None)
+    if endpoint is not None and endpoint.route is not None and endpoint.route.api == "anthropic":
+        send = wire.anthropic_errors(send)
+    if endpoint is not None and scope["method"] in endpoint.methods and (
+            not endpoint.auth or gateway.auth.allows(scope["headers"])):
+        if endpoint.route is not None:  # the hot path: its answers get the id in _proxy
+            await _proxy(gateway, endpoint.route, scope, receive, send, request_id)
         else:
-            await models.one_model(gateway, scope, send, path[len(MODEL_PREFIX):])
+            await endpoint.page(gateway, scope, _with_request_id(send, request_id))
+        return
+    if endpoint is None:
+        status, message, code = 404, f"no route {path}; the routes are: {ROUTE_LIST}", "not_found"
+    elif scope["method"] not in endpoint.methods:
+        status, message, code = 405, f"{path} takes {endpoint.methods[0]}", "method_not_allowed"
     else:
-        await send_error(send, 404, f"no route {path}; the routes are: {ROUTE_LIST}", "invalid_request_error",
-                     "not_found")
+        status, message, code = 401, "missing or wrong gateway key", "invalid_api_key"
+    await _refuse(gateway, endpoint, scope, _with_request_id(send, request_id), request_id, (status, message, code))
+
+
+async def _refuse(gateway: Gateway, endpoint: Endpoint | None, scope, send, request_id: bytes,
+                  refusal: tuple[int, str, str]) -> None:
+    """A request refused at dispatch (no such route, wrong method, no gateway key):
+    answered, written on the access log, and counted when its route is an API's."""
+    status, message, code = refusal
+    type_ = "authentication_error" if status == 401 else "invalid_request_error"
+    await send_error(send, status, message, type_, code)
+    route = endpoint.route.path if endpoint is not None and endpoint.route is not None else None
+    if route is not None:
+        gateway.metrics.count_request(route, "unknown", status, 0.0)
+    logs.access(gateway.loop, route=route, model=None, status=status, worker=gateway.pid,
+                request_id=request_id.decode(), **logs.request_line(scope))
 
 
 def _with_request_id(send, request_id: bytes):
@@ -154,9 +187,6 @@ async def _proxy(gateway: Gateway, route, scope, receive, send, request_id: byte
 
     gateway.metrics.add_in_flight(1)
     try:
-        if not gateway.auth.allows(headers):
-            status = await send_error(send_tracked, 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key")
-            return
         try:
             body = await _read_body(receive, headers, gateway.settings.max_body_bytes,
                                     gateway.settings.client_timeout_seconds, loop)
@@ -246,6 +276,7 @@ async def _proxy(gateway: Gateway, route, scope, receive, send, request_id: byte
             attempts=",".join(result.attempts),
             cut=result.cut,
             duration_ms=round((loop.time() - started) * 1000, 1),
+            **logs.request_line(scope),
         )
 
 
@@ -342,26 +373,23 @@ async def _discard_body(receive, message, timeout_seconds: float, loop: asyncio.
         discarded += len(message.get("body", b""))
 
 
-# ---- pages ----------------------------------------------------------------------------
-
-
-async def _healthz(gateway: Gateway, scope, send) -> None:
-    await send_json(send, {"status": "ok"})
-
-
-async def _metrics(gateway: Gateway, scope, send) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 200,
-            "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")],
-        }
-    )
-    await send({"type": "http.response.body", "body": gateway.metrics.render()})
-
-
-_PAGES = {"/healthz": _healthz, "/v1/models": models.model_list, "/metrics": _metrics, "/status": status_page, "/status.json": status_json,
-          "/attestation": attestation_page}
+MODEL_ROUTE = f"{MODEL_PREFIX}{{id}}"
+# The one route table: every path the gateway answers.
+ROUTES: dict[str, Endpoint] = dict([
+    _api("/v1/chat/completions", "openai", "/chat/completions"),
+    _api("/v1/completions", "openai", "/completions"),
+    _api("/v1/embeddings", "openai", "/embeddings"),
+    _api("/v1/responses", "openai", "/responses"),
+    _api("/v1/messages", "anthropic", "/v1/messages"),
+    _api("/v1/messages/count_tokens", "anthropic", "/v1/messages/count_tokens"),
+    _page("/v1/models", models.model_list, auth=True),
+    _page(MODEL_ROUTE, models.one_model, auth=True),  # any path under MODEL_PREFIX
+    _page("/", root),
+    _page("/healthz", healthz),
+    _page("/metrics", metrics),
+    _page("/status", status_page),
+    _page("/status.json", status_json),
+    _page("/attestation", attestation_page),
+])
 # Named in the 404 for an unknown path, so that a client learns what there is.
-ROUTE_LIST = ", ".join([*(f"POST {p}" for p in ROUTES), "GET /v1/models", f"GET {MODEL_PREFIX}{{id}}",
-                        *(f"GET {p}" for p in _PAGES if p != "/v1/models")])
+ROUTE_LIST = ", ".join(f"{e.methods[0]} {path}" for path, e in ROUTES.items())

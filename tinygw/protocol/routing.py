@@ -1,9 +1,12 @@
 """From a request's route and model to the targets that may serve it.
 
-A model is a configured alias (its targets, in the alias's order) or a
-provider-qualified `provider/upstream_model` (that provider alone). A target is
-usable only on a route of its provider's API: OpenAI routes go to `api: openai`
-providers, `/v1/messages` and `/v1/messages/count_tokens` to `api: anthropic` ones.
+A model is a configured alias (its targets, in the alias's order), a
+provider-qualified `provider/upstream_model` (that provider alone), or a name that a
+pattern alias matches (`"claude-*"`: the longest matching pattern; an exact alias
+always comes first). A target's upstream model `*` is the requested name as sent. A
+target is usable only on a route of its provider's API: OpenAI routes go to
+`api: openai` providers, `/v1/messages` and `/v1/messages/count_tokens` to
+`api: anthropic` ones.
 """
 
 from __future__ import annotations
@@ -12,30 +15,22 @@ from msgspec import Struct
 
 from tinygw.config.settings import Model, Settings, Target
 
+# The end of a pattern alias's name, and a target's upstream model meaning "as sent".
+WILDCARD = "*"
+
 
 class Route(Struct, frozen=True):
+    """A proxied API route (the gateway's one route table is in tinygw.api.app)."""
+
     path: str  # the gateway's path, also the metrics label
     api: str  # "openai" | "anthropic"
     upstream_path: str  # appended to the provider's base_url path
 
 
-ROUTES = {
-    r.path: r
-    for r in (
-        Route("/v1/chat/completions", "openai", "/chat/completions"),
-        Route("/v1/completions", "openai", "/completions"),
-        Route("/v1/embeddings", "openai", "/embeddings"),
-        Route("/v1/responses", "openai", "/responses"),
-        Route("/v1/messages", "anthropic", "/v1/messages"),
-        Route("/v1/messages/count_tokens", "anthropic", "/v1/messages/count_tokens"),
-    )
-}
-
-
 class Resolution(Struct, frozen=True):
-    # The model as the gateway names it in metrics and logs: the alias, or
-    # `provider/*` for a provider-qualified request (whose free-form name would
-    # otherwise let clients mint new metric series without bound).
+    # The model as the gateway names it in metrics and logs: the alias, the pattern
+    # that matched, or `provider/*` for a provider-qualified request (a client's
+    # free-form name would otherwise let it mint new metric series without bound).
     model: str
     targets: tuple[Target, ...]  # in the model's configured order, usable on this route
     alias: Model | None = None  # the configured model, whose strategy orders the targets
@@ -44,11 +39,31 @@ class Resolution(Struct, frozen=True):
 def resolve(settings: Settings, route: Route, model: str) -> Resolution | None:
     """The targets for `model` on `route`, or None when the gateway does not serve it."""
     alias = settings.models.get(model)
-    if alias is not None:
-        targets = tuple(t for t in alias.targets if settings.providers[t.provider].doc.api == route.api)
-        return Resolution(model, targets, alias) if targets else None
-    provider, slash, upstream_model = model.partition("/")
-    if slash and upstream_model and provider in settings.providers:
-        if settings.providers[provider].doc.api == route.api:
-            return Resolution(f"{provider}/*", (Target(provider, upstream_model),))
-    return None
+    if alias is None:
+        provider, slash, upstream_model = model.partition("/")
+        if slash and upstream_model and provider in settings.providers:
+            if settings.providers[provider].doc.api == route.api:
+                return Resolution(f"{provider}/*", (Target(provider, upstream_model),))
+            return None
+        alias = matching_pattern(settings.models, model)
+        if alias is None:
+            return None
+    if any(t.upstream_model == WILDCARD for t in alias.targets):
+        alias = Model(name=alias.name, targets=tuple(as_sent(t, model) for t in alias.targets),
+                      strategy=alias.strategy)
+    targets = tuple(t for t in alias.targets if settings.providers[t.provider].doc.api == route.api)
+    return Resolution(alias.name, targets, alias) if targets else None
+
+
+def matching_pattern(models: dict[str, Model], model: str) -> Model | None:
+    """The longest pattern alias (a name ending in `*`) that `model` starts with."""
+    best = None
+    for name, alias in models.items():
+        if name.endswith(WILDCARD) and model.startswith(name[:-1]) and (best is None or len(name) > len(best.name)):
+            best = alias
+    return best
+
+
+def as_sent(target: Target, model: str) -> Target:
+    """`target`, with an upstream model of `*` replaced by the requested name."""
+    return Target(target.provider, model) if target.upstream_model == WILDCARD else target
