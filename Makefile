@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: all demo test fuzz bench bench-floor bench-outage soak verifier rehearse lock clean build reproduce test-frozen
+.PHONY: all demo test test-clients fuzz bench bench-floor bench-outage soak verifier rehearse lock clean build reproduce test-frozen
 
 all: $(STAMP)
 
@@ -22,6 +22,26 @@ demo: $(STAMP)
 # tests/test_frozen.py runs against build/dist/tinygw, which may predate the sources: `make test-frozen`.
 test: $(STAMP)
 	$(PY) -m pytest -q --ignore=tests/test_frozen.py
+
+# One prompt from Claude Code, the Codex CLI and llm each, through a gateway and `tinygw fake`
+# (tests/clients/agents.py), in a network namespace where only loopback exists. The clients
+# are pinned: npm's lock (binaries inside the npm packages, no install scripts run) and a
+# hashed lock for llm's own venv, both in ignored folders under tests/clients/.
+CLIENTS := tests/clients
+test-clients: $(STAMP) $(CLIENTS)/.node/.installed $(CLIENTS)/.venv-llm/.installed
+	$(CLIENTS)/offline.sh $(PY) -m pytest -q -p no:cacheprovider $(CLIENTS)/agents.py
+
+$(CLIENTS)/.node/.installed: $(CLIENTS)/package.json $(CLIENTS)/package-lock.json
+	mkdir -p $(CLIENTS)/.node
+	cp $(CLIENTS)/package.json $(CLIENTS)/package-lock.json $(CLIENTS)/.node/
+	cd $(CLIENTS)/.node && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	@touch $@
+
+$(CLIENTS)/.venv-llm/.installed: $(CLIENTS)/llm.lock
+	$(PYTHON) -m venv $(CLIENTS)/.venv-llm
+	$(CLIENTS)/.venv-llm/bin/python -m pip install --quiet --disable-pip-version-check --require-hashes --no-deps \
+		-r $(CLIENTS)/llm.lock
+	@touch $@
 
 # The fuzz tests with many more examples, from a random seed (`make test` runs a few, derandomized).
 fuzz: $(STAMP)
@@ -84,4 +104,4 @@ lock:
 	cd requirements && $(PYTHON) -m uv pip compile -q --python-version 3.11 --generate-hashes --no-header verify.in -o verify.lock
 
 clean:
-	rm -rf $(VENV) .venv-verify .pytest_cache build/dist build/work
+	rm -rf $(VENV) .venv-verify .pytest_cache build/dist build/work $(CLIENTS)/.node $(CLIENTS)/.venv-llm
