@@ -102,6 +102,8 @@ lock:
 	cd requirements && $(PYTHON) -m uv pip compile -q --python-version 3.11 --generate-hashes --no-header runtime.in -o runtime.lock
 	cd requirements && $(PYTHON) -m uv pip compile -q --python-version 3.11 --generate-hashes --no-header dev.in -o dev.lock
 	cd requirements && $(PYTHON) -m uv pip compile -q --python-version 3.11 --generate-hashes --no-header verify.in -o verify.lock
+	cd $(CLIENTS) && $(PYTHON) -m uv pip compile -q --python-version 3.11 --generate-hashes --no-header llm.in -o llm.lock
+	cd $(CLIENTS) && npm install --package-lock-only --ignore-scripts --no-audit --no-fund
 
 clean:
 	rm -rf $(VENV) .venv-verify .pytest_cache build/dist build/work $(CLIENTS)/.node $(CLIENTS)/.venv-llm
