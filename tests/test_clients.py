@@ -79,6 +79,12 @@ def test_a_pattern_is_the_label_of_its_requests(gateway, fake):
     assert lines
 
 
+def test_a_target_of_star_has_no_circuit_of_its_own(gateway):
+    """`an:*` is a circuit per name as sent, made by the first attempt; never one named `*`."""
+    assert metric_value(gateway, "tinygw_circuit_open", provider="an", provider_model="*") is None
+    assert metric_value(gateway, "tinygw_circuit_open", provider="an", provider_model="exact-upstream") == 0
+
+
 def test_a_pattern_serves_only_its_own_api(gateway):
     status, _, body = call("POST", f"{gateway.url}/v1/chat/completions", {"model": "claude-x"},
                            headers={"Authorization": f"Bearer {GATEWAY_KEY}"})
