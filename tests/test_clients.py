@@ -154,7 +154,7 @@ def test_the_anthropic_sdk_reads_the_gateway_errors(gateway):
 def test_a_provider_error_passes_through_as_it_is(gateway, fake):
     sent = {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}
     fake.script = lambda r: json_reply(429, sent)
-    status, _, body = call("POST", f"{gateway.url}/v1/messages", message("claude-x"), headers=auth())
+    status, _, body = call("POST", f"{gateway.url}/v1/messages", message("claude-exact"), headers=auth())
     assert status == 429 and json.loads(body) == sent
 
 
@@ -167,7 +167,7 @@ def test_a_cut_anthropic_stream_ends_with_an_anthropic_error_event(gateway, fake
               b'"delta":{"type":"text_delta","text":"Hel"}}\n\n']
     fake.script = lambda r: Reply(headers=[("content-type", "text/event-stream")], chunks=[(0, e) for e in events],
                                   action="cut")
-    status, _, body = call("POST", f"{gateway.url}/v1/messages", message("claude-x", stream=True), headers=auth())
+    status, _, body = call("POST", f"{gateway.url}/v1/messages", message("claude-exact", stream=True), headers=auth())
     assert status == 200
     last = body.decode().strip().split("\n\n")[-1]
     assert last.startswith("event: error\ndata: ")

@@ -27,7 +27,6 @@ def gateway(fake, tmp_path_factory):
             "oa": {"base_url": f"{fake.url}/v1", "api": "openai", "listing": False},
             "an": {"base_url": fake.url, "api": "anthropic", "listing": False},
         },
-        "models": {"gpt-*": {"targets": ["oa:*"]}, "claude-*": {"targets": ["an:*"]}},
     }
     gw = Gateway(config, {"TINYGW_API_KEYS": GATEWAY_KEY}, tmp_path_factory.mktemp("gw") / "gateway.log")
     yield gw
@@ -48,7 +47,7 @@ def ant(gateway) -> anthropic.Anthropic:
 
 
 def test_completions_stream(oai):
-    chunks = list(oai.completions.create(model="gpt-3.5-turbo-instruct", prompt="hi", stream=True,
+    chunks = list(oai.completions.create(model="oa/gpt-3.5-turbo-instruct", prompt="hi", stream=True,
                                          stream_options={"include_usage": True}))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == TEXT
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
@@ -58,19 +57,19 @@ def test_completions_stream(oai):
 def test_chat_stream_calls_the_tool_once_then_answers(oai):
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
     messages = [{"role": "user", "content": "weather?"}]
-    with oai.chat.completions.stream(model="gpt-4o", messages=messages, tools=tools) as stream:
+    with oai.chat.completions.stream(model="oa/gpt-4o", messages=messages, tools=tools) as stream:
         first = stream.get_final_completion()
     call = first.choices[0].message.tool_calls[0]
     assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "fake", "days": 1})
     messages += [first.choices[0].message.model_dump(exclude_none=True),
                  {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
-    with oai.chat.completions.stream(model="gpt-4o", messages=messages, tools=tools) as stream:
+    with oai.chat.completions.stream(model="oa/gpt-4o", messages=messages, tools=tools) as stream:
         second = stream.get_final_completion()
     assert second.choices[0].message.content == TEXT and not second.choices[0].message.tool_calls
 
 
 def test_responses_stream_text(oai):
-    with oai.responses.stream(model="gpt-5", input="hi") as stream:
+    with oai.responses.stream(model="oa/gpt-5", input="hi") as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_response()
     assert final.output_text == TEXT
@@ -82,7 +81,7 @@ def test_responses_stream_text(oai):
 
 def test_responses_stream_calls_the_tool_once_then_answers(oai):
     tools = [{"type": "function", "name": "get_weather", "parameters": WEATHER, "strict": False}]
-    with oai.responses.stream(model="gpt-5", input="weather?", tools=tools) as stream:
+    with oai.responses.stream(model="oa/gpt-5", input="weather?", tools=tools) as stream:
         kinds = [event.type for event in stream]
         first = stream.get_final_response()
     call = first.output[0]
@@ -91,7 +90,7 @@ def test_responses_stream_calls_the_tool_once_then_answers(oai):
     assert "response.function_call_arguments.done" in kinds and kinds[-1] == "response.completed"
     items = [{"role": "user", "content": "weather?"}, call.model_dump(exclude_none=True),
              {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}]
-    with oai.responses.stream(model="gpt-5", input=items, tools=tools) as stream:
+    with oai.responses.stream(model="oa/gpt-5", input=items, tools=tools) as stream:
         assert stream.get_final_response().output_text == TEXT
 
 
@@ -100,7 +99,7 @@ def test_responses_stream_calls_the_tool_once_then_answers(oai):
 
 def test_messages_with_a_query_string_are_anthropic_answers(ant, fake):
     """Claude Code posts to /v1/messages?beta=true."""
-    answer = ant.messages.create(model="claude-test-1", max_tokens=16, messages=[{"role": "user", "content": "hi"}],
+    answer = ant.messages.create(model="an/claude-test-1", max_tokens=16, messages=[{"role": "user", "content": "hi"}],
                                  extra_query={"beta": "true"})
     assert answer.content[0].text == TEXT
     assert fake.requests[-1].path == "/v1/messages?beta=true"
@@ -109,7 +108,7 @@ def test_messages_with_a_query_string_are_anthropic_answers(ant, fake):
 def test_messages_stream_calls_the_tool_once_then_answers(ant):
     tools = [{"name": "get_weather", "description": "the weather", "input_schema": WEATHER}]
     messages = [{"role": "user", "content": "weather?"}]
-    with ant.messages.stream(model="claude-opus-4-8", max_tokens=64, messages=messages, tools=tools) as stream:
+    with ant.messages.stream(model="an/claude-opus-4-8", max_tokens=64, messages=messages, tools=tools) as stream:
         kinds = [event.type for event in stream]
         first = stream.get_final_message()
     block = first.content[0]
@@ -117,12 +116,12 @@ def test_messages_stream_calls_the_tool_once_then_answers(ant):
     assert first.stop_reason == "tool_use" and "input_json" in kinds
     messages += [{"role": "assistant", "content": [block.model_dump()]},
                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": block.id, "content": "sunny"}]}]
-    with ant.messages.stream(model="claude-opus-4-8", max_tokens=64, messages=messages, tools=tools) as stream:
+    with ant.messages.stream(model="an/claude-opus-4-8", max_tokens=64, messages=messages, tools=tools) as stream:
         second = stream.get_final_message()
     assert [b.type for b in second.content] == ["text"] and second.content[0].text == TEXT
 
 
 def test_beta_messages_stream_with_a_query_string(ant):
-    with ant.beta.messages.stream(model="claude-test-2", max_tokens=16, messages=[{"role": "user", "content": "hi"}],
+    with ant.beta.messages.stream(model="an/claude-test-2", max_tokens=16, messages=[{"role": "user", "content": "hi"}],
                                   extra_query={"beta": "true"}) as stream:
         assert stream.get_final_text() == TEXT
