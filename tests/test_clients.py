@@ -9,11 +9,11 @@ import json
 
 import anthropic
 import pytest
-
 from conftest import Gateway, call, closed_port, metric_value, module_fake, wait_until
+
 from tinygw.config import environment
 from tinygw.errors import ConfigError
-from tinygw.fake.upstream import Reply, json_reply
+from tinygw.fake.upstream import Reply, anthropic_stream_events, json_reply
 
 GATEWAY_KEY = "gw-key-clients"
 ANTHROPIC_KEY = "anth-key-clients"
@@ -159,12 +159,7 @@ def test_a_provider_error_passes_through_as_it_is(gateway, fake):
 
 
 def test_a_cut_anthropic_stream_ends_with_an_anthropic_error_event(gateway, fake):
-    events = [b'event: message_start\ndata: {"type":"message_start","message":{"id":"m","type":"message",'
-              b'"role":"assistant","model":"m","content":[],"usage":{"input_tokens":1,"output_tokens":0}}}\n\n',
-              b'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
-              b'"content_block":{"type":"text","text":""}}\n\n',
-              b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
-              b'"delta":{"type":"text_delta","text":"Hel"}}\n\n']
+    events = anthropic_stream_events("m", ["Hel", "lo"])[:4]  # message_start ... the first text delta
     fake.script = lambda r: Reply(headers=[("content-type", "text/event-stream")], chunks=[(0, e) for e in events],
                                   action="cut")
     status, _, body = call("POST", f"{gateway.url}/v1/messages", message("claude-exact", stream=True), headers=auth())

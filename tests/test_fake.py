@@ -9,7 +9,6 @@ import json
 import anthropic
 import openai
 import pytest
-
 from conftest import Gateway, module_fake
 
 GATEWAY_KEY = "gw-key-fake"

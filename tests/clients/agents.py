@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, Gateway, wait_until
 
 HERE = Path(__file__).resolve().parent
@@ -68,7 +67,7 @@ def run(command: list[str], env: dict[str, str], cwd: Path) -> str:
     base = {"PATH": os.environ["PATH"], "HOME": str(cwd / "home"), "LANG": "C.UTF-8", "TERM": "dumb", **QUIET}
     (cwd / "home").mkdir(exist_ok=True)
     done = subprocess.run(command, env={**base, **env}, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True,
-                          text=True, timeout=RUN_SECONDS)
+                          text=True, timeout=RUN_SECONDS, check=False)
     assert done.returncode == 0, f"{command[:3]} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
     return done.stdout
 

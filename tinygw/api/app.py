@@ -31,7 +31,7 @@ from tinygw.protocol.routing import Route, resolve
 from tinygw.api.status import status_json, status_page
 from tinygw.api.models import MODEL_PREFIX
 from tinygw.api.pages import healthz, metrics, root
-from tinygw.protocol.wire import BadBody, header, read_head, send_error, send_json
+from tinygw.protocol.wire import BadBody, header, read_head, send_error
 
 # The status logged and counted for a request whose client left before its answer
 # (nginx's convention; never sent, there is nobody to send it to).
@@ -126,7 +126,7 @@ async def handle(gateway: Gateway, scope, receive, send) -> None:
             not endpoint.auth or gateway.auth.allows(scope["headers"])):
         if endpoint.route is not None:  # the hot path: its answers get the id in _proxy
             await _proxy(gateway, endpoint.route, scope, receive, send, request_id)
-        else:
+        elif endpoint.page is not None:
             await endpoint.page(gateway, scope, _with_request_id(send, request_id))
         return
     if endpoint is None:

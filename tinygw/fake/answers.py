@@ -17,7 +17,11 @@ from collections.abc import Callable
 from msgspec import Struct
 
 from tinygw.fake import events
-from tinygw.fake.events import anthropic_stream_events, openai_stream_events, responses_stream_events  # noqa: F401
+from tinygw.fake.events import (  # noqa: F401
+    anthropic_stream_events,
+    openai_stream_events,
+    responses_stream_events,
+)
 from tinygw.fake.replies import FakeRequest, Reply, json_reply, sse_reply
 
 # Exactly representable in float32, so that a vector sent as base64 decodes to these.
@@ -52,12 +56,12 @@ def _placeholder(schema: object) -> object:
     if not isinstance(schema, dict):
         return "fake"
     kind = schema.get("type")
-    if "enum" in schema and schema["enum"]:
+    if schema.get("enum"):
         return schema["enum"][0]
     if kind == "object" or "properties" in schema:
         properties = schema.get("properties") or {}
         return {name: _placeholder(properties.get(name)) for name in schema.get("required") or properties}
-    return {"integer": 1, "number": 1, "boolean": True, "array": [], "null": None}.get(kind, "fake")
+    return {"integer": 1, "number": 1, "boolean": True, "array": [], "null": None}.get(str(kind), "fake")
 
 
 def _has_tool_result(body: dict) -> bool:
@@ -87,7 +91,7 @@ def _tool_call(body: dict) -> tuple[str, str] | None:
     for tool in _list(body.get("tools")):
         if not isinstance(tool, dict):
             continue
-        function = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        function: dict = tool["function"] if isinstance(tool.get("function"), dict) else tool
         if function is tool and tool.get("type") != "function" and "input_schema" not in tool:
             continue
         schema = function.get("parameters", function.get("input_schema", {}))

@@ -75,8 +75,8 @@ def _anthropic_events(model: str, block: dict, deltas: list[dict], stop_reason: 
     def event(kind: str, data: dict) -> bytes:
         return _named(kind, {"type": kind, **data})
 
-    message = {"id": "msg_fake", "type": "message", "role": "assistant", "model": model, "content": [],
-               "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 3, "output_tokens": 1}}
+    message: dict = {"id": "msg_fake", "type": "message", "role": "assistant", "model": model, "content": [],
+                     "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 3, "output_tokens": 1}}
     return [event("message_start", {"message": message}),
             event("content_block_start", {"index": 0, "content_block": block}),
             event("ping", {}),
