@@ -116,7 +116,8 @@ def test_api_doc_names_every_route_and_error_code():
         assert f"`{header}`" in API, header
 
 
-@pytest.mark.parametrize("path", ["README.md", "docs/configuration.md", "docs/api.md", "docs/deploy.md", "docs/clients.md"])
+@pytest.mark.parametrize("path", ["README.md", "docs/configuration.md", "docs/api.md", "docs/deploy.md",
+                                  "docs/clients.md"])
 def test_links_stay_inside_the_repository(path):
     text = (ROOT / path).read_text()
     for target in re.findall(r"\]\(([^)#\s]+)[^)]*\)", text):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import select
 import sys
 import time
@@ -107,6 +108,10 @@ def access(loop: asyncio.AbstractEventLoop | None, **fields: object) -> None:
 _CREDENTIAL_PARAMETERS = ("key", "api_key", "apikey", "token", "access_token", "auth", "authorization", "password",
                           "passwd", "secret", "signature", "sig", "session", "code", "jwt", "credential")
 _CREDENTIAL_ENDINGS = ("key", "token", "secret", "password", "signature")
+# Every name above, and every name with one of the endings, holds one of these (or is
+# percent-encoded): a query without any is logged as it is, unparsed.
+_CREDENTIAL_HINTS = ("key", "token", "auth", "pass", "secret", "sig", "session", "code", "jwt", "credential")
+_CREDENTIAL_HINT = re.compile("|".join([*_CREDENTIAL_HINTS, "%"]), re.IGNORECASE)
 # The user-agent on a request line is cut to this many bytes.
 MAX_USER_AGENT_BYTES = 200
 
@@ -128,10 +133,14 @@ def request_line(scope: dict) -> dict[str, str | None]:
 
 
 def _redacted(query: str) -> str:
+    if _CREDENTIAL_HINT.search(query) is None:
+        return query  # no name in it could be a credential's: the usual case (`beta=true`)
     parts = query.split("&")
     for i, part in enumerate(parts):
         name, equals, _ = part.partition("=")
-        name = unquote_plus(name).strip().lower().replace("-", "_")
+        if "%" in name or "+" in name:
+            name = unquote_plus(name)
+        name = name.strip().lower().replace("-", "_")
         if equals and (name in _CREDENTIAL_PARAMETERS or name.endswith(_CREDENTIAL_ENDINGS)):
             parts[i] = part[: part.index("=") + 1] + "***"
     return "&".join(parts)

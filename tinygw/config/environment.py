@@ -260,7 +260,7 @@ def _model(where: str, name: str, doc: ModelDoc, providers: Mapping[str, Provide
         if provider not in providers:
             raise ConfigError(f"{path}.targets[{i}]", f"unknown provider {provider!r}")
         if "*" in upstream and upstream != "*":
-            raise ConfigError(f"{path}.targets[{i}]", f"the upstream model is a name or '*' (as sent), got {upstream!r}")
+            raise ConfigError(f"{path}.targets[{i}]", f"the upstream model is a name or '*', got {upstream!r}")
         targets.append(Target(provider, upstream))
     return Model(name=name, targets=tuple(targets), strategy=doc.strategy)
 
