@@ -29,7 +29,7 @@ test: $(STAMP)
 # hashed lock for llm's own venv, both in ignored folders under tests/clients/.
 CLIENTS := tests/clients
 test-clients: $(STAMP) $(CLIENTS)/.node/.installed $(CLIENTS)/.venv-llm/.installed
-	$(CLIENTS)/offline.sh $(PY) -m pytest -q -p no:cacheprovider $(CLIENTS)/agents.py
+	timeout 900 $(CLIENTS)/offline.sh $(PY) -m pytest -q -p no:cacheprovider $(CLIENTS)/agents.py
 
 $(CLIENTS)/.node/.installed: $(CLIENTS)/package.json $(CLIENTS)/package-lock.json
 	mkdir -p $(CLIENTS)/.node
