@@ -124,3 +124,16 @@ def test_beta_messages_stream_with_a_query_string(ant):
     with ant.beta.messages.stream(model="an/claude-test-2", max_tokens=16, messages=[{"role": "user", "content": "hi"}],
                                   extra_query={"beta": "true"}) as stream:
         assert stream.get_final_text() == TEXT
+
+
+def test_the_demo_tells_its_story_from_any_folder(tmp_path):
+    """`tinygw demo` starts its gateway with the package on PYTHONPATH, wherever it is run from."""
+    import os
+    import subprocess
+
+    from conftest import ROOT, gateway_command
+
+    done = subprocess.run([*gateway_command(), "demo"], cwd=tmp_path, capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)}, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "every step happened" in done.stdout
