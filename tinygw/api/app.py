@@ -120,36 +120,39 @@ async def handle(gateway: Gateway, scope, receive, send) -> None:
     path = scope["path"]
     request_id = wire.request_id(scope["headers"])
     endpoint = ROUTES.get(path) or (ROUTES[MODEL_ROUTE] if path.startswith(MODEL_PREFIX) else None)
-    if endpoint is not None and endpoint.route is not None and endpoint.route.api == "anthropic":
+    route = endpoint.route if endpoint is not None else None
+    if route is not None and route.api == "anthropic":
         send = wire.anthropic_errors(send)
-    if endpoint is not None and scope["method"] in endpoint.methods and (
-            not endpoint.auth or gateway.auth.allows(scope["headers"])):
-        if endpoint.route is not None:  # the hot path: its answers get the id in _proxy
-            await _proxy(gateway, endpoint.route, scope, receive, send, request_id)
-        elif endpoint.page is not None:
-            await endpoint.page(gateway, scope, _with_request_id(send, request_id))
-        return
+    refusal = _refusal(gateway, endpoint, scope)
+    if refusal is not None:
+        await _refuse(gateway, route, scope, _with_request_id(send, request_id), request_id, refusal)
+    elif route is not None:  # the hot path: its answers get the id in _proxy
+        await _proxy(gateway, route, scope, receive, send, request_id)
+    elif endpoint is not None and endpoint.page is not None:
+        await endpoint.page(gateway, scope, _with_request_id(send, request_id))
+
+
+def _refusal(gateway: Gateway, endpoint: Endpoint | None, scope) -> tuple[int, str, str, str] | None:
+    """Why a request is refused before any handler runs (status, message, type, code),
+    or None: no such path, a method the path does not take, no gateway key."""
     if endpoint is None:
-        status, message, code = 404, f"no route {path}; the routes are: {ROUTE_LIST}", "not_found"
-    elif scope["method"] not in endpoint.methods:
-        status, message, code = 405, f"{path} takes {endpoint.methods[0]}", "method_not_allowed"
-    else:
-        status, message, code = 401, "missing or wrong gateway key", "invalid_api_key"
-    await _refuse(gateway, endpoint, scope, _with_request_id(send, request_id), request_id, (status, message, code))
+        return 404, f"no route {scope['path']}; the routes are: {ROUTE_LIST}", "invalid_request_error", "not_found"
+    if scope["method"] not in endpoint.methods:
+        return 405, f"{scope['path']} takes {endpoint.methods[0]}", "invalid_request_error", "method_not_allowed"
+    if endpoint.auth and not gateway.auth.allows(scope["headers"]):
+        return 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key"
+    return None
 
 
-async def _refuse(gateway: Gateway, endpoint: Endpoint | None, scope, send, request_id: bytes,
-                  refusal: tuple[int, str, str]) -> None:
-    """A request refused at dispatch (no such route, wrong method, no gateway key):
-    answered, written on the access log, and counted when its route is an API's."""
-    status, message, code = refusal
-    type_ = "authentication_error" if status == 401 else "invalid_request_error"
-    await send_error(send, status, message, type_, code)
-    route = endpoint.route.path if endpoint is not None and endpoint.route is not None else None
+async def _refuse(gateway: Gateway, route: Route | None, scope, send, request_id: bytes,
+                  refusal: tuple[int, str, str, str]) -> None:
+    """A refused request: answered, written on the access log, and counted when its
+    route is an API's (a bounded label; an unknown path is not one)."""
+    status = await send_error(send, *refusal)
     if route is not None:
-        gateway.metrics.count_request(route, "unknown", status, 0.0)
-    logs.access(gateway.loop, route=route, model=None, status=status, worker=gateway.pid,
-                request_id=request_id.decode(), **logs.request_line(scope))
+        gateway.metrics.count_request(route.path, "unknown", status, 0.0)
+    logs.access(gateway.loop, route=route.path if route is not None else None, model=None, status=status,
+                worker=gateway.pid, request_id=request_id.decode(), **logs.request_line(scope))
 
 
 def _with_request_id(send, request_id: bytes):
