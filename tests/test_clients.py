@@ -151,6 +151,18 @@ def test_the_anthropic_sdk_reads_the_gateway_errors(gateway):
     assert raised.value.body["type"] == "error" and raised.value.body["error"]["type"] == "not_found_error"
 
 
+def test_the_model_list_errs_in_the_shape_it_answers_in(gateway):
+    """With `anthropic-version` the model list is Anthropic's, and so are its errors."""
+    status, _, body = call("GET", f"{gateway.url}/v1/models/nope", headers=auth())
+    assert status == 404 and anthropic_error(body)["type"] == "not_found_error"
+    status, _, body = call("GET", f"{gateway.url}/v1/models?limit=0", headers=auth())
+    assert status == 400 and anthropic_error(body)["code"] == "invalid_query"
+    status, _, body = call("GET", f"{gateway.url}/v1/models", headers={"anthropic-version": "2023-06-01"})
+    assert status == 401 and anthropic_error(body)["type"] == "authentication_error"
+    status, _, body = call("GET", f"{gateway.url}/v1/models/nope", headers={"x-api-key": GATEWAY_KEY})
+    assert status == 404 and json.loads(body)["error"]["type"] == "invalid_request_error"
+
+
 def test_a_provider_error_passes_through_as_it_is(gateway, fake):
     sent = {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}
     fake.script = lambda r: json_reply(429, sent)

@@ -106,14 +106,23 @@ class Endpoint(NamedTuple):
     auth: bool
     page: Callable | None = None  # async (gateway, scope, send)
     route: Route | None = None  # a proxied API route
+    # A page in both APIs' shapes (the model list): Anthropic's, errors included, when
+    # the request carries `anthropic-version`, as Anthropic's SDKs send it.
+    both_shapes: bool = False
+
+    def anthropic_shaped(self, scope) -> bool:
+        """Whether this request's errors take Anthropic's shape (else OpenAI's)."""
+        if self.route is not None:
+            return self.route.api == "anthropic"
+        return self.both_shapes and header(scope["headers"], b"anthropic-version") is not None
 
 
 def _api(path: str, api: str, upstream_path: str) -> tuple[str, Endpoint]:
     return path, Endpoint(("POST",), True, route=Route(path, api, upstream_path))
 
 
-def _page(path: str, page: Callable, auth: bool = False) -> tuple[str, Endpoint]:
-    return path, Endpoint(("GET", "HEAD"), auth, page=page)
+def _page(path: str, page: Callable, auth: bool = False, both_shapes: bool = False) -> tuple[str, Endpoint]:
+    return path, Endpoint(("GET", "HEAD"), auth, page=page, both_shapes=both_shapes)
 
 
 async def handle(gateway: Gateway, scope, receive, send) -> None:
@@ -121,7 +130,7 @@ async def handle(gateway: Gateway, scope, receive, send) -> None:
     request_id = wire.request_id(scope["headers"])
     endpoint = ROUTES.get(path) or (ROUTES[MODEL_ROUTE] if path.startswith(MODEL_PREFIX) else None)
     route = endpoint.route if endpoint is not None else None
-    if route is not None and route.api == "anthropic":
+    if endpoint is not None and endpoint.anthropic_shaped(scope):
         send = wire.anthropic_errors(send)
     refusal = _refusal(gateway, endpoint, scope)
     if refusal is not None:
@@ -385,8 +394,8 @@ ROUTES: dict[str, Endpoint] = dict([
     _api("/v1/responses", "openai", "/responses"),
     _api("/v1/messages", "anthropic", "/v1/messages"),
     _api("/v1/messages/count_tokens", "anthropic", "/v1/messages/count_tokens"),
-    _page("/v1/models", models.model_list, auth=True),
-    _page(MODEL_ROUTE, models.one_model, auth=True),  # any path under MODEL_PREFIX
+    _page("/v1/models", models.model_list, auth=True, both_shapes=True),
+    _page(MODEL_ROUTE, models.one_model, auth=True, both_shapes=True),  # any path under MODEL_PREFIX
     _page("/", root),
     _page("/healthz", healthz),
     _page("/metrics", metrics),
