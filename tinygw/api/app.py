@@ -1,4 +1,6 @@
-"""The ASGI application: lifespan, routes, and the checks made before any attempt.
+"""The ASGI application: lifespan, the one route table (ROUTES, at the end) and its
+dispatch, where path, method and gateway key are checked before any handler runs, and
+the checks made before any attempt.
 
 Pure ASGI: `app(scope, receive, send)`. The lifespan builds the Gateway from the
 environment and puts it in the lifespan state, which Granian hands to every request;
