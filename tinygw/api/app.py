@@ -14,8 +14,6 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Callable
-from typing import NamedTuple
 from urllib.parse import quote
 
 
@@ -29,7 +27,7 @@ from tinygw.api.attestation import attestation_page
 from tinygw.trust.attestation import artifact_digests
 from tinygw.errors import ConfigError, EvidenceUnavailable
 from tinygw.worker.gateway import Gateway
-from tinygw.protocol.routing import Route, resolve
+from tinygw.protocol.routing import Endpoint, Route, api_endpoint, page_endpoint, resolve
 from tinygw.api.status import status_json, status_page
 from tinygw.api.models import MODEL_PREFIX
 from tinygw.api.pages import healthz, metrics, root
@@ -97,34 +95,6 @@ async def _hash_artifact(gateway: Gateway) -> None:
 
 
 # ---- requests ------------------------------------------------------------------------
-
-
-class Endpoint(NamedTuple):
-    """One row of the route table: what answers a path, to which methods, and whether the
-    gateway key is asked for. The key is checked here, at dispatch, before any handler
-    runs: a new route cannot forget it."""
-
-    methods: tuple[str, ...]
-    auth: bool
-    page: Callable | None = None  # async (gateway, scope, send)
-    route: Route | None = None  # a proxied API route
-    # A page in both APIs' shapes (the model list): Anthropic's, errors included, when
-    # the request carries `anthropic-version`, as Anthropic's SDKs send it.
-    both_shapes: bool = False
-
-    def anthropic_shaped(self, scope) -> bool:
-        """Whether this request's errors take Anthropic's shape (else OpenAI's)."""
-        if self.route is not None:
-            return self.route.api == "anthropic"
-        return self.both_shapes and header(scope["headers"], b"anthropic-version") is not None
-
-
-def _api(path: str, api: str, upstream_path: str) -> tuple[str, Endpoint]:
-    return path, Endpoint(("POST",), True, route=Route(path, api, upstream_path))
-
-
-def _page(path: str, page: Callable, auth: bool = False, both_shapes: bool = False) -> tuple[str, Endpoint]:
-    return path, Endpoint(("GET", "HEAD"), auth, page=page, both_shapes=both_shapes)
 
 
 async def handle(gateway: Gateway, scope, receive, send) -> None:
@@ -390,20 +360,20 @@ async def _discard_body(receive, message, timeout_seconds: float, loop: asyncio.
 MODEL_ROUTE = f"{MODEL_PREFIX}{{id}}"
 # The one route table: every path the gateway answers.
 ROUTES: dict[str, Endpoint] = dict([
-    _api("/v1/chat/completions", "openai", "/chat/completions"),
-    _api("/v1/completions", "openai", "/completions"),
-    _api("/v1/embeddings", "openai", "/embeddings"),
-    _api("/v1/responses", "openai", "/responses"),
-    _api("/v1/messages", "anthropic", "/v1/messages"),
-    _api("/v1/messages/count_tokens", "anthropic", "/v1/messages/count_tokens"),
-    _page("/v1/models", models.model_list, auth=True, both_shapes=True),
-    _page(MODEL_ROUTE, models.one_model, auth=True, both_shapes=True),  # any path under MODEL_PREFIX
-    _page("/", root),
-    _page("/healthz", healthz),
-    _page("/metrics", metrics),
-    _page("/status", status_page),
-    _page("/status.json", status_json),
-    _page("/attestation", attestation_page),
+    api_endpoint("/v1/chat/completions", "openai", "/chat/completions"),
+    api_endpoint("/v1/completions", "openai", "/completions"),
+    api_endpoint("/v1/embeddings", "openai", "/embeddings"),
+    api_endpoint("/v1/responses", "openai", "/responses"),
+    api_endpoint("/v1/messages", "anthropic", "/v1/messages"),
+    api_endpoint("/v1/messages/count_tokens", "anthropic", "/v1/messages/count_tokens"),
+    page_endpoint("/v1/models", models.model_list, auth=True, both_shapes=True),
+    page_endpoint(MODEL_ROUTE, models.one_model, auth=True, both_shapes=True),  # any path under MODEL_PREFIX
+    page_endpoint("/", root),
+    page_endpoint("/healthz", healthz),
+    page_endpoint("/metrics", metrics),
+    page_endpoint("/status", status_page),
+    page_endpoint("/status.json", status_json),
+    page_endpoint("/attestation", attestation_page),
 ])
 # Named in the 404 for an unknown path, so that a client learns what there is.
 ROUTE_LIST = ", ".join(f"{e.methods[0]} {path}" for path, e in ROUTES.items())

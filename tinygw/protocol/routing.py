@@ -1,4 +1,7 @@
-"""From a request's route and model to the targets that may serve it.
+"""Routes, and from a request's route and model to the targets that may serve it.
+
+A route table's rows are `Endpoint`s (the table itself is in tinygw.api.app, beside
+the handlers); a proxied API route is a `Route`.
 
 A model is a configured alias (its targets, in the alias's order), a
 provider-qualified `provider/upstream_model` (that provider alone), or a name that a
@@ -11,20 +14,52 @@ target is usable only on a route of its provider's API: OpenAI routes go to
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 from msgspec import Struct
 
 from tinygw.config.settings import Model, Settings, Target
+from tinygw.protocol.wire import header
 
 # The end of a pattern alias's name, and a target's upstream model meaning "as sent".
 WILDCARD = "*"
 
 
 class Route(Struct, frozen=True):
-    """A proxied API route (the gateway's one route table is in tinygw.api.app)."""
+    """A proxied API route."""
 
     path: str  # the gateway's path, also the metrics label
     api: str  # "openai" | "anthropic"
     upstream_path: str  # appended to the provider's base_url path
+
+
+class Endpoint(NamedTuple):
+    """One row of the gateway's route table (in tinygw.api.app): what answers a path, to
+    which methods, and whether the gateway key is asked for. The key is checked at
+    dispatch, before any handler runs: a new route cannot forget it."""
+
+    methods: tuple[str, ...]
+    auth: bool
+    page: Callable | None = None  # async (gateway, scope, send)
+    route: Route | None = None  # a proxied API route
+    # A page in both APIs' shapes (the model list): Anthropic's, errors included, when
+    # the request carries `anthropic-version`, as Anthropic's SDKs send it.
+    both_shapes: bool = False
+
+    def anthropic_shaped(self, scope) -> bool:
+        """Whether this request's errors take Anthropic's shape (else OpenAI's)."""
+        if self.route is not None:
+            return self.route.api == "anthropic"
+        return self.both_shapes and header(scope["headers"], b"anthropic-version") is not None
+
+
+def api_endpoint(path: str, api: str, upstream_path: str) -> tuple[str, Endpoint]:
+    return path, Endpoint(("POST",), True, route=Route(path, api, upstream_path))
+
+
+def page_endpoint(path: str, page: Callable, auth: bool = False, both_shapes: bool = False) -> tuple[str, Endpoint]:
+    return path, Endpoint(("GET", "HEAD"), auth, page=page, both_shapes=both_shapes)
 
 
 class Resolution(Struct, frozen=True):
