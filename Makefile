@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: all demo test lint fuzz bench bench-floor bench-outage soak verifier rehearse lock clean build reproduce test-frozen
+.PHONY: all demo test test-clients lint fuzz bench bench-floor bench-outage soak verifier rehearse lock clean build reproduce test-frozen
 
 all: $(STAMP)
 
@@ -29,6 +29,26 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check
 	$(VENV)/bin/mypy tinygw
 	$(VENV)/bin/lint-imports
+
+# One prompt from Claude Code, the Codex CLI and llm each, through a gateway and `tinygw fake`
+# (tests/clients/agents.py), in a network namespace where only loopback exists. The clients
+# are pinned: npm's lock (binaries inside the npm packages, no install scripts run) and a
+# hashed lock for llm's own venv, both in ignored folders under tests/clients/.
+CLIENTS := tests/clients
+test-clients: $(STAMP) $(CLIENTS)/.node/.installed $(CLIENTS)/.venv-llm/.installed
+	timeout 900 $(CLIENTS)/offline.sh $(PY) -m pytest -q -p no:cacheprovider $(CLIENTS)/agents.py
+
+$(CLIENTS)/.node/.installed: $(CLIENTS)/package.json $(CLIENTS)/package-lock.json
+	mkdir -p $(CLIENTS)/.node
+	cp $(CLIENTS)/package.json $(CLIENTS)/package-lock.json $(CLIENTS)/.node/
+	cd $(CLIENTS)/.node && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	@touch $@
+
+$(CLIENTS)/.venv-llm/.installed: $(CLIENTS)/llm.lock
+	$(PYTHON) -m venv $(CLIENTS)/.venv-llm
+	$(CLIENTS)/.venv-llm/bin/python -m pip install --quiet --disable-pip-version-check --require-hashes --no-deps \
+		-r $(CLIENTS)/llm.lock
+	@touch $@
 
 # The fuzz tests with many more examples, from a random seed (`make test` runs a few, derandomized).
 fuzz: $(STAMP)
@@ -89,6 +109,8 @@ lock:
 	cd requirements && $(PYTHON) -m uv pip compile -q --python-version 3.11 --generate-hashes --no-header runtime.in -o runtime.lock
 	cd requirements && $(PYTHON) -m uv pip compile -q --python-version 3.11 --generate-hashes --no-header dev.in -o dev.lock
 	cd requirements && $(PYTHON) -m uv pip compile -q --python-version 3.11 --generate-hashes --no-header verify.in -o verify.lock
+	cd $(CLIENTS) && $(PYTHON) -m uv pip compile -q --python-version 3.11 --generate-hashes --no-header llm.in -o llm.lock
+	cd $(CLIENTS) && npm install --package-lock-only --ignore-scripts --no-audit --no-fund
 
 clean:
-	rm -rf $(VENV) .venv-verify .pytest_cache .mypy_cache .ruff_cache build/dist build/work
+	rm -rf $(VENV) .venv-verify .pytest_cache .mypy_cache .ruff_cache build/dist build/work $(CLIENTS)/.node $(CLIENTS)/.venv-llm

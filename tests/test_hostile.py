@@ -378,7 +378,8 @@ def test_a_client_that_leaves_during_a_large_answer_frees_its_connection_slot():
 
             scope = {"type": "http", "path": "/v1/chat/completions", "method": "POST",
                      "headers": [(b"content-type", b"application/json")], "query_string": b""}
-            await asyncio.wait_for(app._proxy(gateway, app.ROUTES["/v1/chat/completions"], scope, receive, send), 10)
+            route = app.ROUTES["/v1/chat/completions"].route
+            await asyncio.wait_for(app._proxy(gateway, route, scope, receive, send), 10)
             free.append(pool._slots._value)
         server.close()
         return free

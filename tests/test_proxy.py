@@ -254,7 +254,9 @@ def test_unknown_model_is_404(gateway, fake, model, path):
     status, _, body = call("POST", f"{gateway.url}{path}", {"model": model}, headers=auth())
     assert status == 404
     error = json.loads(body)["error"]
-    assert (error["type"], error["code"]) == ("invalid_request_error", "model_not_found")
+    # On an Anthropic route the error has Anthropic's shape and type name (docs/api.md).
+    expected = "not_found_error" if path.startswith("/v1/messages") else "invalid_request_error"
+    assert (error["type"], error["code"]) == (expected, "model_not_found")
 
 
 def test_refused_connection_is_502_connect_error(gateway):

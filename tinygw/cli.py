@@ -28,8 +28,9 @@ COMMANDS = {
     "fake": ("[PORT]", "run the built-in fake provider (OpenAI and Anthropic APIs) on 127.0.0.1",
              "A well-behaved stand-in provider for trying tinygw without keys: chat, completions,\n"
              "embeddings (base64 when encoding_format says so), responses, messages,\n"
-             "count_tokens and model listings, streamed when asked; it calls the first tool\n"
-             "when a request has tools. Prints its port (a free one without PORT), then\n"
+             "count_tokens and model listings, every route streamed when asked; it calls the\n"
+             "first function tool once when a request has tools, and answers text once the\n"
+             "request carries the tool's result. Prints its port (a free one without PORT), then\n"
              "serves until interrupted. Point a provider at it:\n"
              '  {"base_url": "http://127.0.0.1:PORT/v1", "api": "openai"}\n'
              '  {"base_url": "http://127.0.0.1:PORT", "api": "anthropic"}'),

@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import select
 import sys
 import time
+from urllib.parse import unquote_plus
 
 import msgspec
 
@@ -99,6 +101,49 @@ def access(loop: asyncio.AbstractEventLoop | None, **fields: object) -> None:
         flush()
     elif len(_batch) == 1:
         loop.call_soon(flush)
+
+
+# Query parameters whose value is a credential: logged as "***". A name also counts when
+# it ends in one of these (x_api_key, access_token, client_secret).
+_CREDENTIAL_PARAMETERS = ("key", "api_key", "apikey", "token", "access_token", "auth", "authorization", "password",
+                          "passwd", "secret", "signature", "sig", "session", "code", "jwt", "credential")
+_CREDENTIAL_ENDINGS = ("key", "token", "secret", "password", "signature")
+# Every name above, and every name with one of the endings, holds one of these (or is
+# percent-encoded): a query without any is logged as it is, unparsed.
+_CREDENTIAL_HINTS = ("key", "token", "auth", "pass", "secret", "sig", "session", "code", "jwt", "credential")
+_CREDENTIAL_HINT = re.compile("|".join([*_CREDENTIAL_HINTS, "%"]), re.IGNORECASE)
+# The user-agent on a request line is cut to this many bytes.
+MAX_USER_AGENT_BYTES = 200
+
+
+def request_line(scope: dict) -> dict[str, str | None]:
+    """The access line's `path` (with its query string, credential values redacted) and
+    `user_agent` (at most MAX_USER_AGENT_BYTES): what a client asked, for "why did my
+    agent get a 404". Cheap: a request without a query string costs a header scan."""
+    path = scope["path"]
+    query = scope.get("query_string")
+    if query:
+        path = f"{path}?{_redacted(query.decode('latin-1'))}"
+    agent = None
+    for name, value in scope["headers"]:
+        if name == b"user-agent":
+            agent = value[:MAX_USER_AGENT_BYTES].decode("latin-1")
+            break
+    return {"path": path, "user_agent": agent}
+
+
+def _redacted(query: str) -> str:
+    if _CREDENTIAL_HINT.search(query) is None:
+        return query  # no name in it could be a credential's: the usual case (`beta=true`)
+    parts = query.split("&")
+    for i, part in enumerate(parts):
+        name, equals, _ = part.partition("=")
+        if "%" in name or "+" in name:
+            name = unquote_plus(name)
+        name = name.strip().lower().replace("-", "_")
+        if equals and (name in _CREDENTIAL_PARAMETERS or name.endswith(_CREDENTIAL_ENDINGS)):
+            parts[i] = part[: part.index("=") + 1] + "***"
+    return "&".join(parts)
 
 
 def flush() -> None:

@@ -1,4 +1,6 @@
-"""The ASGI application: lifespan, routes, and the checks made before any attempt.
+"""The ASGI application: lifespan, the one route table (ROUTES, at the end) and its
+dispatch, where path, method and gateway key are checked before any handler runs, and
+the checks made before any attempt.
 
 Pure ASGI: `app(scope, receive, send)`. The lifespan builds the Gateway from the
 environment and puts it in the lifespan state, which Granian hands to every request;
@@ -25,10 +27,11 @@ from tinygw.api.attestation import attestation_page
 from tinygw.trust.attestation import artifact_digests
 from tinygw.errors import ConfigError, EvidenceUnavailable
 from tinygw.worker.gateway import Gateway
-from tinygw.protocol.routing import ROUTES, resolve
+from tinygw.protocol.routing import Endpoint, Route, api_endpoint, page_endpoint, resolve
 from tinygw.api.status import status_json, status_page
 from tinygw.api.models import MODEL_PREFIX
-from tinygw.protocol.wire import BadBody, header, read_head, send_error, send_json
+from tinygw.api.pages import healthz, metrics, root
+from tinygw.protocol.wire import BadBody, header, read_head, send_error
 
 # The status logged and counted for a request whose client left before its answer
 # (nginx's convention; never sent, there is nobody to send it to).
@@ -96,27 +99,41 @@ async def _hash_artifact(gateway: Gateway) -> None:
 
 async def handle(gateway: Gateway, scope, receive, send) -> None:
     path = scope["path"]
-    method = scope["method"]
     request_id = wire.request_id(scope["headers"])
-    route = ROUTES.get(path)
-    if route is not None and method == "POST":  # the hot path: its answers get the id in _proxy
+    endpoint = ROUTES.get(path) or (ROUTES[MODEL_ROUTE] if path.startswith(MODEL_PREFIX) else None)
+    route = endpoint.route if endpoint is not None else None
+    if endpoint is not None and endpoint.anthropic_shaped(scope):
+        send = wire.anthropic_errors(send)
+    refusal = _refusal(gateway, endpoint, scope)
+    if refusal is not None:
+        await _refuse(gateway, route, scope, _with_request_id(send, request_id), request_id, refusal)
+    elif route is not None:  # the hot path: its answers get the id in _proxy
         await _proxy(gateway, route, scope, receive, send, request_id)
-        return
-    send = _with_request_id(send, request_id)
+    elif endpoint is not None and endpoint.page is not None:
+        await endpoint.page(gateway, scope, _with_request_id(send, request_id))
+
+
+def _refusal(gateway: Gateway, endpoint: Endpoint | None, scope) -> tuple[int, str, str, str] | None:
+    """Why a request is refused before any handler runs (status, message, type, code),
+    or None: no such path, a method the path does not take, no gateway key."""
+    if endpoint is None:
+        return 404, f"no route {scope['path']}; the routes are: {ROUTE_LIST}", "invalid_request_error", "not_found"
+    if scope["method"] not in endpoint.methods:
+        return 405, f"{scope['path']} takes {endpoint.methods[0]}", "invalid_request_error", "method_not_allowed"
+    if endpoint.auth and not gateway.auth.allows(scope["headers"]):
+        return 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key"
+    return None
+
+
+async def _refuse(gateway: Gateway, route: Route | None, scope, send, request_id: bytes,
+                  refusal: tuple[int, str, str, str]) -> None:
+    """A refused request: answered, written on the access log, and counted when its
+    route is an API's (a bounded label; an unknown path is not one)."""
+    status = await send_error(send, *refusal)
     if route is not None:
-        if method != "POST":
-            await send_error(send, 405, f"{path} takes POST", "invalid_request_error", "method_not_allowed")
-    elif path in _PAGES or path.startswith(MODEL_PREFIX):
-        if method not in ("GET", "HEAD"):
-            await send_error(send, 405, f"{path} takes GET", "invalid_request_error", "method_not_allowed")
-            return
-        if path in _PAGES:
-            await _PAGES[path](gateway, scope, send)
-        else:
-            await models.one_model(gateway, scope, send, path[len(MODEL_PREFIX):])
-    else:
-        await send_error(send, 404, f"no route {path}; the routes are: {ROUTE_LIST}", "invalid_request_error",
-                     "not_found")
+        gateway.metrics.count_request(route.path, "unknown", status, 0.0)
+    logs.access(gateway.loop, route=route.path if route is not None else None, model=None, status=status,
+                worker=gateway.pid, request_id=request_id.decode(), **logs.request_line(scope))
 
 
 def _with_request_id(send, request_id: bytes):
@@ -154,9 +171,6 @@ async def _proxy(gateway: Gateway, route, scope, receive, send, request_id: byte
 
     gateway.metrics.add_in_flight(1)
     try:
-        if not gateway.auth.allows(headers):
-            status = await send_error(send_tracked, 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key")
-            return
         try:
             body = await _read_body(receive, headers, gateway.settings.max_body_bytes,
                                     gateway.settings.client_timeout_seconds, loop)
@@ -246,6 +260,7 @@ async def _proxy(gateway: Gateway, route, scope, receive, send, request_id: byte
             attempts=",".join(result.attempts),
             cut=result.cut,
             duration_ms=round((loop.time() - started) * 1000, 1),
+            **logs.request_line(scope),
         )
 
 
@@ -342,26 +357,23 @@ async def _discard_body(receive, message, timeout_seconds: float, loop: asyncio.
         discarded += len(message.get("body", b""))
 
 
-# ---- pages ----------------------------------------------------------------------------
-
-
-async def _healthz(gateway: Gateway, scope, send) -> None:
-    await send_json(send, {"status": "ok"})
-
-
-async def _metrics(gateway: Gateway, scope, send) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 200,
-            "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")],
-        }
-    )
-    await send({"type": "http.response.body", "body": gateway.metrics.render()})
-
-
-_PAGES = {"/healthz": _healthz, "/v1/models": models.model_list, "/metrics": _metrics, "/status": status_page, "/status.json": status_json,
-          "/attestation": attestation_page}
+MODEL_ROUTE = f"{MODEL_PREFIX}{{id}}"
+# The one route table: every path the gateway answers.
+ROUTES: dict[str, Endpoint] = dict([
+    api_endpoint("/v1/chat/completions", "openai", "/chat/completions"),
+    api_endpoint("/v1/completions", "openai", "/completions"),
+    api_endpoint("/v1/embeddings", "openai", "/embeddings"),
+    api_endpoint("/v1/responses", "openai", "/responses"),
+    api_endpoint("/v1/messages", "anthropic", "/v1/messages"),
+    api_endpoint("/v1/messages/count_tokens", "anthropic", "/v1/messages/count_tokens"),
+    page_endpoint("/v1/models", models.model_list, auth=True, both_shapes=True),
+    page_endpoint(MODEL_ROUTE, models.one_model, auth=True, both_shapes=True),  # any path under MODEL_PREFIX
+    page_endpoint("/", root),
+    page_endpoint("/healthz", healthz),
+    page_endpoint("/metrics", metrics),
+    page_endpoint("/status", status_page),
+    page_endpoint("/status.json", status_json),
+    page_endpoint("/attestation", attestation_page),
+])
 # Named in the 404 for an unknown path, so that a client learns what there is.
-ROUTE_LIST = ", ".join([*(f"POST {p}" for p in ROUTES), "GET /v1/models", f"GET {MODEL_PREFIX}{{id}}",
-                        *(f"GET {p}" for p in _PAGES if p != "/v1/models")])
+ROUTE_LIST = ", ".join(f"{e.methods[0]} {path}" for path, e in ROUTES.items())

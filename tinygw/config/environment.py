@@ -250,6 +250,8 @@ def _model(where: str, name: str, doc: ModelDoc, providers: Mapping[str, Provide
     path = f"{where} $.models.{name}"
     if not name:
         raise ConfigError(path, "a model name must be non-empty")
+    if "*" in name[:-1]:
+        raise ConfigError(path, "a pattern's '*' must be its last character, and its only one")
     targets = []
     for i, entry in enumerate(doc.targets):
         provider, sep, upstream = entry.partition(":")
@@ -257,6 +259,8 @@ def _model(where: str, name: str, doc: ModelDoc, providers: Mapping[str, Provide
             raise ConfigError(f"{path}.targets[{i}]", f"must be provider:upstream_model, got {entry!r}")
         if provider not in providers:
             raise ConfigError(f"{path}.targets[{i}]", f"unknown provider {provider!r}")
+        if "*" in upstream and upstream != "*":
+            raise ConfigError(f"{path}.targets[{i}]", f"the upstream model is a name or '*', got {upstream!r}")
         targets.append(Target(provider, upstream))
     return Model(name=name, targets=tuple(targets), strategy=doc.strategy)
 

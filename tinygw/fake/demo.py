@@ -88,10 +88,8 @@ def _narrate_gateway_log(stream, timeline: Timeline) -> None:
             timeline.say("gateway", f"retrying provider after a quick failure {where}")
 
 
-def main(argv: list[str]) -> int:
-    primary = FakeUpstream(well_behaved("primary")).start_in_thread()
-    backup = FakeUpstream(well_behaved("backup")).start_in_thread()
-    port = _free_port()
+def _config(primary: FakeUpstream, backup: FakeUpstream, port: int) -> dict[str, str]:
+    """The gateway's whole environment: nothing of the caller's leaks into the story."""
     config = {
         "providers": {
             "primary": {"base_url": f"{primary.url}/v1", "api": "openai", "listing": False},
@@ -102,61 +100,73 @@ def main(argv: list[str]) -> int:
             "solo": {"targets": ["primary:chat-large"]},
         },
     }
-    # The gateway gets this environment alone: nothing of the caller's leaks into the story.
-    env = {"TINYGW_CONFIG": json.dumps(config), "TINYGW_PORT": str(port), "TINYGW_LOG_LEVEL": "info",
-           "PROVIDER_BREAKER_OPEN_SECONDS": str(OPEN_SECONDS), "PROVIDER_HEALTH_CHECK_SECONDS": "0",
-           "PROVIDER_LISTING_SECONDS": "0",
-           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    return {"TINYGW_CONFIG": json.dumps(config), "TINYGW_PORT": str(port), "TINYGW_LOG_LEVEL": "info",
+            "PROVIDER_BREAKER_OPEN_SECONDS": str(OPEN_SECONDS), "PROVIDER_HEALTH_CHECK_SECONDS": "0",
+            "PROVIDER_LISTING_SECONDS": "0",
+            "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))}
+
+
+def _ready(url: str, gateway: subprocess.Popen) -> bool:
+    deadline = time.monotonic() + START_SECONDS
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", timeout=1):
+                return True
+        except OSError:
+            if gateway.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+
+
+def _outage(url: str, primary: FakeUpstream, timeline: Timeline) -> None:
+    """The story: a healthy answer, the primary failing (fallback, circuit opened), a
+    503 with Retry-After for the model without a fallback, recovery through a probe."""
+    status, _, body = _chat(url, "chat")
+    timeline.say("client", f"chat -> {status}, answered by {body.get('model')}")
+    primary.script = lambda r: json_reply(502, {"error": {"message": "bad gateway", "type": "server_error"}})
+    timeline.say("primary", "starts answering every request with 502, at once")
+    for _ in range(6):
+        status, _, body = _chat(url, "chat")
+        if status == 200 and body.get("model") == "chat-large-copy":
+            timeline.mark("fallback")
+        timeline.say("client", f"chat -> {status}, answered by {body.get('model')}")
+    status, headers, body = _chat(url, "solo")
+    error = body.get("error", {})
+    if status == 503 and error.get("cause") == "circuit_open" and headers.get("retry-after"):
+        timeline.mark("503")
+    timeline.say("client", f"solo -> {status} {error.get('cause')}, Retry-After: {headers.get('retry-after')}")
+    primary.script = well_behaved("primary")
+    timeline.say("primary", "recovers")
+    wait_until = time.monotonic() + OPEN_SECONDS + 0.2
+    while time.monotonic() < wait_until:  # a demo may wait; the tests drive the clock
+        time.sleep(0.05)
+    status, _, body = _chat(url, "solo")
+    if status == 200:
+        timeline.mark("probe")
+    timeline.say("client", f"solo -> {status}, answered by {body.get('model')} (the probe)")
+    status, _, body = _chat(url, "chat")
+    timeline.say("client", f"chat -> {status}, answered by {body.get('model')}")
+    deadline = time.monotonic() + 5
+    while "closed" not in timeline.seen and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def main(argv: list[str]) -> int:
+    primary = FakeUpstream(well_behaved("primary")).start_in_thread()
+    backup = FakeUpstream(well_behaved("backup")).start_in_thread()
+    port = _free_port()
     url = f"http://127.0.0.1:{port}"
     timeline = Timeline()
     print(f"tinygw demo: gateway on {url}; fake providers primary ({primary.url}) and backup ({backup.url})")
     print("  model 'chat' -> primary:chat-large, then backup:chat-large-copy; model 'solo' -> primary only\n")
-    gateway = subprocess.Popen(_gateway_command(), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True)
+    gateway = subprocess.Popen(_gateway_command(), env=_config(primary, backup, port), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
     threading.Thread(target=_narrate_gateway_log, args=(gateway.stderr, timeline), daemon=True).start()
     try:
-        deadline = time.monotonic() + START_SECONDS
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/healthz", timeout=1):
-                    break
-            except OSError:
-                if gateway.poll() is not None or time.monotonic() > deadline:
-                    print("tinygw demo: the gateway did not start", file=sys.stderr)
-                    return 1
-                time.sleep(0.05)
-
-        status, _, body = _chat(url, "chat")
-        timeline.say("client", f"chat -> {status}, answered by {body.get('model')}")
-
-        primary.script = lambda r: json_reply(502, {"error": {"message": "bad gateway", "type": "server_error"}})
-        timeline.say("primary", "starts answering every request with 502, at once")
-        for _ in range(6):
-            status, _, body = _chat(url, "chat")
-            if status == 200 and body.get("model") == "chat-large-copy":
-                timeline.mark("fallback")
-            timeline.say("client", f"chat -> {status}, answered by {body.get('model')}")
-
-        status, headers, body = _chat(url, "solo")
-        error = body.get("error", {})
-        if status == 503 and error.get("cause") == "circuit_open" and headers.get("retry-after"):
-            timeline.mark("503")
-        timeline.say("client", f"solo -> {status} {error.get('cause')}, Retry-After: {headers.get('retry-after')}")
-
-        primary.script = well_behaved("primary")
-        timeline.say("primary", "recovers")
-        wait_until = time.monotonic() + OPEN_SECONDS + 0.2
-        while time.monotonic() < wait_until:  # a demo may wait; the tests drive the clock
-            time.sleep(0.05)
-        status, _, body = _chat(url, "solo")
-        if status == 200:
-            timeline.mark("probe")
-        timeline.say("client", f"solo -> {status}, answered by {body.get('model')} (the probe)")
-        status, _, body = _chat(url, "chat")
-        timeline.say("client", f"chat -> {status}, answered by {body.get('model')}")
-        deadline = time.monotonic() + 5
-        while "closed" not in timeline.seen and time.monotonic() < deadline:
-            time.sleep(0.05)
+        if not _ready(url, gateway):
+            print("tinygw demo: the gateway did not start", file=sys.stderr)
+            return 1
+        _outage(url, primary, timeline)
     finally:
         gateway.send_signal(signal.SIGTERM)
         try:

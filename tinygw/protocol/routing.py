@@ -1,41 +1,71 @@
-"""From a request's route and model to the targets that may serve it.
+"""Routes, and from a request's route and model to the targets that may serve it.
 
-A model is a configured alias (its targets, in the alias's order) or a
-provider-qualified `provider/upstream_model` (that provider alone). A target is
-usable only on a route of its provider's API: OpenAI routes go to `api: openai`
-providers, `/v1/messages` and `/v1/messages/count_tokens` to `api: anthropic` ones.
+A route table's rows are `Endpoint`s (the table itself is in tinygw.api.app, beside
+the handlers); a proxied API route is a `Route`.
+
+A model is a configured alias (its targets, in the alias's order), a
+provider-qualified `provider/upstream_model` (that provider alone), or a name that a
+pattern alias matches (`"claude-*"`: the longest matching pattern; an exact alias
+always comes first). A target's upstream model `*` is the requested name as sent. A
+target is usable only on a route of its provider's API: OpenAI routes go to
+`api: openai` providers, `/v1/messages` and `/v1/messages/count_tokens` to
+`api: anthropic` ones.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 from msgspec import Struct
 
 from tinygw.config.settings import Model, Settings, Target
+from tinygw.protocol.wire import header
+
+# The end of a pattern alias's name, and a target's upstream model meaning "as sent".
+WILDCARD = "*"
 
 
 class Route(Struct, frozen=True):
+    """A proxied API route."""
+
     path: str  # the gateway's path, also the metrics label
     api: str  # "openai" | "anthropic"
     upstream_path: str  # appended to the provider's base_url path
 
 
-ROUTES = {
-    r.path: r
-    for r in (
-        Route("/v1/chat/completions", "openai", "/chat/completions"),
-        Route("/v1/completions", "openai", "/completions"),
-        Route("/v1/embeddings", "openai", "/embeddings"),
-        Route("/v1/responses", "openai", "/responses"),
-        Route("/v1/messages", "anthropic", "/v1/messages"),
-        Route("/v1/messages/count_tokens", "anthropic", "/v1/messages/count_tokens"),
-    )
-}
+class Endpoint(NamedTuple):
+    """One row of the gateway's route table (in tinygw.api.app): what answers a path, to
+    which methods, and whether the gateway key is asked for. The key is checked at
+    dispatch, before any handler runs: a new route cannot forget it."""
+
+    methods: tuple[str, ...]
+    auth: bool
+    page: Callable | None = None  # async (gateway, scope, send)
+    route: Route | None = None  # a proxied API route
+    # A page in both APIs' shapes (the model list): Anthropic's, errors included, when
+    # the request carries `anthropic-version`, as Anthropic's SDKs send it.
+    both_shapes: bool = False
+
+    def anthropic_shaped(self, scope) -> bool:
+        """Whether this request's errors take Anthropic's shape (else OpenAI's)."""
+        if self.route is not None:
+            return self.route.api == "anthropic"
+        return self.both_shapes and header(scope["headers"], b"anthropic-version") is not None
+
+
+def api_endpoint(path: str, api: str, upstream_path: str) -> tuple[str, Endpoint]:
+    return path, Endpoint(("POST",), True, route=Route(path, api, upstream_path))
+
+
+def page_endpoint(path: str, page: Callable, auth: bool = False, both_shapes: bool = False) -> tuple[str, Endpoint]:
+    return path, Endpoint(("GET", "HEAD"), auth, page=page, both_shapes=both_shapes)
 
 
 class Resolution(Struct, frozen=True):
-    # The model as the gateway names it in metrics and logs: the alias, or
-    # `provider/*` for a provider-qualified request (whose free-form name would
-    # otherwise let clients mint new metric series without bound).
+    # The model as the gateway names it in metrics and logs: the alias, the pattern
+    # that matched, or `provider/*` for a provider-qualified request (a client's
+    # free-form name would otherwise let it mint new metric series without bound).
     model: str
     targets: tuple[Target, ...]  # in the model's configured order, usable on this route
     alias: Model | None = None  # the configured model, whose strategy orders the targets
@@ -44,11 +74,31 @@ class Resolution(Struct, frozen=True):
 def resolve(settings: Settings, route: Route, model: str) -> Resolution | None:
     """The targets for `model` on `route`, or None when the gateway does not serve it."""
     alias = settings.models.get(model)
-    if alias is not None:
-        targets = tuple(t for t in alias.targets if settings.providers[t.provider].doc.api == route.api)
-        return Resolution(model, targets, alias) if targets else None
-    provider, slash, upstream_model = model.partition("/")
-    if slash and upstream_model and provider in settings.providers:
-        if settings.providers[provider].doc.api == route.api:
-            return Resolution(f"{provider}/*", (Target(provider, upstream_model),))
-    return None
+    if alias is None:
+        provider, slash, upstream_model = model.partition("/")
+        if slash and upstream_model and provider in settings.providers:
+            if settings.providers[provider].doc.api == route.api:
+                return Resolution(f"{provider}/*", (Target(provider, upstream_model),))
+            return None
+        alias = matching_pattern(settings.models, model)
+        if alias is None:
+            return None
+    if any(t.upstream_model == WILDCARD for t in alias.targets):
+        alias = Model(name=alias.name, targets=tuple(as_sent(t, model) for t in alias.targets),
+                      strategy=alias.strategy)
+    targets = tuple(t for t in alias.targets if settings.providers[t.provider].doc.api == route.api)
+    return Resolution(alias.name, targets, alias) if targets else None
+
+
+def matching_pattern(models: dict[str, Model], model: str) -> Model | None:
+    """The longest pattern alias (a name ending in `*`) that `model` starts with."""
+    best = None
+    for name, alias in models.items():
+        if name.endswith(WILDCARD) and model.startswith(name[:-1]) and (best is None or len(name) > len(best.name)):
+            best = alias
+    return best
+
+
+def as_sent(target: Target, model: str) -> Target:
+    """`target`, with an upstream model of `*` replaced by the requested name."""
+    return Target(target.provider, model) if target.upstream_model == WILDCARD else target

@@ -189,6 +189,63 @@ def sse_error_event(message: str, type_: str, **extra: object) -> bytes:
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 
+# Anthropic's error types, by status (an unlisted 4xx is a bad request, an unlisted 5xx
+# the API's own error); the gateway's 503 (circuits open) is Anthropic's "overloaded".
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+                    503: "overloaded_error", 529: "overloaded_error"}
+_SSE_ERROR = b"event: error\ndata: "
+
+
+def anthropic_type(status: int) -> str:
+    return _ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+
+
+def anthropic_error(body: bytes, status: int) -> bytes | None:
+    """An OpenAI-shaped error `body` in Anthropic's shape, `{"type": "error", "error":
+    {"type", "message", ...}}`, with the gateway's extra fields (code, cause, provider,
+    provider_model) kept; None when `body` is no OpenAI-shaped error (an Anthropic
+    provider's own error, passed through as it is)."""
+    try:
+        document = _decode_any.decode(body)
+    except (msgspec.MsgspecError, RecursionError):
+        return None
+    if not isinstance(document, dict) or "type" in document or not isinstance(document.get("error"), dict):
+        return None
+    fields = {k: v for k, v in document["error"].items() if k != "type" and v is not None}
+    return _encode.encode({"type": "error", "error": {"type": anthropic_type(status), **fields}})
+
+
+def anthropic_sse_error(chunk: bytes) -> bytes | None:
+    """The gateway's `error` event that ends a cut stream, in Anthropic's shape; None for
+    any other chunk (the provider's own events are relayed as they are)."""
+    if not chunk.startswith(_SSE_ERROR + b'{"error"'):
+        return None
+    reshaped = anthropic_error(chunk[len(_SSE_ERROR):].strip(), 500)
+    return None if reshaped is None else _SSE_ERROR + reshaped + b"\n\n"
+
+
+def anthropic_errors(send):
+    """`send`, with the gateway's own errors in Anthropic's shape (an Anthropic route's
+    clients expect it); the provider's answers, its errors included, pass as they are."""
+    error_status = 0
+
+    async def send_anthropic(message) -> None:
+        nonlocal error_status
+        if message["type"] == "http.response.start":
+            error_status = message["status"] if message["status"] >= 400 else 0
+        elif message.get("body"):
+            body = message["body"]
+            if error_status and not message.get("more_body"):
+                reshaped = anthropic_error(body, error_status)
+            else:
+                reshaped = anthropic_sse_error(body) if body[:1] == b"e" else None
+            if reshaped is not None:
+                message = {**message, "body": reshaped}
+        await send(message)
+
+    return send_anthropic
+
 
 # ---- sending an answer --------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from tinygw.trust.auth import InboundAuth
 from tinygw.observe.board import Board
 from tinygw.resilience.breaker import Breakers, Circuit, Clock, State
 from tinygw.config.settings import Provider, Settings
+from tinygw.protocol.routing import WILDCARD
 from tinygw.resilience.keys import KeyRing
 from tinygw.observe.metrics import Metrics
 from tinygw.upstream.pool import Pool, Timeouts, tls_context
@@ -80,7 +81,9 @@ class Gateway:
         self.clock = clock
         self.auth = InboundAuth(settings.api_keys)
         self.metrics = Metrics(__version__, artifact_sha256, settings.metrics_dir)
-        configured = sorted({(t.provider, t.upstream_model) for m in settings.models.values() for t in m.targets})
+        # A target of `*` has a circuit per name as sent, made by the first attempt: none up front.
+        configured = sorted({(t.provider, t.upstream_model) for m in settings.models.values() for t in m.targets
+                             if t.upstream_model != WILDCARD})
         self.breakers = Breakers(settings.breaker, clock, self._on_transition, configured)
         for provider, provider_model in configured:  # a series per circuit from the start
             self.metrics.set_circuit_open_until(provider, provider_model, 0.0)

@@ -1,0 +1,194 @@
+"""The fake provider's well-behaved script: answers as the real APIs give them.
+
+Every route streams when asked. A request with tools gets one call of its first
+function tool; a request that carries a tool's result (an OpenAI `tool` message, a
+Responses `*_output` item, an Anthropic `tool_result` block) gets a text answer, so
+that an agent's loop ends after one tool call, as it does with a real model. Paths
+are matched without their query string (`/v1/messages?beta=true`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+from collections.abc import Callable
+
+from msgspec import Struct
+
+from tinygw.fake import events
+from tinygw.fake.events import (  # noqa: F401
+    anthropic_stream_events,
+    openai_stream_events,
+    responses_stream_events,
+)
+from tinygw.fake.replies import FakeRequest, Reply, json_reply, sse_reply
+
+# Exactly representable in float32, so that a vector sent as base64 decodes to these.
+EMBEDDING = [0.5, 0.25, -0.125]
+
+
+class Ask(Struct, frozen=True):
+    """One request, as the answers need it."""
+
+    model: str
+    body: dict
+    words: list[str]
+    delay_seconds: float
+    tool: tuple[str, str] | None  # (name, JSON arguments) of the tool to call, if one is to be called
+
+    @property
+    def stream(self) -> bool:
+        return self.body.get("stream") is True
+
+    def sse(self, sequence: list[bytes]) -> Reply:
+        return sse_reply(sequence, self.delay_seconds)
+
+
+def _embedding(encoding_format: object) -> list[float] | str:
+    if encoding_format == "base64":  # little-endian float32, as OpenAI sends it
+        return base64.b64encode(struct.pack(f"<{len(EMBEDDING)}f", *EMBEDDING)).decode()
+    return EMBEDDING
+
+
+def _placeholder(schema: object) -> object:
+    """A value that fits a JSON schema's type: the fake's tool-call arguments."""
+    if not isinstance(schema, dict):
+        return "fake"
+    kind = schema.get("type")
+    if schema.get("enum"):
+        return schema["enum"][0]
+    if kind == "object" or "properties" in schema:
+        properties = schema.get("properties") or {}
+        return {name: _placeholder(properties.get(name)) for name in schema.get("required") or properties}
+    return {"integer": 1, "number": 1, "boolean": True, "array": [], "null": None}.get(str(kind), "fake")
+
+
+def _has_tool_result(body: dict) -> bool:
+    """Whether the conversation already carries a tool's result: then it is time for text."""
+    for entry in [*_list(body.get("messages")), *_list(body.get("input"))]:
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("role") == "tool" or str(entry.get("type", "")).endswith("_output"):
+            return True
+        if any(isinstance(b, dict) and b.get("type") == "tool_result" for b in _list(entry.get("content"))):
+            return True
+    return False
+
+
+def _list(value: object) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _tool_call(body: dict) -> tuple[str, str] | None:
+    """(name, JSON arguments) of a call to the request's first function tool, or None
+    when it has none, says `tool_choice: "none"`, or already carries a tool's result.
+    OpenAI chat nests a tool under `function`; the Responses API has `type: "function"`
+    at the top; Anthropic's have an `input_schema`. Other tools (a provider's own,
+    Responses' free-form `custom`) are never called."""
+    if body.get("tool_choice") in ("none", {"type": "none"}) or _has_tool_result(body):
+        return None
+    for tool in _list(body.get("tools")):
+        if not isinstance(tool, dict):
+            continue
+        function: dict = tool["function"] if isinstance(tool.get("function"), dict) else tool
+        if function is tool and tool.get("type") != "function" and "input_schema" not in tool:
+            continue
+        schema = function.get("parameters", function.get("input_schema", {}))
+        return str(function.get("name", "tool")), json.dumps(_placeholder(schema))
+    return None
+
+
+def _include_usage(body: dict) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def _messages(ask: Ask) -> Reply:
+    if ask.tool is not None:
+        if ask.stream:
+            return ask.sse(events.anthropic_tool_events(ask.model, *ask.tool))
+        content = [{"type": "tool_use", "id": "toolu_fake", "name": ask.tool[0], "input": json.loads(ask.tool[1])}]
+        stop, output_tokens = "tool_use", 1
+    else:
+        if ask.stream:
+            return ask.sse(events.anthropic_stream_events(ask.model, ask.words))
+        content, stop, output_tokens = [{"type": "text", "text": "".join(ask.words)}], "end_turn", len(ask.words)
+    return json_reply(200, {"id": "msg_fake", "type": "message", "role": "assistant", "model": ask.model,
+                            "content": content, "stop_reason": stop, "stop_sequence": None,
+                            "usage": {"input_tokens": 3, "output_tokens": output_tokens}})
+
+
+def _count_tokens(ask: Ask) -> Reply:
+    return json_reply(200, {"input_tokens": len(json.dumps(ask.body.get("messages", [])).split())})
+
+
+def _responses(ask: Ask) -> Reply:
+    if ask.tool is not None:
+        if ask.stream:
+            return ask.sse(events.responses_tool_events(ask.model, *ask.tool))
+        return json_reply(200, events.responses_object(ask.model, [events.function_call_item(*ask.tool)]))
+    if ask.stream:
+        return ask.sse(events.responses_stream_events(ask.model, ask.words))
+    return json_reply(200, events.responses_object(ask.model, [events.text_item(ask.words)]))
+
+
+def _embeddings(ask: Ask) -> Reply:
+    return json_reply(200, {"object": "list", "model": ask.model, "usage": {"prompt_tokens": 1, "total_tokens": 1},
+                            "data": [{"object": "embedding", "index": 0,
+                                      "embedding": _embedding(ask.body.get("encoding_format"))}]})
+
+
+def _chat(ask: Ask) -> Reply:
+    if ask.tool is not None:
+        if ask.stream:
+            return ask.sse(events.openai_tool_chunks(ask.model, *ask.tool))
+        call = {"id": "call_fake", "type": "function", "function": {"name": ask.tool[0], "arguments": ask.tool[1]}}
+        message, finish, completion = {"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls", 1
+    else:
+        if ask.stream:
+            return ask.sse(events.openai_stream_events(ask.model, ask.words, _include_usage(ask.body)))
+        message, finish = {"role": "assistant", "content": "".join(ask.words)}, "stop"
+        completion = len(ask.words)
+    return json_reply(200, {"id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "model": ask.model,
+                            "choices": [{"index": 0, "finish_reason": finish, "message": message}],
+                            "usage": {"prompt_tokens": 3, "completion_tokens": completion,
+                                      "total_tokens": 3 + completion}})
+
+
+def _completions(ask: Ask) -> Reply:
+    if ask.stream:
+        return ask.sse(events.completions_stream_events(ask.model, ask.words, _include_usage(ask.body)))
+    return json_reply(200, {"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": ask.model,
+                            "choices": [{"index": 0, "text": "".join(ask.words), "finish_reason": "stop",
+                                         "logprobs": None}],
+                            "usage": {"prompt_tokens": 3, "completion_tokens": len(ask.words),
+                                      "total_tokens": 3 + len(ask.words)}})
+
+
+# By the end of the path (its query string left off), the longest first.
+_ANSWERS: tuple[tuple[str, Callable[[Ask], Reply]], ...] = (
+    ("/messages/count_tokens", _count_tokens), ("/messages", _messages), ("/responses", _responses),
+    ("/embeddings", _embeddings), ("/chat/completions", _chat), ("/completions", _completions))
+
+
+def well_behaved(name: str = "fake", words: list[str] | None = None, delay_seconds: float = 0.0) -> Callable:
+    """A script that answers like a healthy provider: chat, completions, embeddings,
+    responses, messages, count_tokens and model listings; streams when asked,
+    `delay_seconds` between events; calls the first function tool once when the request
+    has `tools`; embeddings as base64 when `encoding_format` says so."""
+    words = words or ["Hello", " from", f" {name}", "."]
+
+    def script(request: FakeRequest) -> Reply:
+        path = request.path.partition("?")[0]
+        if request.method == "GET" and path.endswith("/models"):
+            return json_reply(200, {"object": "list", "data": [{"id": f"{name}-model", "object": "model"}]})
+        body = request.json() or {}
+        body = body if isinstance(body, dict) else {}
+        ask = Ask(str(body.get("model", "unknown")), body, words, delay_seconds, None)
+        answer = next((a for end, a in _ANSWERS if path.endswith(end)), _chat)
+        if answer is not _count_tokens and answer is not _embeddings:
+            ask = Ask(ask.model, body, words, delay_seconds, _tool_call(body))
+        return answer(ask)
+
+    return script
