@@ -233,7 +233,8 @@ def _root(ask, ark, simulated_ark) -> tuple[x509.Certificate | None, str | None,
     for product, cert in builtin_arks().items():
         if cert.subject == ask.issuer:
             return cert, product, None
-    return None, None, f"the ASK is issued by {_cn_of(ask.issuer)}, none of AMD's pinned ARKs ({', '.join(ARK_SHA256)})"
+    return None, None, (f"the ASK's issuer ({ask.issuer.rfc4514_string()}) is none of AMD's pinned ARKs "
+                        f"({', '.join(ARK_SHA256)})")
 
 
 def verify_chain(vcek, ask, ark=None, *, simulated_ark=None, now=None) -> tuple[Check, str | None]:

@@ -1,0 +1,257 @@
+"""AMD SEV-SNP: attest/snp.py on two real Milan reports, the simulated platform, and a real
+gateway answering /attestation as an SEV-SNP guest (docs/design.md section 12).
+
+The real data (tests/data/snp-sample, see its README): dstack's report (DEBUG clear) with its
+VCEK and ASK, and omne-attest's report (DEBUG set) with its VCEK, ASK and ARK. No ARK is
+given for dstack: the verifier's built-in, pinned Milan ARK must carry it.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import json
+import shutil
+import sys
+
+import pytest
+from hypothesis import given, strategies as st
+
+from conftest import ROOT, call
+
+sys.path.insert(0, str(ROOT / "attest"))
+import fake_snp  # noqa: E402 (attest/ is not a package)
+import snp  # noqa: E402
+from tinygw.trust.attestation import snp_certificates  # noqa: E402
+
+SAMPLE = ROOT / "tests" / "data" / "snp-sample"
+DSTACK_REPORT = (SAMPLE / "dstack" / "report.bin").read_bytes()
+DSTACK_VCEK = (SAMPLE / "dstack" / "sev_snp_vcek.pem").read_bytes()
+DSTACK_ASK = (SAMPLE / "dstack" / "sev_snp_ask.pem").read_bytes()
+OMNE_REPORT = (SAMPLE / "omne" / "attestation.bin").read_bytes()
+OMNE_VCEK = (SAMPLE / "omne" / "kds_vcek.der").read_bytes()
+OMNE_ASK = (SAMPLE / "omne" / "milan_ask.der").read_bytes()
+OMNE_ARK = (SAMPLE / "omne" / "milan_ark.der").read_bytes()
+DSTACK_MEASUREMENT = ("7f51e17f72a04d5422cb2c00998166536019a217376f3aa45a630e59c805a599"
+                      "847ff250dbffcd07e1ba639771d6f05d")
+SECRET = "sk-snp-never-shown"
+
+
+def verdicts(checks) -> dict[str, str]:
+    return {check.name: check.result for check in checks}
+
+
+def reasons(checks) -> dict[str, str]:
+    return {check.name: check.reason for check in checks if check.reason}
+
+
+def flipped(data: bytes, at: int, bit: int = 0) -> bytes:
+    return data[:at] + bytes([data[at] ^ (1 << bit)]) + data[at + 1 :]
+
+
+ALL_PASS = {"snp report": "PASS", "certificate chain": "PASS", "report signature": "PASS",
+            "VCEK matches report": "PASS", "guest not in debug mode": "PASS", "no migration agent": "PASS"}
+
+
+# ---- the real samples ---------------------------------------------------------------------
+
+
+def test_the_samples_are_the_documented_bytes():
+    assert hashlib.sha256(DSTACK_REPORT).hexdigest() == "a20e02a2e8198894f3c4d0158276c5ae65e63b1908dd4540e058a2ea54d88d2e"
+    assert DSTACK_REPORT == (SAMPLE / "dstack" / "sev_snp_attestation.bin").read_bytes()[4 : 4 + 1184]
+    assert hashlib.sha256(OMNE_ARK).hexdigest() == snp.ARK_SHA256["Milan"]
+    for product, pin in snp.ARK_SHA256.items():  # the built-in ARKs are the pinned ones, all three
+        assert snp.fingerprint(snp.builtin_arks()[product]) == pin
+
+
+def test_the_dstack_sample_passes_with_the_built_in_ark():
+    checks = snp.verify_report(DSTACK_REPORT, DSTACK_VCEK, DSTACK_ASK)
+    assert verdicts(checks) == {**ALL_PASS, "artifact measured": "SKIP"}, reasons(checks)
+    chain = next(c for c in checks if c.name == "certificate chain")
+    assert chain.values["product"] == "Milan" and chain.values["ark_sha256"] == snp.ARK_SHA256["Milan"]
+    skip = reasons(checks)["artifact measured"]
+    assert "no runtime measurement register" in skip and "snp.measurement" in skip
+
+    policy = snp.parse_policy({"measurement": [DSTACK_MEASUREMENT], "vmpl": [0],
+                               "min_tcb": {"bootloader": 4, "tee": 0, "snp": 23, "microcode": 213}})
+    expected = b"attest-test-fixture-2026".ljust(64, b"\0")
+    checks = snp.verify_report(DSTACK_REPORT, DSTACK_VCEK, DSTACK_ASK, report_data=expected, policy=policy)
+    assert verdicts(checks) == {**ALL_PASS, "report_data": "PASS", "snp.measurement": "PASS", "snp.vmpl": "PASS",
+                                "snp.min_tcb": "PASS", "artifact measured": "PASS"}, reasons(checks)
+
+
+def test_a_report_file_may_be_hex():
+    text = DSTACK_REPORT.hex().upper().encode() + b"\n"
+    assert snp.load_report(text) == DSTACK_REPORT == snp.load_report(DSTACK_REPORT)
+    with pytest.raises(snp.ReportError, match="neither the raw 1184 nor their hex"):
+        snp.load_report(text[:-3])
+
+
+@pytest.mark.parametrize("at,what", [(0x08, "policy"), (0x50, "report_data"), (0x90, "measurement"),
+                                     (0xC0, "host_data"), (0x180, "reported_tcb"), (0x1A0, "chip_id"),
+                                     (0x29F, "the last signed byte"), (0x2A0, "r"), (0x2E8, "s")])
+def test_one_flipped_bit_in_the_signed_part_fails_the_signature(at, what):
+    checks = snp.verify_report(flipped(DSTACK_REPORT, at, 1), DSTACK_VCEK, DSTACK_ASK)
+    assert verdicts(checks)["report signature"] == "FAIL", what
+    assert "does not verify under this VCEK" in reasons(checks)["report signature"]
+
+
+def test_the_unsigned_tail_is_not_read():
+    """Past r and s (0x330 on) the report is reserved and unsigned: nothing here reads it."""
+    checks = snp.verify_report(flipped(DSTACK_REPORT, 0x330), DSTACK_VCEK, DSTACK_ASK)
+    assert verdicts(checks) == {**ALL_PASS, "artifact measured": "SKIP"}
+
+
+def test_a_report_checked_under_the_other_samples_vcek_fails():
+    checks = snp.verify_report(DSTACK_REPORT, OMNE_VCEK, DSTACK_ASK)
+    assert verdicts(checks)["certificate chain"] == "PASS"  # a genuine VCEK, of another chip
+    assert verdicts(checks)["report signature"] == "FAIL"
+    assert verdicts(checks)["VCEK matches report"] == "FAIL"
+    assert "the VCEK is for chip 3ac3fe21e13fb099..., the report comes from chip 38d174589d2dff97" in \
+        reasons(checks)["VCEK matches report"]
+    checks = snp.verify_report(OMNE_REPORT, DSTACK_VCEK, OMNE_ASK, OMNE_ARK)
+    assert verdicts(checks)["report signature"] == verdicts(checks)["VCEK matches report"] == "FAIL"
+
+
+def test_the_omne_sample_fails_for_its_debug_bit():
+    checks = snp.verify_report(OMNE_REPORT, OMNE_VCEK, OMNE_ASK, OMNE_ARK)
+    assert verdicts(checks) == {**ALL_PASS, "guest not in debug mode": "FAIL", "artifact measured": "SKIP"}
+    assert "allows debugging" in reasons(checks)["guest not in debug mode"]
+    # Its own ARK is the built-in one: the same verdicts without it.
+    assert verdicts(snp.verify_report(OMNE_REPORT, OMNE_VCEK, OMNE_ASK)) == verdicts(checks)
+
+
+@pytest.fixture(scope="module")
+def test_chain():
+    """A test-only ARK -> ASK -> VCEK (attest/fake_snp.py), nothing of AMD's."""
+    return fake_snp.Chain(bytes(range(64)), {"bootloader": 4, "tee": 0, "snp": 23, "microcode": 213})
+
+
+def test_a_broken_chain_fails(test_chain, tmp_path, monkeypatch):
+    def chain_reason(*certificates):
+        checks = snp.verify_report(DSTACK_REPORT, *certificates)
+        assert verdicts(checks)["certificate chain"] == "FAIL"
+        return reasons(checks)["certificate chain"]
+
+    # an ASK signed by no pinned ARK
+    assert "none of AMD's pinned ARKs" in chain_reason(DSTACK_VCEK, test_chain.der("ask"))
+    # a pinned ARK, but not the one that signed the ASK
+    genoa = (ROOT / "attest" / "amd-ark" / "genoa.pem").read_bytes()
+    assert chain_reason(DSTACK_VCEK, DSTACK_ASK, genoa) == "SEV-Milan is issued by ARK-Milan, not by ARK-Genoa"
+    # an ARK given that AMD did not make, even one that claims the name
+    assert "is none of AMD's pinned ARKs" in chain_reason(DSTACK_VCEK, test_chain.der("ask"), test_chain.der("ark"))
+    # one byte of a signature: the ASK's, then the VCEK's
+    ask = bytearray(OMNE_ASK)
+    ask[-1] ^= 1
+    assert "SEV-Milan by ARK-Milan (RSA-PSS SHA-384) does not verify" in chain_reason(DSTACK_VCEK, bytes(ask))
+    vcek = bytearray(OMNE_VCEK)
+    vcek[-1] ^= 1
+    assert "SEV-VCEK by SEV-Milan" in chain_reason(bytes(vcek), DSTACK_ASK)
+    # the ARK files alone cannot make a root trusted: a changed built-in ARK is left out
+    arks = tmp_path / "amd-ark"
+    shutil.copytree(ROOT / "attest" / "amd-ark", arks)
+    (arks / "milan.pem").write_bytes(test_chain.pem("ark"))
+    monkeypatch.setattr(snp, "ARK_DIR", arks)
+    assert "Milan" not in snp.builtin_arks()
+    assert "none of AMD's pinned ARKs" in chain_reason(DSTACK_VCEK, DSTACK_ASK)
+
+
+def test_a_chain_out_of_its_validity_fails():
+    later = datetime.datetime(2034, 1, 1, tzinfo=datetime.timezone.utc)
+    checks = snp.verify_report(DSTACK_REPORT, DSTACK_VCEK, DSTACK_ASK, now=later)
+    assert "SEV-VCEK is valid from 2026-06-17 to 2033-06-17, not at 2034-01-01" in reasons(checks)["certificate chain"]
+
+
+def test_without_a_vcek_the_chain_and_signature_fail():
+    checks = snp.verify_report(DSTACK_REPORT, None, DSTACK_ASK)
+    assert verdicts(checks)["certificate chain"] == verdicts(checks)["report signature"] == "FAIL"
+    assert "no VCEK" in reasons(checks)["certificate chain"]
+    checks = snp.verify_report(DSTACK_REPORT, b"not a certificate", DSTACK_ASK)
+    assert "cannot read the VCEK certificate" in reasons(checks)["certificate chain"]
+
+
+# ---- policy -------------------------------------------------------------------------------
+
+
+def test_each_policy_field_names_itself_and_both_values_when_it_fails():
+    policy = snp.parse_policy({
+        "measurement": ["00" * 48], "host_data": ["11" * 32], "vmpl": [1, 2], "chip_ids": ["22" * 64],
+        "min_tcb": {"bootloader": 4, "snp": 24, "microcode": 214},
+    })
+    checks = snp.verify_report(DSTACK_REPORT, DSTACK_VCEK, DSTACK_ASK, policy=policy)
+    assert {k: v for k, v in verdicts(checks).items() if k.startswith("snp.")} == {
+        "snp.measurement": "FAIL", "snp.host_data": "FAIL", "snp.vmpl": "FAIL", "snp.chip_ids": "FAIL",
+        "snp.min_tcb": "FAIL"}
+    why = reasons(checks)
+    assert why["snp.measurement"] == f"the report has measurement {DSTACK_MEASUREMENT}; the policy allows {'00' * 48}"
+    assert why["snp.vmpl"] == "the report has vmpl 0; the policy allows 1, 2"
+    assert why["snp.min_tcb"] == "the reported TCB is below the policy's floor: snp 23 < 24, microcode 213 < 214"
+    assert verdicts(checks)["artifact measured"] == "FAIL"  # a pinned measurement that is not this one
+
+
+def test_the_learned_policy_is_satisfied_by_the_report_it_came_from():
+    report = snp.parse_report(DSTACK_REPORT)
+    learned = snp.learned_policy(report, "Milan")
+    assert learned["min_tcb"] == {"bootloader": 4, "tee": 0, "snp": 23, "microcode": 213}
+    checks = snp.verify_report(DSTACK_REPORT, DSTACK_VCEK, DSTACK_ASK, policy=snp.parse_policy(learned))
+    assert set(verdicts(checks).values()) == {"PASS"}, reasons(checks)
+
+
+@pytest.mark.parametrize("bad,field", [
+    ({"measurement": "ab" * 48}, "snp.measurement"), ({"measurement": ["ab" * 47]}, "snp.measurement"),
+    ({"host_data": []}, "snp.host_data"), ({"vmpl": [4]}, "snp.vmpl"), ({"vmpl": [True]}, "snp.vmpl"),
+    ({"min_tcb": {"snp": 256}}, "snp.min_tcb.snp"), ({"min_tcb": {"fw": 1}}, "snp.min_tcb"),
+    ({"chip_id": ["00" * 64]}, "snp.chip_id"), ([], "snp"),
+])
+def test_a_malformed_policy_names_the_field(bad, field):
+    with pytest.raises(snp.PolicyError, match=f"^{field}: "):
+        snp.parse_policy(bad)
+
+
+def test_a_migration_agent_fails(test_chain):
+    chip = bytes(range(64))
+    tcb = fake_snp.tcb_version({"bootloader": 4, "tee": 0, "snp": 23, "microcode": 213})
+    report = fake_snp.snp_report(test_chain.vcek_key, bytes(64), chip_id=chip, reported_tcb=tcb, policy=0x70000)
+    checks = snp.verify_report(report, test_chain.der("vcek"), test_chain.der("ask"),
+                               simulated_ark=test_chain.der("ark"))
+    assert verdicts(checks)["no migration agent"] == "FAIL" and verdicts(checks)["report signature"] == "PASS"
+    assert verdicts(checks)["certificate chain"] == "SKIP"  # a simulated root is never a PASS
+    assert "simulated ARK" in reasons(checks)["certificate chain"]
+
+
+def test_turin_lays_out_its_tcb_differently():
+    raw = bytes([1, 2, 3, 4, 0, 0, 0, 5])
+    assert snp.tcb(raw, "Turin") == {"fmc": 1, "bootloader": 2, "tee": 3, "snp": 4, "microcode": 5}
+    assert snp.tcb(raw, "Milan") == {"bootloader": 1, "tee": 2, "snp": 0, "microcode": 5}
+
+
+# ---- no traceback on any bytes --------------------------------------------------------------
+
+
+@given(st.binary(max_size=3000))
+def test_the_report_reader_takes_any_bytes(data):
+    try:
+        report = snp.parse_report(snp.load_report(data))
+    except snp.ReportError as e:
+        assert str(e)
+    else:
+        assert report.version in snp.VERSIONS
+
+
+@given(st.binary(min_size=1184, max_size=1184), st.integers(2, 5), st.integers(0, 2**32 - 1))
+def test_any_report_of_a_known_version_gets_a_verdict_per_check(data, version, key_info):
+    raw = version.to_bytes(4, "little") + data[4:0x48] + key_info.to_bytes(4, "little") + data[0x4C:]
+    checks = snp.verify_report(raw, DSTACK_VCEK, DSTACK_ASK, report_data=bytes(64))
+    assert verdicts(checks)["report signature"] == "FAIL"
+    assert all(check.result in ("PASS", "FAIL", "SKIP") for check in checks)
+
+
+@given(st.binary(max_size=600), st.lists(st.tuples(st.sampled_from(list(fake_snp.CERT_GUIDS.values())),
+                                                   st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)), max_size=4))
+def test_the_gateway_reads_any_certificate_table(tail, entries):
+    table = b"".join(guid.bytes + offset.to_bytes(4, "little") + length.to_bytes(4, "little")
+                     for guid, offset, length in entries) + tail
+    certificates = snp_certificates(table)
+    assert set(certificates) <= {"vcek", "ask", "ark"}
+    assert all(isinstance(pem, str) for pem in certificates.values())
