@@ -26,6 +26,7 @@ Each check is a `Check(name, result, reason, values)`, result PASS, FAIL or SKIP
 
 from __future__ import annotations
 
+import base64
 import datetime
 import hashlib
 import re
@@ -511,3 +512,18 @@ def _certificates(vcek, ask, ark, simulated_ark) -> tuple[dict, str | None]:
         except ValueError as e:
             return {}, f"cannot read the {key.upper()} certificate: {e}"
     return certs, None
+
+
+def verify_evidence(evidence: dict, report_data: bytes | None, *, vcek: bytes | None = None, ask: bytes | None = None,
+                    ark: bytes | None = None, policy: dict | None = None, simulated_ark: bytes | None = None,
+                    now: datetime.datetime | None = None) -> list[Check]:
+    """The checks of /attestation's SEV-SNP `evidence`. Certificates given here (from files)
+    take the place of the host's; the host's ARK is never used: the chain must end in a
+    pinned one (or in `simulated_ark`, as a SKIP)."""
+    try:
+        raw = base64.b64decode(evidence.get("report", ""), validate=True)
+    except (TypeError, ValueError):
+        return [failed("snp report", "the evidence's report is not base64")]
+    host = {name: evidence[name].encode() for name in ("vcek", "ask") if isinstance(evidence.get(name), str)}
+    return verify_report(raw, vcek or host.get("vcek"), ask or host.get("ask"), ark, report_data=report_data,
+                         policy=policy, simulated_ark=simulated_ark, now=now)
