@@ -47,6 +47,8 @@ from tinygw.fake.upstream import FakeUpstream
 
 LAUNCH = ROOT / "attest" / "launch"
 VERIFY = ROOT / "attest" / "verify"
+# attest/verify --platform-verifier: the simulated platform's SIMULATED signature check
+SIMULATED_SIGNATURE = f"{sys.executable} {ROOT / 'attest' / 'fake_tdx.py'}"
 SECRET = "sk-attest-never-shown"
 
 
