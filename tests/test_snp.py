@@ -255,3 +255,60 @@ def test_the_gateway_reads_any_certificate_table(tail, entries):
     certificates = snp_certificates(table)
     assert set(certificates) <= {"vcek", "ask", "ark"}
     assert all(isinstance(pem, str) for pem in certificates.values())
+
+
+# ---- a real gateway on a simulated SEV-SNP guest -------------------------------------------
+
+
+def gateway_config(upstream_url: str) -> dict:
+    return {"providers": {"up": {"base_url": f"{upstream_url}/v1", "api": "openai", "api_key_env": "UP_KEY",
+                                 "listing": False}},
+            "models": {"m": {"targets": ["up:m"]}}}
+
+
+def attest(gateway, nonce: bytes) -> dict:
+    status, headers, body = call("GET", f"{gateway.url}/attestation?nonce={nonce.hex()}")
+    assert status == 200, body
+    assert SECRET.encode() not in body
+    return json.loads(body)
+
+
+@pytest.mark.parametrize("tls", ["off", "attested"])
+def test_the_gateway_answers_as_an_snp_guest(tmp_path, start_gateway, fake, tls):
+    platform = fake_snp.FakeSnp(tmp_path / "snp")
+    try:
+        gateway = start_gateway(gateway_config(fake.url), UP_KEY=SECRET, TINYGW_TLS=tls,
+                                TINYGW_EVENT_LOG=str(tmp_path / "no-log"), **platform.env())
+        nonce = bytes(range(32))
+        answer = attest(gateway, nonce)
+    finally:
+        platform.stop()
+    evidence = answer["evidence"]
+    assert (evidence["provider"], evidence["platform"]) == ("sev_guest", "sev-snp")
+    report = base64.b64decode(evidence["report"])
+    assert len(report) == 1184 and evidence["outblob"] == evidence["report"]
+    config = bytes.fromhex(answer["config_sha256"])
+    if tls == "off":
+        expected = hashlib.sha512(b"tinygw.attest.v1" + nonce + config).digest()
+    else:
+        expected = hashlib.sha512(b"tinygw.attest.v2" + nonce + config + bytes.fromhex(answer["tls_spki_sha256"]))
+        expected = expected.digest()
+    assert report[0x50:0x90] == expected and answer["report_data"] == expected.hex()
+    for name in ("vcek", "ask", "ark"):
+        assert evidence[name] == platform.chain.pem(name).decode()
+    checks = snp.verify_report(report, evidence["vcek"].encode(), evidence["ask"].encode(), report_data=expected,
+                               simulated_ark=evidence["ark"].encode())
+    assert verdicts(checks) == {**ALL_PASS, "certificate chain": "SKIP", "report_data": "PASS",
+                                "artifact measured": "SKIP"}, reasons(checks)
+    assert list(platform.report_dir.iterdir()) == []  # the entry was removed
+
+
+def test_without_the_hosts_certificates_the_evidence_has_none(tmp_path, start_gateway, fake):
+    platform = fake_snp.FakeSnp(tmp_path / "snp", with_certificates=False)
+    try:
+        gateway = start_gateway(gateway_config(fake.url), UP_KEY=SECRET, TINYGW_EVENT_LOG=str(tmp_path / "no-log"),
+                                **platform.env())
+        evidence = attest(gateway, bytes(32))["evidence"]
+    finally:
+        platform.stop()
+    assert set(evidence) == {"provider", "platform", "outblob", "report"}
