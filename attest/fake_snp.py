@@ -53,7 +53,7 @@ def _name(common_name: str) -> x509.Name:
 
 
 def _certificate(subject, issuer, key, issuer_key, serial: int, extensions=()) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(key.public_key())
                .serial_number(serial).not_valid_before(now - datetime.timedelta(days=1))
                .not_valid_after(now + datetime.timedelta(days=30)))

@@ -145,7 +145,9 @@ def load_report(data: bytes) -> bytes:
 def parse_report(raw: bytes) -> Report:
     if len(raw) != REPORT_BYTES:
         raise ReportError(f"an SEV-SNP report is {REPORT_BYTES} bytes, this one {len(raw)}")
-    u32 = lambda at: int.from_bytes(raw[at : at + 4], "little")  # noqa: E731
+    def u32(at: int) -> int:
+        return int.from_bytes(raw[at : at + 4], "little")
+
     version = u32(0)
     if version not in VERSIONS:
         raise ReportError(f"report version {version}: this verifier reads versions 2 to 5")
@@ -245,7 +247,7 @@ def verify_chain(vcek, ask, ark=None, *, simulated_ark=None, now=None) -> tuple[
     ASK is used. `simulated_ark` (tests, make rehearse) is a root that is not AMD's: a chain
     ending there is a SKIP that says so, never a PASS (its TCB is read in Milan's layout)."""
     name = "certificate chain"
-    now = now or datetime.datetime.now(datetime.timezone.utc)
+    now = now or datetime.datetime.now(datetime.UTC)
     values = {"vcek_sha256": fingerprint(vcek), "ask_sha256": fingerprint(ask)}
     root, product, reason = _root(ask, ark, simulated_ark)
     if root is None:
@@ -287,7 +289,8 @@ def report_signature(report: Report, vcek: x509.Certificate) -> Check:
     try:
         key.verify(encode_dss_signature(r, s), report.raw[:SIGNED_BYTES], ec.ECDSA(hashes.SHA384()))
     except (InvalidSignature, ValueError):
-        return failed(name, f"the report's signature does not verify under this VCEK (sha256 {fingerprint(vcek)[:16]}...)")
+        return failed(name, "the report's signature does not verify under this VCEK "
+                      f"(sha256 {fingerprint(vcek)[:16]}...)")
     return passed(name, signed_sha384=hashlib.sha384(report.raw[:SIGNED_BYTES]).hexdigest())
 
 
@@ -387,17 +390,17 @@ def parse_policy(snp: object) -> dict:
     if snp is None:
         return {}
     if not isinstance(snp, dict):
-        raise PolicyError("snp: must be an object of fields (" + ", ".join(POLICY_FIELDS) + ")")
+        raise PolicyError("policy snp: give an object of SEV-SNP fields (" + ", ".join(POLICY_FIELDS) + ")")
     policy = {}
     for key, value in snp.items():
-        where = f"snp.{key}"
+        where = f"policy snp.{key}"
         if key in HEX_FIELDS:
             policy[key] = _hex_values(where, value, HEX_FIELDS[key])
         elif key == "vmpl":
             policy[key] = _int_values(where, value, MAX_VMPL)
         elif key == "min_tcb":
             if not isinstance(value, dict) or not value or set(value) - set(MIN_TCB_FIELDS):
-                raise PolicyError(f"{where}: must be an object of floors, keys among {', '.join(MIN_TCB_FIELDS)}")
+                raise PolicyError(f"{where}: give an object of floors, keys among {', '.join(MIN_TCB_FIELDS)}")
             policy[key] = {k: _int_values(f"{where}.{k}", [v], 255)[0] for k, v in value.items()}
         else:
             raise PolicyError(f"{where}: unknown field (known: {', '.join(POLICY_FIELDS)})")
@@ -406,7 +409,7 @@ def parse_policy(snp: object) -> dict:
 
 def _hex_values(where: str, value: object, size: int) -> list[str]:
     if not isinstance(value, list) or not value:
-        raise PolicyError(f"{where}: must be a non-empty list of allowed values")
+        raise PolicyError(f"{where}: give a non-empty list of allowed values")
     for item in value:
         if not isinstance(item, str) or len(item) != 2 * size or not _HEX.fullmatch(item.encode()):
             raise PolicyError(f"{where}: {str(item)[:40]!r} is not {size} bytes of hex")
@@ -415,7 +418,7 @@ def _hex_values(where: str, value: object, size: int) -> list[str]:
 
 def _int_values(where: str, value: object, top: int) -> list[int]:
     if not isinstance(value, list) or not value:
-        raise PolicyError(f"{where}: must be a non-empty list of allowed values")
+        raise PolicyError(f"{where}: give a non-empty list of allowed values")
     for item in value:
         if type(item) is not int or not 0 <= item <= top:
             raise PolicyError(f"{where}: {item!r} is not an integer from 0 to {top}")
@@ -434,14 +437,14 @@ def policy_checks(report: Report, product: str, policy: dict) -> list[Check]:
                 checks.append(passed(name, report=got[key]))
             else:
                 allowed = ", ".join(str(v) for v in policy[key])
-                checks.append(failed(name, f"the report has {key} {got[key]}; the policy allows {allowed}",
-                                     report=got[key], policy=policy[key]))
+                checks.append(failed(name, f"policy {name}: the report has {got[key]}, the policy allows {allowed}",
+                                     report=got[key], allowed=policy[key]))
     if "min_tcb" in policy:
         reported = tcb(report.field("reported_tcb"), product)
         low = [f"{k} {reported[k]} < {floor}" for k, floor in policy["min_tcb"].items() if reported[k] < floor]
-        checks.append(failed("snp.min_tcb", "the reported TCB is below the policy's floor: " + ", ".join(low),
-                             report=reported, policy=policy["min_tcb"]) if low else
-                      passed("snp.min_tcb", report=reported, policy=policy["min_tcb"]))
+        checks.append(failed("snp.min_tcb", "policy snp.min_tcb: the reported TCB is below the floor: " +
+                             ", ".join(low), report=reported, floor=policy["min_tcb"]) if low else
+                      passed("snp.min_tcb", report=reported, floor=policy["min_tcb"]))
     return checks
 
 
@@ -514,16 +517,48 @@ def _certificates(vcek, ask, ark, simulated_ark) -> tuple[dict, str | None]:
     return certs, None
 
 
-def verify_evidence(evidence: dict, report_data: bytes | None, *, vcek: bytes | None = None, ask: bytes | None = None,
-                    ark: bytes | None = None, policy: dict | None = None, simulated_ark: bytes | None = None,
-                    now: datetime.datetime | None = None) -> list[Check]:
-    """The checks of /attestation's SEV-SNP `evidence`. Certificates given here (from files)
-    take the place of the host's; the host's ARK is never used: the chain must end in a
-    pinned one (or in `simulated_ark`, as a SKIP)."""
-    try:
-        raw = base64.b64decode(evidence.get("report", ""), validate=True)
-    except (TypeError, ValueError):
-        return [failed("snp report", "the evidence's report is not base64")]
-    host = {name: evidence[name].encode() for name in ("vcek", "ask") if isinstance(evidence.get(name), str)}
-    return verify_report(raw, vcek or host.get("vcek"), ask or host.get("ask"), ark, report_data=report_data,
-                         policy=policy, simulated_ark=simulated_ark, now=now)
+
+# ---- the platform module of attest/verify (beside attest/tdx.py) ----------------------------
+
+PROVIDER = "sev_guest"
+RUNTIME_REGISTER = False  # no event log to replay: `artifact measured` is this module's
+SIGNATURE_CHECK = "report signature"
+
+
+@dataclass(frozen=True)
+class Quote:
+    """SEV-SNP evidence as attest/verify handles a platform's: the report, and the host's certificates."""
+    report: Report
+    host_certificates: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_evidence(cls, evidence: dict) -> tuple[Quote | None, str | None]:
+        try:
+            raw = base64.b64decode(evidence.get("report", ""), validate=True)
+            report = parse_report(raw)
+        except (TypeError, ValueError) as e:  # ReportError included
+            return None, str(e) if isinstance(e, ReportError) else "the evidence's report is not base64"
+        host = {name: evidence[name].encode() for name in ("vcek", "ask") if isinstance(evidence.get(name), str)}
+        return cls(report, host), None
+
+    @property
+    def report_data(self) -> bytes:
+        return self.report.field("report_data")
+
+
+def check(quote: Quote, policy, run, checks) -> dict | None:
+    """The SEV-SNP checks, in order; returns {"snp": the policy this report satisfies} when its
+    chain and signature PASSed, else None. `policy.snp` is parse_policy's result; `run` carries
+    `snp_certificates` ({"vcek", "ask", "ark", "simulated_ark": bytes} from files, each optional;
+    given ones take the place of the host's) and `now` (Unix seconds)."""
+    given = getattr(run, "snp_certificates", None) or {}
+    now = datetime.datetime.fromtimestamp(run.now, datetime.UTC) if getattr(run, "now", None) else None
+    results = verify_report(quote.report.raw, given.get("vcek") or quote.host_certificates.get("vcek"),
+                            given.get("ask") or quote.host_certificates.get("ask"), given.get("ark"),
+                            policy=policy.snp or {}, simulated_ark=given.get("simulated_ark"), now=now)
+    for result in results:
+        checks.report(result.name, result.reason, skip=result.result == "SKIP", **result.values)
+    verdict = {result.name: result for result in results}
+    if all(verdict[name].result == "PASS" for name in ("certificate chain", "report signature", "VCEK matches report")):
+        return {"snp": learned_policy(quote.report, verdict["certificate chain"].values["product"])}
+    return None

@@ -26,6 +26,8 @@ import tempfile
 from dataclasses import dataclass
 
 PROVIDER = "tdx_guest"
+RUNTIME_REGISTER = True  # RTMR3: attest/verify replays the event log to it
+SIGNATURE_CHECK = "quote signature"
 # TDX quote v4: a 48-byte header, then the TD quote body; v5 puts a 6-byte body
 # descriptor (type, size) between them.
 QUOTE_HEADER_BYTES = 48

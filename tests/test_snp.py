@@ -12,18 +12,21 @@ import base64
 import datetime
 import hashlib
 import json
+import os
 import shutil
+import subprocess
 import sys
 
 import pytest
-from hypothesis import given, strategies as st
-
 from conftest import ROOT, call
+from hypothesis import given
+from hypothesis import strategies as st
 
 sys.path.insert(0, str(ROOT / "attest"))
 import fake_snp  # noqa: E402 (attest/ is not a package)
 import snp  # noqa: E402
-from tinygw.trust.attestation import snp_certificates  # noqa: E402
+
+from tinygw.trust.attestation import snp_certificates
 
 SAMPLE = ROOT / "tests" / "data" / "snp-sample"
 DSTACK_REPORT = (SAMPLE / "dstack" / "report.bin").read_bytes()
@@ -36,6 +39,7 @@ OMNE_ARK = (SAMPLE / "omne" / "milan_ark.der").read_bytes()
 DSTACK_MEASUREMENT = ("7f51e17f72a04d5422cb2c00998166536019a217376f3aa45a630e59c805a599"
                       "847ff250dbffcd07e1ba639771d6f05d")
 SECRET = "sk-snp-never-shown"
+VERIFY = ROOT / "attest" / "verify"
 
 
 def verdicts(checks) -> dict[str, str]:
@@ -44,6 +48,18 @@ def verdicts(checks) -> dict[str, str]:
 
 def reasons(checks) -> dict[str, str]:
     return {check.name: check.reason for check in checks if check.reason}
+
+
+def verify(*args: str) -> tuple[int, dict[str, str], str]:
+    """attest/verify's exit status, {check: PASS | FAIL | SKIP}, and its output."""
+    done = subprocess.run([sys.executable, str(VERIFY), *map(str, args)], capture_output=True, text=True, timeout=60,
+                          env={"PATH": os.environ["PATH"]}, check=False)
+    found = {}
+    for line in done.stdout.splitlines():
+        verdict, _, rest = line.partition(" ")
+        if verdict in ("PASS", "FAIL", "SKIP"):
+            found[rest.partition(":")[0]] = verdict
+    return done.returncode, found, done.stdout + done.stderr
 
 
 def flipped(data: bytes, at: int, bit: int = 0) -> bytes:
@@ -58,7 +74,8 @@ ALL_PASS = {"snp report": "PASS", "certificate chain": "PASS", "report signature
 
 
 def test_the_samples_are_the_documented_bytes():
-    assert hashlib.sha256(DSTACK_REPORT).hexdigest() == "a20e02a2e8198894f3c4d0158276c5ae65e63b1908dd4540e058a2ea54d88d2e"
+    digest = hashlib.sha256(DSTACK_REPORT).hexdigest()
+    assert digest == "a20e02a2e8198894f3c4d0158276c5ae65e63b1908dd4540e058a2ea54d88d2e"
     assert DSTACK_REPORT == (SAMPLE / "dstack" / "sev_snp_attestation.bin").read_bytes()[4 : 4 + 1184]
     assert hashlib.sha256(OMNE_ARK).hexdigest() == snp.ARK_SHA256["Milan"]
     for product, pin in snp.ARK_SHA256.items():  # the built-in ARKs are the pinned ones, all three
@@ -158,7 +175,7 @@ def test_a_broken_chain_fails(test_chain, tmp_path, monkeypatch):
 
 
 def test_a_chain_out_of_its_validity_fails():
-    later = datetime.datetime(2034, 1, 1, tzinfo=datetime.timezone.utc)
+    later = datetime.datetime(2034, 1, 1, tzinfo=datetime.UTC)
     checks = snp.verify_report(DSTACK_REPORT, DSTACK_VCEK, DSTACK_ASK, now=later)
     assert "SEV-VCEK is valid from 2026-06-17 to 2033-06-17, not at 2034-01-01" in reasons(checks)["certificate chain"]
 
@@ -184,9 +201,11 @@ def test_each_policy_field_names_itself_and_both_values_when_it_fails():
         "snp.measurement": "FAIL", "snp.host_data": "FAIL", "snp.vmpl": "FAIL", "snp.chip_ids": "FAIL",
         "snp.min_tcb": "FAIL"}
     why = reasons(checks)
-    assert why["snp.measurement"] == f"the report has measurement {DSTACK_MEASUREMENT}; the policy allows {'00' * 48}"
-    assert why["snp.vmpl"] == "the report has vmpl 0; the policy allows 1, 2"
-    assert why["snp.min_tcb"] == "the reported TCB is below the policy's floor: snp 23 < 24, microcode 213 < 214"
+    assert why["snp.measurement"] == \
+        f"policy snp.measurement: the report has {DSTACK_MEASUREMENT}, the policy allows {'00' * 48}"
+    assert why["snp.vmpl"] == "policy snp.vmpl: the report has 0, the policy allows 1, 2"
+    assert why["snp.min_tcb"] == \
+        "policy snp.min_tcb: the reported TCB is below the floor: snp 23 < 24, microcode 213 < 214"
     assert verdicts(checks)["artifact measured"] == "FAIL"  # a pinned measurement that is not this one
 
 
@@ -205,7 +224,7 @@ def test_the_learned_policy_is_satisfied_by_the_report_it_came_from():
     ({"chip_id": ["00" * 64]}, "snp.chip_id"), ([], "snp"),
 ])
 def test_a_malformed_policy_names_the_field(bad, field):
-    with pytest.raises(snp.PolicyError, match=f"^{field}: "):
+    with pytest.raises(snp.PolicyError, match=f"^policy {field}: "):
         snp.parse_policy(bad)
 
 
@@ -267,7 +286,7 @@ def gateway_config(upstream_url: str) -> dict:
 
 
 def attest(gateway, nonce: bytes) -> dict:
-    status, headers, body = call("GET", f"{gateway.url}/attestation?nonce={nonce.hex()}")
+    status, _, body = call("GET", f"{gateway.url}/attestation?nonce={nonce.hex()}")
     assert status == 200, body
     assert SECRET.encode() not in body
     return json.loads(body)
@@ -312,3 +331,104 @@ def test_without_the_hosts_certificates_the_evidence_has_none(tmp_path, start_ga
     finally:
         platform.stop()
     assert set(evidence) == {"provider", "platform", "outblob", "report"}
+
+
+# ---- attest/verify ---------------------------------------------------------------------------
+
+DSTACK_CERTIFICATES = ("--vcek", SAMPLE / "dstack" / "sev_snp_vcek.pem", "--ask", SAMPLE / "dstack" / "sev_snp_ask.pem")
+SAVED = ("snp report", "certificate chain", "report signature", "VCEK matches report", "guest not in debug mode",
+         "no migration agent")
+
+
+def test_verify_passes_the_dstack_report_with_its_measurement_pinned(tmp_path):
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"snp": {"measurement": [DSTACK_MEASUREMENT]}}))
+    report = SAMPLE / "dstack" / "report.bin"
+    code, found, output = verify("--snp-report", report, *DSTACK_CERTIFICATES, "--policy", policy)
+    assert code == 0, output
+    assert found == {**dict.fromkeys(SAVED, "PASS"), "snp.measurement": "PASS", "artifact measured": "PASS"}, output
+    # without the pin: consistent, but the binary is not bound, and the verifier says so (exit 4)
+    hex_report = tmp_path / "report.hex"
+    hex_report.write_text(report.read_bytes().hex())
+    code, found, output = verify("--snp-report", hex_report, *DSTACK_CERTIFICATES)
+    assert code == 4, output
+    assert found == {**dict.fromkeys(SAVED, "PASS"), "artifact measured": "SKIP"}, output
+    assert "SKIP artifact measured: SEV-SNP has no runtime measurement register" in output
+
+
+def test_verify_fails_each_broken_sample_naming_the_check(tmp_path):
+    bad = tmp_path / "flipped.bin"
+    bad.write_bytes(flipped(DSTACK_REPORT, 0x90))
+    code, found, output = verify("--snp-report", bad, *DSTACK_CERTIFICATES)
+    assert code == 1 and found["report signature"] == "FAIL", output
+    code, found, output = verify("--snp-report", SAMPLE / "dstack" / "report.bin", "--vcek",
+                                 SAMPLE / "omne" / "kds_vcek.der", "--ask", SAMPLE / "dstack" / "sev_snp_ask.pem")
+    assert code == 1 and found["report signature"] == found["VCEK matches report"] == "FAIL", output
+    code, found, output = verify("--snp-report", SAMPLE / "dstack" / "report.bin", *DSTACK_CERTIFICATES,
+                                 "--ark", ROOT / "attest" / "amd-ark" / "genoa.pem")
+    assert code == 1 and found["certificate chain"] == "FAIL", output
+    assert "FAIL certificate chain: SEV-Milan is issued by ARK-Milan, not by ARK-Genoa" in output
+    code, found, output = verify("--snp-report", SAMPLE / "omne" / "attestation.bin", "--vcek",
+                                 SAMPLE / "omne" / "kds_vcek.der", "--ask", SAMPLE / "omne" / "milan_ask.der",
+                                 "--ark", SAMPLE / "omne" / "milan_ark.der")
+    assert code == 1 and found["guest not in debug mode"] == "FAIL", output
+    assert [name for name, verdict in found.items() if verdict == "FAIL"] == ["guest not in debug mode"], output
+
+
+def test_verify_refuses_a_malformed_snp_policy_or_missing_certificates(tmp_path):
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"snp": {"measurment": ["00" * 48]}}))
+    code, _, output = verify("--snp-report", SAMPLE / "dstack" / "report.bin", *DSTACK_CERTIFICATES, "--policy", policy)
+    assert code == 2 and "policy snp.measurment: unknown field" in output, output
+    code, _, output = verify("--snp-report", SAMPLE / "dstack" / "report.bin")
+    assert code == 2 and "--snp-report needs --vcek FILE and --ask FILE" in output, output
+    assert "Traceback" not in output
+
+
+@pytest.fixture
+def snp_gateway(tmp_path, start_gateway, fake):
+    """A real gateway on a simulated SEV-SNP guest (attested TLS), and the simulated platform."""
+    platform = fake_snp.FakeSnp(tmp_path / "snp")
+    (tmp_path / "simulated-ark.pem").write_bytes(platform.chain.pem("ark"))
+    try:
+        yield start_gateway(gateway_config(fake.url), UP_KEY=SECRET, TINYGW_TLS="attested",
+                            TINYGW_EVENT_LOG=str(tmp_path / "no-log"), **platform.env()), platform
+    finally:
+        platform.stop()
+
+
+def test_verify_reads_a_gateway_on_sev_snp(snp_gateway, tmp_path):
+    gateway, platform = snp_gateway
+    url = gateway.url.replace("http://", "https://")
+    artifact = tmp_path / "tinygw"
+    artifact.write_bytes(b"a stand-in: on SEV-SNP the binary is bound through the launch measurement")
+    simulated = ("--simulated-ark", tmp_path / "simulated-ark.pem")
+    code, found, output = verify("--artifact", artifact, "--url", url, *simulated)
+    assert code == 4, output
+    assert found == {"nonce echoed": "PASS", "tls channel": "PASS", "report_data": "PASS",
+                     **dict.fromkeys(SAVED, "PASS"), "certificate chain": "SKIP", "artifact measured": "SKIP"}, output
+    assert "simulated ARK" in output and "RTMR3" not in output
+    # Pinned, the simulated measurement PASSes; the simulated chain still never does.
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"snp": {"measurement": [platform.measurement.hex()], "vmpl": [0]}}))
+    code, found, output = verify("--artifact", artifact, "--url", url, *simulated, "--policy", policy,
+                                 "--accept-unverified", "--save-cert", tmp_path / "cert.pem")
+    assert code == 4 and found["artifact measured"] == "PASS" and found["certificate chain"] == "SKIP", output
+    assert not (tmp_path / "cert.pem").exists()
+    # Without the simulated root, the chain is no AMD chain at all.
+    code, found, output = verify("--artifact", artifact, "--url", url)
+    assert code == 1 and found["certificate chain"] == "FAIL", output
+    assert "none of AMD's pinned ARKs" in output
+
+
+def test_verify_fails_a_debug_snp_guest(tmp_path, start_gateway, fake):
+    platform = fake_snp.FakeSnp(tmp_path / "snp", policy=0xB0000)
+    (tmp_path / "ark.pem").write_bytes(platform.chain.pem("ark"))
+    try:
+        gateway = start_gateway(gateway_config(fake.url), UP_KEY=SECRET, TINYGW_EVENT_LOG=str(tmp_path / "no-log"),
+                                **platform.env())
+        code, found, output = verify("--artifact", VERIFY, "--url", gateway.url, "--simulated-ark",
+                                     tmp_path / "ark.pem")
+    finally:
+        platform.stop()
+    assert code == 1 and found["guest not in debug mode"] == "FAIL", output
