@@ -5,12 +5,14 @@
 DER read here by hand is the value of the VCEK's AMD extensions, which `cryptography`
 hands over as bytes by OID: a small INTEGER, or hwID's raw chip id.
 
-    report = parse_report(load_report(data))          # the raw 1,184 bytes, or their hex
-    checks = verify_report(report, vcek, ask, ark=None, report_data=..., policy=parse_policy(...))
+    checks = verify_report(load_report(data), vcek, ask, ark=None, report_data=..., policy=parse_policy(...))
+
+attest/verify uses it as the platform module of provider `sev_guest`, beside attest/tdx.py:
+`Quote.from_evidence` and `check` at the end of this file.
 
 Each check is a `Check(name, result, reason, values)`, result PASS, FAIL or SKIP:
 
-  snp report               1,184 bytes, version 2 to 5, signed with ECDSA P-384 SHA-384 by a VCEK
+  snp report               the report is 1,184 bytes, of version 2 to 5
   certificate chain        ARK -> ASK -> VCEK, each RSA-PSS SHA-384 (salt 48) and valid now; the
                            ARK one of AMD's, pinned here by SHA-256 (Milan, Genoa, Turin)
   report signature         the VCEK's key signed the report's first 0x2A0 bytes
