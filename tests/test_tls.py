@@ -280,6 +280,10 @@ def test_the_rehearsal_runs_the_whole_flow_and_says_it_is_simulated():
     # the honest flow: unverified, nothing is pinned; the SIMULATED signature check, then pinned
     assert "not writing the certificate" in done.stdout and "SIMULATED signature check" in done.stdout
     assert "saved the attested certificate" in done.stdout
+    # the SEV-SNP round, SIMULATED too: a test-only root is a SKIP, never a PASS, and without it a FAIL
+    assert "no SEV-SNP here" in done.stdout and "evidence from 'sev_guest'" in done.stdout
+    assert "SKIP certificate chain: the chain ends in a simulated ARK" in done.stdout
+    assert "PASS artifact measured" in done.stdout and "FAIL certificate chain" in done.stdout
 
 
 
