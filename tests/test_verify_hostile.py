@@ -9,7 +9,6 @@ import base64
 import hashlib
 import http.client
 import json
-import os
 import socket
 import threading
 import time
@@ -17,12 +16,15 @@ from pathlib import Path
 
 import pytest
 
+import test_attest
+import test_tls
 from conftest import call, wait_until
-from test_attest import (SIMULATED_SIGNATURE, UNVERIFIED, always_answering, measured, nonce_hex,  # noqa: F401
-                         verify)
-from test_tls import attested, self_signed, spki_of  # noqa: F401 (fixtures)
-from fake_tdx import tdx_quote_v4  # noqa: E402 (attest/, put on the path by test_attest)
-from relay import Relay  # noqa: E402
+from test_attest import SIMULATED_SIGNATURE, UNVERIFIED, always_answering, nonce_hex, verify
+from test_tls import self_signed, spki_of
+from fake_tdx import tdx_quote_v4  # attest/, put on the path by test_attest
+from relay import Relay
+
+measured, attested = test_attest.measured, test_tls.attested  # their gateways, as fixtures here too
 
 DCAP_SAMPLE = Path(__file__).parent / "data" / "dcap-sample"
 
@@ -174,7 +176,7 @@ def test_looping_callers_cannot_make_a_verifier_fail(measured):
     try:
         wait_until(lambda: len(answered) >= 20, seconds=20, what="the callers to loop")
         for _ in range(5):
-            code, verdicts, output = verify("--release", str(measured.release_path), "--url", measured.gateway.url)
+            code, _, output = verify("--release", str(measured.release_path), "--url", measured.gateway.url)
             assert code == UNVERIFIED and "FAIL" not in output, output
     finally:
         stop.set()
