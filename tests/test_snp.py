@@ -11,11 +11,14 @@ from __future__ import annotations
 import base64
 import datetime
 import hashlib
+import importlib.machinery
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from conftest import ROOT, call
@@ -432,3 +435,49 @@ def test_verify_fails_a_debug_snp_guest(tmp_path, start_gateway, fake):
     finally:
         platform.stop()
     assert code == 1 and found["guest not in debug mode"] == "FAIL", output
+
+
+def _verify_module():
+    loader = importlib.machinery.SourceFileLoader("attest_verify_snp", str(VERIFY))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("attest_verify_snp", loader))
+    loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def snp_answer(test_chain):
+    """A consistent SEV-SNP answer for a fixed nonce, and the module of attest/verify that judges it."""
+    nonce, config = bytes(range(32)), "ab" * 32
+    data = hashlib.sha512(b"tinygw.attest.v1" + nonce + bytes.fromhex(config)).digest()
+    tcb = fake_snp.tcb_version({"bootloader": 4, "tee": 0, "snp": 23, "microcode": 213})
+    report = fake_snp.snp_report(test_chain.vcek_key, data, chip_id=bytes(range(64)), reported_tcb=tcb)
+    answer = {"version": "0.1.0", "config_sha256": config, "nonce": nonce.hex(), "report_data": data.hex(),
+              "event_log": [], "evidence": {"provider": "sev_guest", "platform": "sev-snp",
+                                            "outblob": base64.b64encode(report).decode(),
+                                            "report": base64.b64encode(report).decode(),
+                                            "vcek": test_chain.pem("vcek").decode(),
+                                            "ask": test_chain.pem("ask").decode()}}
+    return nonce, answer, report, _verify_module()
+
+
+@given(st.data())
+def test_any_snp_evidence_gets_a_verdict_per_check_never_an_exception(snp_answer, data):
+    nonce, genuine, report, verify_module = snp_answer
+    evidence = dict(genuine["evidence"])
+    at = data.draw(st.integers(0, len(report) - 1))
+    choices = {
+        "report": st.one_of(st.just(base64.b64encode(flipped(report, at, data.draw(st.integers(0, 7)))).decode()),
+                            st.binary(max_size=1300).map(lambda b: base64.b64encode(b).decode()),
+                            st.text(max_size=30), st.integers()),
+        "vcek": st.one_of(st.text(max_size=60), st.just(evidence["ask"]), st.none(), st.integers()),
+        "ask": st.one_of(st.text(max_size=60), st.just(evidence["vcek"]), st.none()),
+    }
+    for key in data.draw(st.lists(st.sampled_from(sorted(choices)), unique=True)):
+        evidence[key] = data.draw(choices[key])
+    checks = verify_module.Checks(as_json=True)
+    run = SimpleNamespace(allow_no_evidence=False, config_sha256=None, now=None)
+    verify_module.check_answer({**genuine, "evidence": evidence}, None, nonce, "http://127.0.0.1:1", "00" * 48,
+                               verify_module.policies.Policy(), run, checks)
+    assert checks.results and all(r["result"] in ("PASS", "FAIL", "SKIP") for r in checks.results)
+    assert checks.failed or checks.skipped  # a test-only chain: never all PASS
+    json.dumps(checks.results)
