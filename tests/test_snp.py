@@ -481,3 +481,24 @@ def test_any_snp_evidence_gets_a_verdict_per_check_never_an_exception(snp_answer
     assert checks.results and all(r["result"] in ("PASS", "FAIL", "SKIP") for r in checks.results)
     assert checks.failed or checks.skipped  # a test-only chain: never all PASS
     json.dumps(checks.results)
+
+
+def test_verify_learns_an_snp_policy_only_from_a_fully_passed_report(tmp_path):
+    report = SAMPLE / "dstack" / "report.bin"
+    learned = tmp_path / "learned.json"
+    code, _, output = verify("--snp-report", report, *DSTACK_CERTIFICATES, "--learn-policy", learned)
+    assert code == 4 and not learned.exists(), output  # artifact measured was a SKIP: nothing is written
+    pinned = tmp_path / "pinned.json"
+    pinned.write_text(json.dumps({"snp": {"measurement": [DSTACK_MEASUREMENT]}}))
+    code, _, output = verify("--snp-report", report, *DSTACK_CERTIFICATES, "--policy", pinned,
+                             "--learn-policy", learned)
+    assert code == 0, output
+    code, found, output = verify("--snp-report", report, *DSTACK_CERTIFICATES, "--policy", learned, "--json")
+    assert code == 0, output
+    document = json.loads(output)
+    names = [check["name"] for check in document["checks"] if check["result"] == "PASS"]
+    assert {"snp.measurement", "snp.host_data", "snp.vmpl", "snp.chip_ids", "snp.min_tcb"} <= set(names)
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(os.urandom(1184))
+    code, found, output = verify("--snp-report", garbage, *DSTACK_CERTIFICATES)
+    assert code == 1 and "Traceback" not in output, output
