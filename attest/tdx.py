@@ -194,14 +194,16 @@ def tcb_verdict(status: str, tcb_date, now: float, allowances) -> str | None:
         if allowance.grace_days is None:
             return None
         if tcb_date is None:
-            return f"policy tcb: {status} is allowed for {allowance.grace_days} days, and the collateral has no TCB date"
+            return (f"policy tcb: {status} is allowed for {allowance.grace_days} days, and the collateral has no "
+                    "TCB date")
         limit = tcb_date.timestamp() + allowance.grace_days * DAY_SECONDS
         if now <= limit:
             return None
         return (f"policy tcb: TCB status {status}, allowed {allowance.grace_days} days from the TCB date "
                 f"{tcb_date.date()}, that is until {_day(limit)}; it is {_day(now)}")
     allowed = ", ".join(a.status + (f" ({a.grace_days} days)" if a.grace_days is not None else "") for a in allowances)
-    return f"policy tcb: the TCB status is {status}, the policy allows {allowed}; accept it with --accept-tcb or a policy"
+    return (f"policy tcb: the TCB status is {status}, the policy allows {allowed}; accept it with --accept-tcb or "
+            "a policy")
 
 
 def _day(seconds: float) -> str:
