@@ -158,11 +158,7 @@ def dcap_signature(raw: bytes, policy, run, checks) -> Signature:
             with open(run.collateral, encoding="utf-8") as f:
                 collateral = dcap_qvl.QuoteCollateralV3.from_json(f.read())
         else:
-            collateral = dcap_qvl.get_collateral(run.pccs, raw)
-            if inspect.isawaitable(collateral):
-                import asyncio
-
-                collateral = asyncio.run(collateral)
+            collateral = fetch_collateral(dcap_qvl, run.pccs, raw)
         report = dcap_qvl.verify(raw, collateral, int(run.now))
         tcb_date, number = tcb_info_facts(collateral.tcb_info)
     except OSError as e:
@@ -175,6 +171,18 @@ def dcap_signature(raw: bytes, policy, run, checks) -> Signature:
     if reason is not None:
         reason += f" (advisories: {advisories})"
     return Signature(reason, status=report.status, tcb_date=tcb_date, evaluation_data_number=number)
+
+
+def fetch_collateral(dcap_qvl, url: str, raw: bytes):
+    """The quote's collateral from a PCCS/PCS. dcap-qvl's fetch is a coroutine that needs a
+    running loop; the run's deadline (a signal) interrupts it like any other wait."""
+    import asyncio
+
+    async def fetch():
+        collateral = dcap_qvl.get_collateral(url, raw)
+        return await collateral if inspect.isawaitable(collateral) else collateral
+
+    return asyncio.run(fetch())
 
 
 def tcb_info_facts(tcb_info: str) -> tuple[datetime.datetime | None, int | None]:

@@ -184,3 +184,11 @@ def test_looping_callers_cannot_make_a_verifier_fail(measured):
             thread.join(30)
     logged = measured.gateway.logs().count('"msg":"attestation failed"')
     assert logged <= 2, logged  # the refusals, if any, a line a minute
+
+
+def test_a_collateral_server_that_drips_is_bounded_by_the_same_timeout(dripping):
+    started = time.monotonic()
+    code, verdicts, output = verify("--quote", str(DCAP_SAMPLE / "tdx_quote"), "--pccs", dripping, "--timeout", "2")
+    assert code == 1 and verdicts == {"fetch": "FAIL"}, output
+    assert "FAIL fetch: timed out after 2 s" in output and "Traceback" not in output
+    assert time.monotonic() - started < 2 + 3
