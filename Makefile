@@ -51,7 +51,8 @@ verifier: .venv-verify/.installed
 	@touch $@
 	@echo "run the verifier as: .venv-verify/bin/python attest/verify --help"
 
-# The whole attested flow, SIMULATED (no TDX here): launch, attested TLS, verify, a pinned client.
+# The whole attested flow, SIMULATED (no TDX here): launch, attested TLS, verify stopping at UNVERIFIED, then
+# a SIMULATED signature check pinning the certificate, a pinned client, a relay caught.
 rehearse: $(STAMP)
 	$(PY) attest/rehearse
 

@@ -21,6 +21,7 @@ class Checks:
         self.out = out or sys.stdout
         self.results: list[dict] = []
         self.notes: list[str] = []
+        self.timed_out = False
 
     def report(self, name: str, reason: str | None = None, skip: bool = False, **values) -> None:
         """PASS when `reason` is None; else FAIL, or SKIP when `skip`. `values`: what was compared."""
@@ -41,12 +42,6 @@ class Checks:
     @property
     def skipped(self) -> bool:
         return any(r["result"] == SKIP for r in self.results)
-
-    def passed(self, name: str) -> bool:
-        return any(r["name"] == name and r["result"] == PASS for r in self.results)
-
-    def all_passed(self) -> bool:
-        return bool(self.results) and all(r["result"] == PASS for r in self.results)
 
     def document(self, exit_code: int, **extra) -> str:
         verdict = {EXIT_OK: "UNVERIFIED" if self.skipped else "PASS", EXIT_FAILED: "FAIL",

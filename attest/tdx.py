@@ -160,11 +160,7 @@ def dcap_signature(raw: bytes, policy, run, checks) -> Signature:
             with open(run.collateral, encoding="utf-8") as f:
                 collateral = dcap_qvl.QuoteCollateralV3.from_json(f.read())
         else:
-            collateral = dcap_qvl.get_collateral(run.pccs, raw)
-            if inspect.isawaitable(collateral):
-                import asyncio
-
-                collateral = asyncio.run(collateral)
+            collateral = fetch_collateral(dcap_qvl, run.pccs, raw)
         report = dcap_qvl.verify(raw, collateral, int(run.now))
         tcb_date, number = tcb_info_facts(collateral.tcb_info)
     except OSError as e:
@@ -177,6 +173,18 @@ def dcap_signature(raw: bytes, policy, run, checks) -> Signature:
     if reason is not None:
         reason += f" (advisories: {advisories})"
     return Signature(reason, status=report.status, tcb_date=tcb_date, evaluation_data_number=number)
+
+
+def fetch_collateral(dcap_qvl, url: str, raw: bytes):
+    """The quote's collateral from a PCCS/PCS. dcap-qvl's fetch is a coroutine that needs a
+    running loop; the run's deadline (a signal) interrupts it like any other wait."""
+    import asyncio
+
+    async def fetch():
+        collateral = dcap_qvl.get_collateral(url, raw)
+        return await collateral if inspect.isawaitable(collateral) else collateral
+
+    return asyncio.run(fetch())
 
 
 def tcb_info_facts(tcb_info: str) -> tuple[datetime.datetime | None, int | None]:
@@ -196,14 +204,16 @@ def tcb_verdict(status: str, tcb_date, now: float, allowances) -> str | None:
         if allowance.grace_days is None:
             return None
         if tcb_date is None:
-            return f"policy tcb: {status} is allowed for {allowance.grace_days} days, and the collateral has no TCB date"
+            return (f"policy tcb: {status} is allowed for {allowance.grace_days} days, and the collateral has no "
+                    "TCB date")
         limit = tcb_date.timestamp() + allowance.grace_days * DAY_SECONDS
         if now <= limit:
             return None
         return (f"policy tcb: TCB status {status}, allowed {allowance.grace_days} days from the TCB date "
                 f"{tcb_date.date()}, that is until {_day(limit)}; it is {_day(now)}")
     allowed = ", ".join(a.status + (f" ({a.grace_days} days)" if a.grace_days is not None else "") for a in allowances)
-    return f"policy tcb: the TCB status is {status}, the policy allows {allowed}; accept it with --accept-tcb or a policy"
+    return (f"policy tcb: the TCB status is {status}, the policy allows {allowed}; accept it with --accept-tcb or "
+            "a policy")
 
 
 def _day(seconds: float) -> str:

@@ -184,3 +184,37 @@ def test_looping_callers_cannot_make_a_verifier_fail(measured):
             thread.join(30)
     logged = measured.gateway.logs().count('"msg":"attestation failed"')
     assert logged <= 2, logged  # the refusals, if any, a line a minute
+
+
+def test_a_collateral_server_that_drips_is_bounded_by_the_same_timeout(dripping):
+    started = time.monotonic()
+    code, verdicts, output = verify("--quote", str(DCAP_SAMPLE / "tdx_quote"), "--pccs", dripping, "--timeout", "2")
+    assert code == 1 and verdicts == {"fetch": "FAIL"}, output
+    assert "FAIL fetch: timed out after 2 s" in output and "Traceback" not in output
+    assert time.monotonic() - started < 2 + 3
+
+
+def test_a_flood_of_callers_is_refused_with_retry_after_and_logged_once_a_minute(measured):
+    """More callers than the queue holds: the surplus gets 503 + Retry-After, and the log one line."""
+    before = measured.gateway.logs().count('"msg":"attestation failed"')
+    refusals, lock = [], threading.Lock()
+
+    def caller():
+        connection = http.client.HTTPConnection("127.0.0.1", measured.gateway.port, timeout=30)
+        for _ in range(6):
+            connection.request("GET", f"/attestation?nonce={nonce_hex()}")
+            response = connection.getresponse()
+            response.read()
+            if response.status == 503:
+                with lock:
+                    refusals.append(response.getheader("retry-after"))
+
+    callers = [threading.Thread(target=caller) for _ in range(24)]
+    for thread in callers:
+        thread.start()
+    for thread in callers:
+        thread.join(60)
+    assert refusals and set(refusals) == {"1"}, refusals
+    wait_until(lambda: measured.gateway.logs().count('"msg":"attestation failed"') > before, what="the warning")
+    logged = measured.gateway.logs().count('"msg":"attestation failed"') - before
+    assert logged == 1 and len(refusals) > 1, (logged, len(refusals))  # old code: a line per refusal

@@ -203,7 +203,8 @@ def test_json_prints_the_checks_as_one_document(tmp_path):
 
 
 def test_help_lists_the_options():
-    done = subprocess.run([sys.executable, str(VERIFY), "--help"], capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run([sys.executable, str(VERIFY), "--help"], capture_output=True, text=True, timeout=60,
+                          check=False)
     assert done.returncode == 0
     for option in ("--policy", "--learn-policy", "--json", "--timeout"):
         assert option in done.stdout, option
