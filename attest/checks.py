@@ -26,6 +26,8 @@ class Checks:
     def report(self, name: str, reason: str | None = None, skip: bool = False, **values) -> None:
         """PASS when `reason` is None; else FAIL, or SKIP when `skip`. `values`: what was compared."""
         result = PASS if reason is None else SKIP if skip else FAIL
+        if reason is not None:
+            reason = " ".join(reason.split())  # one line, whatever a library or a server said
         self.results.append({"name": name, "result": result, "reason": reason, "values": values})
         if not self.as_json:
             print(f"{result} {name}" + (f": {reason}" if reason is not None else ""), file=self.out, flush=True)

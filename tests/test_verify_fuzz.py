@@ -18,6 +18,7 @@ from test_attest import VERIFY
 from answer import DEPTH_MAX, FetchFailed, parse_answer  # attest/, put on the path by test_attest
 from checks import Checks
 from fake_tdx import BODY_FIELDS, tdx_quote_v4
+from policy import PolicyError
 from policy import parse as parse_policy
 
 
@@ -123,3 +124,20 @@ def test_nesting_is_bounded_at_its_limit(levels, opener):
 def test_a_random_answer_from_os_urandom_is_judged():
     judge({"evidence": {"provider": "tdx_guest", "outblob": base64.b64encode(os.urandom(5000)).decode()}},
           "https://127.0.0.1:1", os.urandom(600))
+
+
+policy_documents = st.dictionaries(
+    st.sampled_from(["mrtd", "xfam", "fmspc", "platform_ids", "tcb", "min_tcb_evaluation_data_number", "snp", "x"]),
+    json_values | st.lists(st.sampled_from(["UpToDate", "OutOfDate", "Revoked", "00" * 48, "00" * 8, {}]), max_size=3)
+    | st.lists(st.fixed_dictionaries({"status": st.sampled_from(["UpToDate", "Revoked", 3]),
+                                      "grace_days": st.integers(-2, 2) | json_values}), max_size=2),
+    max_size=4,
+)
+
+
+@given(policy_documents | json_values)
+def test_any_policy_document_is_a_policy_or_one_reason(document):
+    try:
+        parse_policy(document)
+    except PolicyError as e:
+        assert "\n" not in str(e)
