@@ -78,7 +78,9 @@ verifier: .venv-verify/.installed
 	@touch $@
 	@echo "run the verifier as: .venv-verify/bin/python attest/verify --help"
 
-# The whole attested flow, SIMULATED (no TDX here): launch, attested TLS, verify, a pinned client.
+# The whole attested flow, SIMULATED (no TDX here): launch, attested TLS, verify stopping at UNVERIFIED, then
+# a SIMULATED signature check pinning the certificate, a pinned client, a relay caught; then an SEV-SNP round,
+# SIMULATED too (a test-only chain, not AMD's: its check is a SKIP, never a PASS).
 rehearse: $(STAMP)
 	$(PY) attest/rehearse
 

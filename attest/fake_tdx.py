@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """A simulated TDX platform for tests and `make rehearse`: never part of the gateway.
 
 `FakeTdx` stands in for both kernel interfaces that tinygw uses, and is honest about
@@ -9,6 +10,10 @@ last write). Its report directory is a plain one: for each new entry with a 64-b
 out as a TDX quote v4, with the register's RTMR3 at offset 520 and the inblob as
 REPORTDATA at offset 568. It signs nothing: no quote it makes passes Intel DCAP
 verification (the tests check that it fails).
+
+Run as a command, `attest/fake_tdx.py QUOTE` is the SIMULATED signature check that
+`make rehearse` hands to `attest/verify --platform-verifier`: it exits 0 for a quote
+this module laid out (an all-zero signature) and says SIMULATED; it proves nothing.
 """
 
 from __future__ import annotations
@@ -16,19 +21,44 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+import sys
 import threading
 import time
 import uuid
 from pathlib import Path
 
 
-def tdx_quote_v4(rtmr3: bytes, report_data: bytes) -> bytes:
+# Where the TD quote body holds each field (TDX 1.0 TDREPORT): offset and size.
+BODY_FIELDS = {"mrseam": (16, 48), "td_attributes": (120, 8), "xfam": (128, 8), "mrtd": (136, 48),
+               "rtmr0": (328, 48), "rtmr1": (376, 48), "rtmr2": (424, 48)}
+UNSIGNED = bytes(4096)
+
+
+def tdx_quote_v4(rtmr3: bytes, report_data: bytes, fields: dict[str, bytes] | None = None,
+                 signature: bytes = UNSIGNED) -> bytes:
+    """`fields`: body fields to set (BODY_FIELDS' names), the others zero. `signature`: the
+    quote's signature data; a real one holds the ECDSA signature and the PCK certificate
+    chain (tests borrow a real quote's to carry its PCK certificate; nothing verifies)."""
     header = struct.pack("<HHI", 4, 2, 0x81) + bytes(40)  # version 4, ECDSA P-256 key, TEE type TDX
     body = bytearray(584)  # the TD quote body: TCB, MRSEAM, ..., MRTD, RTMR0-3, REPORTDATA
+    for name, value in (fields or {}).items():
+        at, size = BODY_FIELDS[name]
+        assert len(value) == size, name
+        body[at : at + size] = value
     body[472:520] = rtmr3
     body[520:584] = report_data
-    signature = bytes(4096)  # a real one holds the ECDSA signature and the PCK certificate chain
     return header + bytes(body) + struct.pack("<I", len(signature)) + signature
+
+
+def simulated_signature_check(path: str) -> int:
+    """The SIMULATED --platform-verifier: 0 for a quote laid out by tdx_quote_v4, unsigned."""
+    with open(path, "rb") as f:
+        quote = f.read()
+    if quote[:8] != struct.pack("<HHI", 4, 2, 0x81) or quote[636:] != UNSIGNED:
+        print("SIMULATED signature check: not a quote of the simulated platform", file=sys.stderr)
+        return 1
+    print("SIMULATED signature check: a quote of attest/fake_tdx.py, signed by nobody; this proves nothing")
+    return 0
 
 
 class FakeTdx:
@@ -95,3 +125,9 @@ class FakeTdx:
         spare = self._scratch / uuid.uuid4().hex
         spare.write_bytes(content)
         os.replace(spare, path)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: attest/fake_tdx.py QUOTE (the SIMULATED signature check)")
+    sys.exit(simulated_signature_check(sys.argv[1]))

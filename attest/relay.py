@@ -11,17 +11,20 @@ from __future__ import annotations
 import asyncio
 import ssl
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 
 class Relay:
     """A loopback TLS server with a key of its own. `forward`: it relays each connection's
     bytes to the gateway over TLS (a host that terminates TLS in front of the VM);
-    `replay`: it answers every request with one answer the genuine gateway once gave.
+    `replay`: it answers every request with one answer the genuine gateway once gave, or
+    with what `replay(path)` makes (a relay that forges answers bound to its own key).
     asyncio's TLS (memory BIOs, one thread) rather than blocking sockets: an SSL object
     must not be read and written from two threads at once."""
 
-    def __init__(self, cert: Path, key: Path, gateway_port: int, replay: bytes | None = None) -> None:
+    def __init__(self, cert: Path, key: Path, gateway_port: int,
+                 replay: bytes | Callable[[str], bytes] | None = None) -> None:
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.load_cert_chain(cert, key)
         self.gateway_port = gateway_port
@@ -41,9 +44,11 @@ class Relay:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             if self.replay is not None:
-                await reader.readuntil(b"\r\n\r\n")
+                head = await reader.readuntil(b"\r\n\r\n")
+                path = head.split(b" ", 2)[1].decode("latin-1")
+                body = self.replay(path) if callable(self.replay) else self.replay
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
-                             b"content-length: %d\r\n\r\n%s" % (len(self.replay), self.replay))
+                             b"content-length: %d\r\n\r\n%s" % (len(body), body))
                 await writer.drain()
                 writer.close()
                 await writer.wait_closed()

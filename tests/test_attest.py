@@ -47,6 +47,8 @@ from tinygw.fake.upstream import FakeUpstream
 
 LAUNCH = ROOT / "attest" / "launch"
 VERIFY = ROOT / "attest" / "verify"
+# attest/verify --platform-verifier: the simulated platform's SIMULATED signature check
+SIMULATED_SIGNATURE = f"{sys.executable} {ROOT / 'attest' / 'fake_tdx.py'}"
 SECRET = "sk-attest-never-shown"
 
 
@@ -409,12 +411,16 @@ def test_verify_fails_a_one_byte_change_in_the_artifact(measured, tmp_path):
 @contextlib.contextmanager
 def always_answering(answer):
     """A server that answers every GET with `answer`: bytes (a gateway that replays an
-    old answer), or a function of the request's path that makes the bytes."""
+    old answer), or a function of the request's path that makes the bytes, or
+    (status, headers, bytes)."""
 
     class Replay(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             body = answer(self.path) if callable(answer) else answer
-            self.send_response(200)
+            status, headers, body = body if isinstance(body, tuple) else (200, {}, body)
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()

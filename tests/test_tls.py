@@ -22,7 +22,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from conftest import ROOT, Gateway, call, gateway_command, wait_until
-from test_attest import FakeTdx, launched_gateway, make_artifact, verify, write_release  # puts attest/ on the path
+from test_attest import (SIMULATED_SIGNATURE, FakeTdx, launched_gateway, make_artifact, verify,  # puts attest/
+                         write_release)  # on the path
 from relay import Relay  # noqa: E402 (attest/relay.py)
 from tinygw.fake.upstream import FakeUpstream
 
@@ -98,11 +99,16 @@ def served_key_dir(gateway: Gateway) -> Path:
 def test_verify_passes_over_https_and_saves_the_attested_certificate(attested, tmp_path):
     gateway, release, _ = attested
     saved = tmp_path / "gateway.pem"
+    # Unverified, a certificate is never saved, even when the SKIP is accepted (docs/verify.md)...
     code, verdicts, output = verify("--release", str(release), "--url", gateway.url, "--accept-unverified",
                                     "--save-cert", str(saved))
-    assert code == 0, output
+    assert code == 4 and not saved.exists() and "not writing the certificate" in output, output
     assert verdicts["tls channel"] == "PASS" and verdicts["report_data"] == "PASS", output
-    assert verdicts["quote signature"] == "SKIP" and output.splitlines()[-1].startswith("UNVERIFIED"), output
+    assert verdicts["quote signature"] == "SKIP", output
+    # ...and once the quote's signature is checked (here by the SIMULATED check), it is.
+    code, verdicts, output = verify("--release", str(release), "--url", gateway.url, "--save-cert", str(saved),
+                                    "--platform-verifier", SIMULATED_SIGNATURE)
+    assert code == 0 and set(verdicts.values()) == {"PASS"} and "SIMULATED" in output, output
     # Both workers serve and attest the same key: new connections land on either.
     answers = [json.loads(call("GET", f"{gateway.url}/attestation?nonce={os.urandom(32).hex()}")[2])
                for _ in range(12)]
@@ -243,8 +249,8 @@ def test_files_mode_with_a_bad_certificate_or_key_exits_2_naming_it(fake, tmp_pa
 def test_the_openai_sdk_works_through_the_pinned_certificate_and_refuses_another(attested, tmp_path):
     gateway, release, _ = attested
     saved = tmp_path / "gateway.pem"
-    code, _, output = verify("--release", str(release), "--url", gateway.url, "--accept-unverified",
-                             "--save-cert", str(saved))
+    code, _, output = verify("--release", str(release), "--url", gateway.url, "--platform-verifier",
+                             SIMULATED_SIGNATURE, "--save-cert", str(saved))
     assert code == 0, output
     base_url = f"{gateway.url}/v1"
     with openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=saved)) as pinned:  # no CA but it
@@ -271,6 +277,13 @@ def test_the_rehearsal_runs_the_whole_flow_and_says_it_is_simulated():
     lines = done.stdout.splitlines()
     assert "SIMULATED" in lines[1] and "SIMULATED" in lines[-3]
     assert "PASS tls channel" in done.stdout and "FAIL tls channel" in done.stdout
+    # the honest flow: unverified, nothing is pinned; the SIMULATED signature check, then pinned
+    assert "not writing the certificate" in done.stdout and "SIMULATED signature check" in done.stdout
+    assert "saved the attested certificate" in done.stdout
+    # the SEV-SNP round, SIMULATED too: a test-only root is a SKIP, never a PASS, and without it a FAIL
+    assert "no SEV-SNP here" in done.stdout and "evidence from 'sev_guest'" in done.stdout
+    assert "SKIP certificate chain: the chain ends in a simulated ARK" in done.stdout
+    assert "PASS artifact measured" in done.stdout and "FAIL certificate chain" in done.stdout
 
 
 

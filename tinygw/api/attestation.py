@@ -1,7 +1,8 @@
 """GET /attestation?nonce=HEX: the page that hands a client the evidence (docs/design.md).
 
 What goes into the evidence and how it is fetched is `tinygw.trust.attestation`; this
-page parses the nonce, fetches one quote at a time, and answers in JSON.
+page parses the nonce, waits its turn for a quote (`tinygw.trust.evidence_queue`), and
+answers in JSON. A refusal is a 503 with Retry-After; its warning is rate-limited.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from tinygw import __version__, logs
 from tinygw.errors import EvidenceUnavailable
 from tinygw.protocol.wire import JSON_HEADERS, error_body
 from tinygw.trust.attestation import artifact_digests, fetch_evidence, parse_nonce, read_event_log, report_data
+from tinygw.trust.evidence_queue import RETRY_AFTER_SECONDS
 
 _encode = msgspec.json.Encoder()
 _HEADERS = [*JSON_HEADERS, (b"cache-control", b"no-store")]
+_REFUSED_HEADERS = [*_HEADERS, (b"retry-after", b"%d" % RETRY_AFTER_SECONDS)]
 
 
 async def attestation_page(gateway, scope, send) -> None:
@@ -32,14 +35,14 @@ async def attestation_page(gateway, scope, send) -> None:
         if gateway.artifact_digests is None:  # the executable does not change while it runs
             gateway.artifact_digests = await asyncio.to_thread(artifact_digests)
         artifact_sha256, artifact_sha384 = gateway.artifact_digests
-        if gateway.evidence_slot.locked():  # one quote at a time: the platform makes them slowly
-            raise EvidenceUnavailable("busy with another attestation; retry")
-        async with gateway.evidence_slot:
+        async with gateway.evidence_queue.turn():  # one quote at a time: the platform makes them slowly
             evidence = await fetch_evidence(gateway.settings.tsm_report_dir, data)
         events = await asyncio.to_thread(read_event_log, gateway.settings.event_log)
     except EvidenceUnavailable as e:
-        logs.log(logging.WARNING, "attestation failed", reason=str(e))
-        await _send(send, 503, error_body(str(e), "attestation_unavailable", e.code))
+        # Anyone may ask, so anyone could flood the log: one line a minute, with the count.
+        if (count := gateway.attestation_refusals.note(gateway.clock())) is not None:
+            logs.log(logging.WARNING, "attestation failed", reason=str(e), count=count)
+        await _send(send, 503, error_body(str(e), "attestation_unavailable", e.code), _REFUSED_HEADERS)
         return
     answer = {
         "version": __version__,
@@ -57,6 +60,6 @@ async def attestation_page(gateway, scope, send) -> None:
     await _send(send, 200, _encode.encode(answer))
 
 
-async def _send(send, status: int, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": _HEADERS})
+async def _send(send, status: int, body: bytes, headers: list = _HEADERS) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -6,7 +6,9 @@ and (with TLS on) the digest of the key its connections are served with into
 entry per request, `report_data` into `inblob`, the quote from `outblob`, `generation`
 read before and after), and hands over the launcher's event log, which a verifier
 replays to the quote's RTMR3. Its own executable's hashes are informational only.
-A bad nonce is a 400; no evidence now, a 503 that names the step, never a secret.
+On SEV-SNP (provider `sev_guest`) the outblob is the 1,184-byte report, handed over as
+`report` too, with the certificates that the host supplies in `auxblob` (docs/design.md
+section 12). A bad nonce is a 400; no evidence now, a 503 that names the step, never a secret.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ import logging
 import os
 import re
 import secrets
+import ssl
+import struct
 import sys
+import uuid
 from urllib.parse import parse_qs
 
 import msgspec
@@ -37,6 +42,11 @@ EVIDENCE_SECONDS = 5.0
 POLL_SECONDS = 0.02
 # A TDX quote with its certificate chain is 5 to 10 KiB; an event log, a line per launch.
 BLOB_MAX_BYTES = EVENT_LOG_MAX_BYTES = 1 << 20
+
+SEV_GUEST = "sev_guest"
+SNP_CERT_GUIDS = {uuid.UUID(guid).bytes: name for guid, name in (
+    ("63da758d-e664-4564-adc5-f4b93be8accd", "vcek"), ("4ab7b379-bbac-4fe4-a02f-05aef327c782", "ask"),
+    ("c0b406a4-a803-4952-9743-3fb6014cd0ae", "ark"))}
 
 _HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")
 
@@ -91,7 +101,8 @@ def read_event_log(path: str) -> list:
 
 
 async def fetch_evidence(report_dir: str, data: bytes) -> dict:
-    """{"provider", "outblob"} from configfs-tsm, or {"provider": "none"} without it."""
+    """{"provider", "outblob"} from configfs-tsm (on SEV-SNP also "platform", "report" and the
+    host's certificates), or {"provider": "none"} without it."""
     if not await asyncio.to_thread(os.path.isdir, report_dir):
         return {"provider": "none"}
     deadline = asyncio.get_running_loop().time() + EVIDENCE_SECONDS
@@ -104,7 +115,10 @@ async def fetch_evidence(report_dir: str, data: bytes) -> dict:
         await asyncio.to_thread(_write, os.path.join(entry, "inblob"), data)
         before = await _read_when_ready(entry, "generation", deadline)
         outblob = await _read_when_ready(entry, "outblob", deadline)
-        provider = await _read_when_ready(entry, "provider", deadline)
+        provider = (await _read_when_ready(entry, "provider", deadline)).decode("ascii", "replace").strip()
+        auxblob = b""
+        if provider == SEV_GUEST:  # the host's certificates, when it supplies them (else no file, or empty)
+            auxblob = await asyncio.to_thread(_read, os.path.join(entry, "auxblob"), BLOB_MAX_BYTES, "auxblob")
         after = await _read_when_ready(entry, "generation", deadline)
     except OSError as e:
         raise EvidenceUnavailable(f"the TSM report failed: {e.strerror}") from None
@@ -114,7 +128,33 @@ async def fetch_evidence(report_dir: str, data: bytes) -> dict:
     # writer changed the request, before or while the quote was made.
     if before != after or before.strip() != b"1":
         raise Raced("attestation raced; retry")
-    return {"provider": provider.decode("ascii", "replace").strip(), "outblob": base64.b64encode(outblob).decode()}
+    evidence = {"provider": provider, "outblob": base64.b64encode(outblob).decode()}
+    if provider == SEV_GUEST:  # docs/design.md section 12
+        evidence.update(platform="sev-snp", report=evidence["outblob"], **snp_certificates(auxblob))
+    return evidence
+
+
+def snp_certificates(auxblob: bytes) -> dict[str, str]:
+    """{"vcek", "ask", "ark": PEM} from the host's certificate table, those it holds.
+
+    The table (AMD's GHCB specification): 24-byte entries, a GUID (RFC 4122 byte order), then
+    the offset from the table's start and the length (u32 little-endian) of a certificate,
+    ended by an all-zero entry. Entries that point outside the blob are left out; the
+    certificates are handed on as they are (DER made PEM), for the verifier to judge."""
+    certificates = {}
+    for at in range(0, len(auxblob) - 23, 24):
+        guid, (offset, length) = auxblob[at : at + 16], struct.unpack_from("<II", auxblob, at + 16)
+        if guid == bytes(16):
+            break
+        name = SNP_CERT_GUIDS.get(guid)
+        if name is None or name in certificates or not length or offset + length > len(auxblob):
+            continue
+        blob = auxblob[offset : offset + length]
+        if blob.startswith(b"-----BEGIN"):
+            certificates[name] = blob.decode("ascii", "replace")
+        else:
+            certificates[name] = ssl.DER_cert_to_PEM_cert(blob)
+    return certificates
 
 
 async def _read_when_ready(entry: str, name: str, deadline: float) -> bytes:

@@ -18,6 +18,7 @@ from msgspec import Struct
 
 from tinygw import __version__, logs
 from tinygw.trust.auth import InboundAuth
+from tinygw.trust.evidence_queue import EvidenceQueue, RateLimitedWarning
 from tinygw.observe.board import Board
 from tinygw.resilience.breaker import Breakers, Circuit, Clock, State
 from tinygw.config.settings import Provider, Settings
@@ -99,9 +100,10 @@ class Gateway:
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:  # built outside a loop (tests): looked up where needed
             self.loop = None
-        # /attestation: the executable's digests, computed once; one quote at a time
+        # /attestation: the executable's digests, computed once; one quote at a time, the others queued
         self.artifact_digests: tuple[str | None, str | None] | None = None
-        self.evidence_slot = asyncio.Semaphore(1)
+        self.evidence_queue = EvidenceQueue()
+        self.attestation_refusals = RateLimitedWarning()
         # The certificate this worker serves, PEM, and its SPKI digest (SPEC section 9)
         self.tls_certificate: str | None = None
         self.tls_spki_sha256: str | None = None

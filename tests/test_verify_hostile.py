@@ -1,0 +1,220 @@
+"""attest/verify against what an attacker would try (docs/verify.md): a relay that forges
+the whole answer, a server that drips, answers too large or too deep, callers that
+hog /attestation, a local directory that cannot be written. Real processes, loopback.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.client
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import test_attest
+import test_tls
+from conftest import call, wait_until
+from test_attest import SIMULATED_SIGNATURE, UNVERIFIED, always_answering, nonce_hex, verify
+from test_tls import self_signed, spki_of
+from fake_tdx import tdx_quote_v4  # attest/, put on the path by test_attest
+from relay import Relay
+
+measured, attested = test_attest.measured, test_tls.attested  # their gateways, as fixtures here too
+
+DCAP_SAMPLE = Path(__file__).parent / "data" / "dcap-sample"
+
+
+def forged_answer(path: str, cert_pem: str, artifact_sha384: str, config_sha256: str) -> bytes:
+    """What a relay with its own key can answer: everything consistent, bound to its own key,
+    the expected artifact in a log that replays, in a quote that nobody signed."""
+    nonce = bytes.fromhex(path.split("nonce=")[1])
+    spki = spki_of(cert_pem.encode())
+    data = hashlib.sha512(b"tinygw.attest.v2" + nonce + bytes.fromhex(config_sha256) + bytes.fromhex(spki)).digest()
+    rtmr3 = hashlib.sha384(bytes(48) + bytes.fromhex(artifact_sha384)).digest()
+    return json.dumps({
+        "version": "0.1.0", "config_sha256": config_sha256, "nonce": nonce.hex(), "report_data": data.hex(),
+        "event_log": [{"register": "rtmr3", "type": "tinygw.artifact", "digest_sha384": artifact_sha384}],
+        "evidence": {"provider": "tdx_guest", "outblob": base64.b64encode(tdx_quote_v4(rtmr3, data)).decode()},
+        "tls_spki_sha256": spki, "tls_certificate": cert_pem,
+    }).encode()
+
+
+@pytest.mark.parametrize("flags", [
+    [], ["--accept-unverified"], ["--allow-no-evidence", "--accept-unverified"], ["--accept-tcb", "OutOfDate"],
+    ["--expect-mrtd", "00" * 48, "--accept-unverified"],
+    ["--collateral", str(DCAP_SAMPLE / "tdx_quote_collateral.json"), "--now", "1751328000", "--accept-unverified"],
+])
+def test_a_forging_relay_never_gets_its_certificate_saved(measured, tmp_path, flags):
+    cert, key = self_signed(tmp_path / "relay")
+    sha384, config = measured.release["artifact"]["sha384"], measured.config_sha256
+    relay = Relay(cert, key, 1, replay=lambda path: forged_answer(path, cert.read_text(), sha384, config))
+    saved = tmp_path / "gateway.pem"
+    try:
+        code, verdicts, output = verify("--release", str(measured.release_path), "--url",
+                                        f"https://127.0.0.1:{relay.port}", "--config-sha256", config,
+                                        "--save-cert", str(saved), *flags)
+    finally:
+        relay.close()
+    assert verdicts["tls channel"] == "PASS" and verdicts["report_data"] == "PASS", output  # the forgery holds up...
+    assert verdicts["event log replays to RTMR3"] == "PASS" and verdicts["artifact measured"] == "PASS", output
+    assert verdicts["quote signature"] in ("SKIP", "FAIL"), output  # ...except for its signature
+    assert code in (1, 4) and not saved.exists(), output
+    assert verdicts["quote signature"] == "FAIL" or "not writing the certificate" in output, output
+    assert "Traceback" not in output
+
+
+@pytest.fixture
+def dripping():
+    """A server that answers the headers, then one byte of body every half second."""
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                connection, _ = server.accept()
+            except OSError:
+                return
+            with connection:
+                connection.recv(65536)
+                connection.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n")
+                while not stop.wait(0.5):
+                    try:
+                        connection.sendall(b" ")
+                    except OSError:
+                        break
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    server.close()
+
+
+def test_a_dripping_server_ends_verify_within_its_timeout(dripping, tmp_path):
+    artifact = tmp_path / "artifact"
+    artifact.write_bytes(b"x")
+    started = time.monotonic()
+    code, verdicts, output = verify("--artifact", str(artifact), "--url", dripping, "--timeout", "2")
+    elapsed = time.monotonic() - started
+    assert code == 1 and verdicts == {"fetch": "FAIL"}, output
+    assert "FAIL fetch: timed out after 2 s" in output and "Traceback" not in output
+    assert elapsed < 2 + 3, elapsed  # the interpreter's start, and nothing more
+
+
+@pytest.mark.parametrize("body, reason", [
+    (b'{"a": "' + b"x" * (2 << 20) + b'"}', "the answer is over 1048576 bytes"),
+    (b"[" * (900 << 10), "the answer is nested deeper than 64 levels"),
+    (b'{"a": ' + b"[" * 70 + b"]" * 70 + b"}", "the answer is nested deeper than 64 levels"),
+    (b"\xff\xfe not json", "the answer is not JSON"),
+    (b'"a string"', "the answer is not a JSON object"),
+])
+def test_a_hostile_answer_is_one_line_fail(tmp_path, body, reason):
+    artifact = tmp_path / "artifact"
+    artifact.write_bytes(b"x")
+    with always_answering(body) as url:
+        code, verdicts, output = verify("--artifact", str(artifact), "--url", url)
+    assert code == 1 and verdicts == {"fetch": "FAIL"}, output[:2000]
+    assert f"FAIL fetch: {reason}" in output and "Traceback" not in output, output[:2000]
+    assert len(output.splitlines()) == 1, output[:2000]
+
+
+def test_an_unwritable_save_cert_directory_is_one_line_exit_2(attested, tmp_path):
+    gateway, release, _ = attested
+    code, verdicts, output = verify("--release", str(release), "--url", gateway.url, "--platform-verifier",
+                                    SIMULATED_SIGNATURE, "--save-cert", str(tmp_path / "no-such-dir" / "gw.pem"))
+    assert code == 2 and set(verdicts.values()) == {"PASS"}, output
+    assert "Traceback" not in output
+    assert output.splitlines()[-1].startswith("attest/verify: cannot write") and "no-such-dir" in output
+
+
+@pytest.fixture
+def busy_then_genuine(measured):
+    """A server that answers 503 + Retry-After: 1 twice, then passes requests to the gateway."""
+    asked = []
+
+    def answer(path: str):
+        asked.append(path)
+        if len(asked) <= 2:
+            return 503, {"Retry-After": "1"}, b'{"error": {"message": "busy"}}'
+        return 200, {}, call("GET", f"{measured.gateway.url}{path}")[2]
+
+    with always_answering(answer) as url:
+        yield url, asked
+
+
+def test_verify_retries_a_busy_gateway_within_its_deadline(measured, busy_then_genuine):
+    url, asked = busy_then_genuine
+    code, verdicts, output = verify("--release", str(measured.release_path), "--url", url)
+    assert code == UNVERIFIED and len(asked) == 3, output  # every check but the signature PASSed
+    assert verdicts["nonce echoed"] == "PASS" and verdicts["report_data"] == "PASS", output
+    del asked[:]
+    code, verdicts, output = verify("--release", str(measured.release_path), "--url", url, "--timeout", "0.5")
+    assert code == 1 and verdicts == {"fetch": "FAIL"} and "past the deadline" in output, output
+
+
+def test_looping_callers_cannot_make_a_verifier_fail(measured):
+    """Four unauthenticated callers hammer /attestation; a verifier waits its turn."""
+    stop = threading.Event()
+    answered = []
+
+    def hog():
+        connection = http.client.HTTPConnection("127.0.0.1", measured.gateway.port, timeout=30)
+        while not stop.is_set():
+            connection.request("GET", f"/attestation?nonce={nonce_hex()}")
+            response = connection.getresponse()
+            response.read()
+            answered.append(response.status)
+
+    hogs = [threading.Thread(target=hog, daemon=True) for _ in range(4)]
+    for thread in hogs:
+        thread.start()
+    try:
+        wait_until(lambda: len(answered) >= 20, seconds=20, what="the callers to loop")
+        for _ in range(5):
+            code, _, output = verify("--release", str(measured.release_path), "--url", measured.gateway.url)
+            assert code == UNVERIFIED and "FAIL" not in output, output
+    finally:
+        stop.set()
+        for thread in hogs:
+            thread.join(30)
+    logged = measured.gateway.logs().count('"msg":"attestation failed"')
+    assert logged <= 2, logged  # the refusals, if any, a line a minute
+
+
+def test_a_collateral_server_that_drips_is_bounded_by_the_same_timeout(dripping):
+    started = time.monotonic()
+    code, verdicts, output = verify("--quote", str(DCAP_SAMPLE / "tdx_quote"), "--pccs", dripping, "--timeout", "2")
+    assert code == 1 and verdicts == {"fetch": "FAIL"}, output
+    assert "FAIL fetch: timed out after 2 s" in output and "Traceback" not in output
+    assert time.monotonic() - started < 2 + 3
+
+
+def test_a_flood_of_callers_is_refused_with_retry_after_and_logged_once_a_minute(measured):
+    """More callers than the queue holds: the surplus gets 503 + Retry-After, and the log one line."""
+    before = measured.gateway.logs().count('"msg":"attestation failed"')
+    refusals, lock = [], threading.Lock()
+
+    def caller():
+        connection = http.client.HTTPConnection("127.0.0.1", measured.gateway.port, timeout=30)
+        for _ in range(6):
+            connection.request("GET", f"/attestation?nonce={nonce_hex()}")
+            response = connection.getresponse()
+            response.read()
+            if response.status == 503:
+                with lock:
+                    refusals.append(response.getheader("retry-after"))
+
+    callers = [threading.Thread(target=caller) for _ in range(24)]
+    for thread in callers:
+        thread.start()
+    for thread in callers:
+        thread.join(60)
+    assert refusals and set(refusals) == {"1"}, refusals
+    wait_until(lambda: measured.gateway.logs().count('"msg":"attestation failed"') > before, what="the warning")
+    logged = measured.gateway.logs().count('"msg":"attestation failed"') - before
+    assert logged == 1 and len(refusals) > 1, (logged, len(refusals))  # old code: a line per refusal

@@ -1,0 +1,72 @@
+"""Whose turn it is to have a quote made, and how loudly to say no (docs/design.md section 11).
+
+The platform makes one quote at a time, slowly (milliseconds to a second), and anyone
+may ask for one: `/attestation` needs no key. So callers wait their turn in a bounded
+FIFO with a bounded wait; past either bound the answer is a 503 with Retry-After, which
+attest/verify retries within its own deadline. A caller looping on the page can then
+delay a verifier by a few quotes, never refuse it. The refusals are logged at most once
+a minute, with how many there were, so that the same callers cannot flood the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from tinygw.errors import EvidenceUnavailable
+
+# At most this many callers wait for a quote, each at most this long: a verifier queued
+# behind a few looping callers still gets its turn, and a flood holds only this much.
+WAITING_MAX = 16
+WAIT_SECONDS = 10.0
+RETRY_AFTER_SECONDS = 1
+# One warning line per this many seconds, carrying the count of what it stands for.
+WARNING_EVERY_SECONDS = 60.0
+
+
+class EvidenceQueue:
+    """`async with queue.turn():` holds the one quote slot; EvidenceUnavailable when the
+    queue is full or the wait too long. asyncio.Lock wakes its waiters in order."""
+
+    def __init__(self, waiting_max: int = WAITING_MAX, wait_seconds: float = WAIT_SECONDS) -> None:
+        self.waiting_max = waiting_max
+        self.wait_seconds = wait_seconds
+        self.waiting = 0
+        self._slot = asyncio.Lock()
+
+    @contextlib.asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        if self.waiting >= self.waiting_max:
+            raise EvidenceUnavailable(f"busy: {self.waiting} attestations are waiting; retry")
+        self.waiting += 1
+        try:
+            async with asyncio.timeout(self.wait_seconds):
+                await self._slot.acquire()
+        except TimeoutError:
+            raise EvidenceUnavailable(f"busy: no turn within {self.wait_seconds:g} s; retry") from None
+        finally:
+            self.waiting -= 1
+        try:
+            yield
+        finally:
+            self._slot.release()
+
+
+class RateLimitedWarning:
+    """note(now) -> None, or the count to log: the first refusal is logged at once, the
+    others of the next minute are counted into the first line after it. `now` is a
+    monotonic clock reading, passed in."""
+
+    def __init__(self, every_seconds: float = WARNING_EVERY_SECONDS) -> None:
+        self.every_seconds = every_seconds
+        self._last: float | None = None
+        self._count = 0
+
+    def note(self, now: float) -> int | None:
+        self._count += 1
+        if self._last is not None and now - self._last < self.every_seconds:
+            return None
+        count, self._count, self._last = self._count, 0, now
+        return count
+
