@@ -218,3 +218,23 @@ def test_a_flood_of_callers_is_refused_with_retry_after_and_logged_once_a_minute
     wait_until(lambda: measured.gateway.logs().count('"msg":"attestation failed"') > before, what="the warning")
     logged = measured.gateway.logs().count('"msg":"attestation failed"') - before
     assert logged == 1 and len(refusals) > 1, (logged, len(refusals))  # old code: a line per refusal
+
+
+SAMPLE_QUOTE = ["--quote", str(DCAP_SAMPLE / "tdx_quote")]
+SAMPLE_COLLATERAL = ["--collateral", str(DCAP_SAMPLE / "tdx_quote_collateral.json"), "--now", "1751328000"]
+
+
+@pytest.mark.parametrize("args", [
+    ["--quote", "/no/such/quote", "--platform-verifier", "true"],
+    ["--release", "/no/such/release.json", "--url", "http://127.0.0.1:1"],
+    [*SAMPLE_QUOTE, "--collateral", "/no/such/collateral.json"],
+    [*SAMPLE_QUOTE, *SAMPLE_COLLATERAL, "--policy", "/no/such/policy.json"],
+    [*SAMPLE_QUOTE, *SAMPLE_COLLATERAL, "--learn-policy", "/no/such/dir/policy.json"],
+    ["--artifact", "/bin/sh", "--url", "ftp://127.0.0.1/"],
+    ["--artifact", "/bin/sh", "--url", "http://127.0.0.1:1", "--timeout", "0"],
+    ["--artifact", "/bin/sh", "--url", "http://127.0.0.1:1", "--timeout", "soon"],
+])
+def test_a_local_error_or_bad_usage_is_exit_2_never_a_traceback(args):
+    code, _, output = verify(*args)
+    assert code == 2 and "Traceback" not in output, output
+    assert output.splitlines()[-1].startswith("attest/verify: "), output
