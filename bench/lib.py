@@ -423,12 +423,12 @@ def run_wrk(wrk: str, lua: str, port: int, conns: int, seconds: float, headers: 
     except subprocess.TimeoutExpired:
         _signal_group(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=5)
-        raise RuntimeError(f"wrk did not end within {seconds + 30:g} s: {shlex.join(argv)}")
+        raise RuntimeError(f"wrk did not end within {seconds + 30:g} s: {shlex.join(argv)}") from None
     finally:
         if proc.poll() is None:
             _signal_group(proc.pid, signal.SIGKILL)
     text = out.decode("utf-8", "replace")
-    line = next((l for l in text.splitlines() if l.startswith("BENCH ")), None)
+    line = next((ln for ln in text.splitlines() if ln.startswith("BENCH ")), None)
     if proc.returncode != 0 or line is None:
         raise RuntimeError(f"wrk failed (exit {proc.returncode}): {shlex.join(argv)}\n{text}\n"
                            f"{err.decode('utf-8', 'replace')}")
@@ -498,11 +498,11 @@ def fmt(value, spec: str) -> str:
 def print_rows(head: list[str], rows: list[list[str]]) -> None:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     aligns = [str.ljust if h in ("target", "tinygw / peer") else str.rjust for h in head]
-    line = "  ".join(al(h, w) for h, w, al in zip(head, widths, aligns))
+    line = "  ".join(al(h, w) for h, w, al in zip(head, widths, aligns, strict=True))
     print(line)
     print("-" * len(line))
     for r in rows:
-        print("  ".join(al(c, w) for c, w, al in zip(r, widths, aligns)))
+        print("  ".join(al(c, w) for c, w, al in zip(r, widths, aligns, strict=True)))
 
 
 def tinygw_version() -> str:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: its library, however outage.py is started
 from lib import ROOT, free_port  # noqa: E402
-from peers import LITELLM_CLI, PORTKEY, ensure_litellm, ensure_portkey, litellm_env  # noqa: E402
+from peers import LITELLM_CLI, ensure_litellm, ensure_portkey, litellm_env, portkey_argv, portkey_env  # noqa: E402
 
 CONCURRENCY = 4
 
@@ -147,14 +147,16 @@ def start_litellm(primary: Provider, fallback: Provider, port: int, workdir: str
 
 
 def start_portkey(primary: Provider, fallback: Provider, port: int, workdir: str) -> subprocess.Popen:
-    return subprocess.Popen(["node", str(PORTKEY), f"--port={port}", "--headless"], cwd=workdir,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(portkey_argv(port, workdir), env=portkey_env(), cwd=workdir, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # on loopback only, as in make bench
 
 
 def portkey_headers(primary: Provider, fallback: Provider) -> dict[str, str]:
     """Portkey's fallback strategy, per request (its open-source build has no breaker)."""
-    target = lambda p, model: {"provider": "openai", "api_key": "dummy", "custom_host": f"http://127.0.0.1:{p.port}/v1",
-                               "override_params": {"model": model}}
+    def target(p: Provider, model: str) -> dict:
+        return {"provider": "openai", "api_key": "dummy", "custom_host": f"http://127.0.0.1:{p.port}/v1",
+                "override_params": {"model": model}}
+
     return {"x-portkey-config": json.dumps({"strategy": {"mode": "fallback"}, "request_timeout": 5000,
                                             "targets": [target(primary, "x"), target(fallback, "y")]})}
 
@@ -180,7 +182,7 @@ def run_scenario(gateway_name: str, way: str, seconds: float, recover_at: float)
                 break  # it answers: ready
             except OSError:
                 if time.monotonic() > deadline or gateway.poll() is not None:
-                    raise SystemExit(f"{gateway_name} did not start")
+                    raise SystemExit(f"{gateway_name} did not start") from None
                 time.sleep(0.2)
         primary.mode = way
         start = time.monotonic()

@@ -21,9 +21,9 @@ import sys
 import tempfile
 import time
 import urllib.error
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from lib import BODY, HERE, HOST, PATH, ROOT, Proc, check_once, free_port, log, wait_ready
 
@@ -74,7 +74,7 @@ def _installed(info: dict) -> str:
     return f"installed now in {info['install_s']:.0f} s" if info["install_s"] is not None else "already installed"
 
 
-def _start(proc: Proc, port: int, ready_path: str | None, peer: "Peer", upstream_port: int, t0: float,
+def _start(proc: Proc, port: int, ready_path: str | None, peer: Peer, upstream_port: int, t0: float,
            retry_seconds: float = 0) -> tuple[Proc, int, float]:
     """Wait until GET ready_path (if any) answers 200 and one plain chat request succeeds (retried for up to
     retry_seconds); the process is stopped if it does not. Returns (process, port, seconds from spawn)."""
@@ -158,9 +158,9 @@ PORTKEY = HERE / ".node-portkey" / "node_modules" / "@portkey-ai" / "gateway" / 
 PORTKEY_VERSION = "1.15.2"
 
 # One install for every script: the release PORTKEY_VERSION, in the git-ignored bench/.node-portkey
-# (PORTKEY), made with the project's npm. The release declares "@hono/node-server": "^1.3.3", so npm takes the newest 1.x, whose lightweight
-# Response (since 1.14.2, honojs/node-server#242) hands back an upstream fetch answer's immutable
-# headers: Portkey's updateHeaders() then throws `TypeError: immutable` on every streamed answer,
+# (PORTKEY), made with the project's npm. The release declares "@hono/node-server": "^1.3.3", so npm
+# takes the newest 1.x, whose lightweight Response (since 1.14.2, honojs/node-server#242) hands back an
+# upstream fetch answer's immutable headers: Portkey's updateHeaders() then throws `TypeError: immutable` on every streamed answer,
 # which the client sees as a 500 {"status":"failure","message":"Something went wrong"}
 # (Portkey-AI/gateway issues #1389 and #1550). So the install is pinned, with npm overrides, to the
 # release before that change, and to the @hono/node-ws whose peer range allows it (the newest wants
@@ -231,8 +231,8 @@ def ensure_portkey() -> dict | None:
         try:
             PORTKEY_DIR.mkdir(parents=True, exist_ok=True)
             manifest.write_text(json.dumps(data, indent=2) + "\n")
-            done = subprocess.run([npm, "install", "--loglevel=error", "--no-audit", "--no-fund", "--prefix", str(PORTKEY_DIR)],
-                                  stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            done = subprocess.run([npm, "install", "--loglevel=error", "--no-audit", "--no-fund", "--prefix",
+                                   str(PORTKEY_DIR)], stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                   timeout=PORTKEY_INSTALL_TIMEOUT)
         except (subprocess.SubprocessError, OSError) as e:
             print(f"peer:    Portkey left out: npm install into {rel} failed ({e})")
@@ -266,18 +266,27 @@ def portkey_headers(upstream_port: int) -> dict[str, str]:
     return {"x-portkey-config": json.dumps(config, separators=(",", ":"))}
 
 
+def portkey_argv(port: int, tmpdir: str) -> list[str]:
+    """`node --require loopback.cjs .../build/start-server.js --port=P --headless`, the preload written to tmpdir."""
+    shim = Path(tmpdir) / "loopback.cjs"
+    shim.write_text(PORTKEY_LOOPBACK_CJS)
+    return [shutil.which("node") or "node", "--require", str(shim), str(PORTKEY), f"--port={port}", "--headless"]
+
+
+def portkey_env() -> dict[str, str]:
+    """Ours without what Portkey or node would read. Its open-source build reports no telemetry: it calls
+    api.portkey.ai only for guardrails and files, which nothing here configures."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PORTKEY_", "OPENAI_", "NODE_"))}
+
+
 def start_portkey(info: dict, upstream_port: int) -> tuple[Proc, int, float]:
     """`node --require loopback.cjs .../build/start-server.js --port=P --headless` (one node process, its
     defaults otherwise; cwd a temp dir); ready once GET / answers 200 and one chat request (with the
     x-portkey-config header) succeeds."""
     port = free_port()
     tmpdir = tempfile.mkdtemp(prefix="bench-portkey-")
-    shim = Path(tmpdir) / "loopback.cjs"
-    shim.write_text(PORTKEY_LOOPBACK_CJS)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PORTKEY_", "OPENAI_", "NODE_"))}
-    argv = [shutil.which("node") or "node", "--require", str(shim), str(PORTKEY), f"--port={port}", "--headless"]
     t0 = time.monotonic()
-    proc = Proc("portkey", argv, env=env, cwd=tmpdir, tmpdir=tmpdir)
+    proc = Proc("portkey", portkey_argv(port, tmpdir), env=portkey_env(), cwd=tmpdir, tmpdir=tmpdir)
     return _start(proc, port, "/", PEERS["portkey"], upstream_port, t0)
 
 

@@ -23,9 +23,28 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: its library, however run.py is started
-from lib import (BODY, HOST, PATH, ROOT, WRK_LUA, Proc, check_once, ensure_nginx, ensure_wrk, fmt,  # noqa: E402
-                 log, machine, measured_run, median, print_rows, start_gateway, start_nginx, start_upstream,
-                 tinygw_version, tree_usage)
+from lib import (  # noqa: E402
+    BODY,
+    HOST,
+    PATH,
+    ROOT,
+    WRK_LUA,
+    Proc,
+    check_once,
+    ensure_nginx,
+    ensure_wrk,
+    fmt,
+    log,
+    machine,
+    measured_run,
+    median,
+    print_rows,
+    start_gateway,
+    start_nginx,
+    start_upstream,
+    tinygw_version,
+    tree_usage,
+)
 from peers import PEERS  # noqa: E402
 
 PEER_NAMES = tuple(PEERS)  # --peers: the other gateways, beside tinygw and nginx
@@ -99,10 +118,10 @@ def print_table(summary: list[dict], names: list[str], stream: bool = False) -> 
         head = ["conc", "tinygw / peer", "req/s", "+p50", "CPU/req", "peak RSS"]
         rows = []
         for s, peer in pairs:
-            g, l = s["targets"]["tinygw"], s["targets"][peer]
-            rows.append([str(s["concurrency"]), f"tinygw / {peer}", ratio(g["rps"], l["rps"]),
+            g, p = s["targets"]["tinygw"], s["targets"][peer]
+            rows.append([str(s["concurrency"]), f"tinygw / {peer}", ratio(g["rps"], p["rps"]),
                          ratio(s["added_p50_ms"]["tinygw"], s["added_p50_ms"][peer]),
-                         ratio(g["cpu_us_per_request"], l["cpu_us_per_request"]),
+                         ratio(g["cpu_us_per_request"], p["cpu_us_per_request"]),
                          ratio(s["peak_rss_bytes"]["tinygw"], s["peak_rss_bytes"][peer])])
         print_rows(head, rows)
 
@@ -244,7 +263,8 @@ def run_level(args, wrk: str, conns: int, targets: list[Target], upstream: Proc,
     for name, u in idle.items():
         log(f"bench: c={conns}: {name} pids {u['pids']} (RSS {u['rss_bytes'] / 2**20:.1f} MiB idle)")
     if args.stream:
-        log(f"bench: c={conns}: chunk events in one streamed answer: " + ", ".join(f"{t} {n}" for t, n in events.items()))
+        log(f"bench: c={conns}: chunk events in one streamed answer: "
+            + ", ".join(f"{t} {n}" for t, n in events.items()))
     runs: dict[str, list[dict]] = {t.name: [] for t in targets}
     for rep in range(args.repeats):
         for t in targets:
