@@ -44,6 +44,7 @@ WARMUP = 20  # requests of each kind before counting: pools, caches and lazy imp
 # 50 ms into a request, never in a quick one) to start. It is put off for the count; a request that calls
 # `receive` a second time anyway is not counted.
 WATCH_AFTER_SECONDS = 10.0
+GOAL_PLAIN, GOAL_EVENT = 2000, 60  # issue 22's goals
 HERE_FILE = str(Path(__file__).resolve())
 
 
@@ -249,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         print_top(by_function, args.requests, args.top)
     print(f"(medians of {args.requests} requests each, Python {sys.version.split()[0]}; a {SHORT_WORDS + 2}-event "
           f"stream: {short_med:.0f}; a {LONG_WORDS + 2}-event stream: {long_med:.0f}; min-max: {spread})")
+    for what, value, limit in (("plain request", plain, GOAL_PLAIN), ("relayed event", per_event, GOAL_EVENT)):
+        print(f"goal: bytecodes per {what} <= {limit:,}: {value:,.0f} -> {'MET' if value <= limit else 'NOT MET'}")
     return 0
 
 

@@ -46,6 +46,19 @@ def start_uvloop_pool(upstream_port: int) -> tuple[lib.Proc, int]:
     return proc, port
 
 
+def print_goals(medians: dict[tuple[int, str], tuple[float, float | None]]) -> None:
+    """Issue 22's goals against the floor: tinygw's CPU per request at c=32 within 1.5x granian-pool's, and its
+    added p50 at c=1 within granian-pool's + 0.08 ms."""
+    (_, cpu), (_, floor_cpu) = medians[32, "tinygw"], medians[32, "granian-pool"]
+    if cpu is not None and floor_cpu:
+        ratio = cpu / floor_cpu
+        print(f"goal: c=32 tinygw CPU per request <= 1.5x granian-pool's: {ratio:.2f}x -> "
+              f"{'MET' if ratio <= 1.5 else 'NOT MET'}")
+    added = (medians[1, "tinygw"][0] - medians[1, "granian-pool"][0]) / 1000
+    print(f"goal: c=1 tinygw added p50 <= granian-pool's + 0.08 ms: +{added:.3f} ms over it -> "
+          f"{'MET' if added <= 0.08 else 'NOT MET'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=5.0, help="length of each measured run (default 5)")
@@ -72,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"machine: {lib.machine()}")
         print(f"runs:    1 s warm-up + {args.seconds:g} s, {args.repeats} per target, median; {lib.PATH} on "
               f"{lib.HOST}; tinygw at its defaults (log level info, access log on)")
-        rows = []
+        rows, medians = [], {}
         for conns in (1, 32):
             results: dict[str, list[dict]] = {name: [] for name in TARGETS}
             for _ in range(args.repeats):
@@ -86,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                 errors = sum(r["error_count"] for r in rs)
                 p50 = lib.median([r["p50_us"] for r in rs])
                 cpu = lib.median([r["t_cpu_us_per_request"] for r in rs]) if name != "direct" else None
+                medians[conns, name] = (p50 - direct_p50, cpu)
                 rows.append([str(conns), name, f"{lib.median([r['rps'] for r in rs]):,.0f}", f"{p50 / 1000:.3f}",
                              "-" if name == "direct" else f"+{(p50 - direct_p50) / 1000:.3f}",
                              "-" if cpu is None else f"{cpu:.0f}", str(errors)])
@@ -93,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         lib.print_rows(["conc", "target", "req/s", "p50 (ms)", "+p50 (ms)", "CPU/req (µs)", "wrk errors"], rows)
         print("\nCPU/req: utime+stime of the target's process tree during its run / requests. granian-pool is "
               "tinygw's floor on Granian; granian-pool - uvloop-pool is what Granian's threads cost a request.")
+        print()
+        print_goals(medians)
     finally:
         for proc in procs:
             proc.stop()
