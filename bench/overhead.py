@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: its library
 from lib import BODY, HOST, PATH, Proc, ensure_nginx, log, machine, start_gateway, start_nginx, start_upstream  # noqa: E402
-from peers import PEERS  # noqa: E402
+from peers import DEFAULT_PEERS, PEERS  # noqa: E402
 
 
 class Connection:
@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=300, help="requests per target and round (default 300)")
     ap.add_argument("--warmup", type=int, default=200, help="requests per target before the first round (200)")
     ap.add_argument("--block", type=int, default=20, help="requests to one target before the next one's (20)")
-    ap.add_argument("--peers", default=",".join(PEERS), help="peers beside tinygw and nginx ('' for none)")
+    ap.add_argument("--peers", default=",".join(DEFAULT_PEERS),
+                    help=f"peers beside tinygw and nginx, of {', '.join(PEERS)} ('' for none)")
     args = ap.parse_args(argv)
     wanted = [p.strip() for p in args.peers.split(",") if p.strip()]
     if set(wanted) - set(PEERS):

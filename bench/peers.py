@@ -313,13 +313,17 @@ def ensure_tensorzero() -> dict | None:
 def start_tensorzero(info: dict, upstream_port: int) -> tuple[Proc, int, float]:
     """bench/tensorzero_gateway.py in TensorZero's venv: `_start_http_gateway` with bench/tensorzero.toml (its
     upstream's port filled in); the port it prints once it listens; ready once one chat request succeeds."""
-    tmpdir = tempfile.mkdtemp(prefix="bench-tensorzero-")
+    name = info.get("peer", "tensorzero")
+    tmpdir = tempfile.mkdtemp(prefix=f"bench-{name}-")
     config = Path(tmpdir) / "tensorzero.toml"
     config.write_text(TENSORZERO_CONFIG.read_text().replace("{upstream_port}", str(upstream_port)))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TENSORZERO_", "OPENAI_", "RUST_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TENSORZERO_", "OPENAI_", "RUST_")) and k != "LD_PRELOAD"}
     env.update(TENSORZERO_ENV)
+    if info.get("preload"):
+        env["LD_PRELOAD"] = info["preload"]
     t0 = time.monotonic()
-    proc = Proc("tensorzero", [info["python"], str(HERE / "tensorzero_gateway.py"), str(config)], env=env, cwd=tmpdir,
+    proc = Proc(name, [info["python"], str(HERE / "tensorzero_gateway.py"), str(config)], env=env, cwd=tmpdir,
                 tmpdir=tmpdir, stdout=subprocess.PIPE)
     try:
         port = int(proc.read_stdout_line("tensorzero-port=", 60))
@@ -327,7 +331,59 @@ def start_tensorzero(info: dict, upstream_port: int) -> tuple[Proc, int, float]:
         proc.stop()
         proc.cleanup_files()
         raise
-    return _start(proc, port, None, PEERS["tensorzero"], upstream_port, t0, retry_seconds=30)  # it listens: up
+    return _start(proc, port, None, PEERS[name], upstream_port, t0, retry_seconds=30)  # it listens: up
+
+
+# TensorZero as shipped leaves Nagle's algorithm on for the sockets it accepts (see bench/README.md). The
+# variant `tensorzero-nodelay` (not measured unless named in --peers) runs it with this preload, which sets
+# TCP_NODELAY on every socket accept() or accept4() returns: what its streams would cost without that.
+NODELAY_C = """\
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+static int nodelay(int fd) {
+    int one = 1;
+    if (fd >= 0) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return fd;
+}
+
+int accept(int fd, struct sockaddr *addr, socklen_t *len) {
+    static int (*real)(int, struct sockaddr *, socklen_t *);
+    if (!real) real = dlsym(RTLD_NEXT, "accept");
+    return nodelay(real(fd, addr, len));
+}
+
+int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) {
+    static int (*real)(int, struct sockaddr *, socklen_t *, int);
+    if (!real) real = dlsym(RTLD_NEXT, "accept4");
+    return nodelay(real(fd, addr, len, flags));
+}
+"""
+
+
+def ensure_tensorzero_nodelay() -> dict | None:
+    """TensorZero's install, and the TCP_NODELAY preload built with the system's cc beside it."""
+    info = ensure_tensorzero()
+    if info is None:
+        return None
+    source, library = TENSORZERO_VENV / "nodelay.c", TENSORZERO_VENV / "nodelay.so"
+    if not library.exists() or not source.exists() or source.read_text() != NODELAY_C:
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            print("peer:    tensorzero-nodelay left out: no C compiler (cc) for its TCP_NODELAY preload")
+            return None
+        source.write_text(NODELAY_C)
+        done = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(library), str(source), "-ldl"],
+                              capture_output=True, text=True, timeout=120, check=False)
+        if done.returncode != 0:
+            print(f"peer:    tensorzero-nodelay left out: cc failed: {done.stderr.strip()[-500:]}")
+            return None
+    info.update(peer="tensorzero-nodelay", preload=str(library))
+    info["describe"] += "; tensorzero-nodelay: the same, TCP_NODELAY forced on its accepted sockets (LD_PRELOAD)"
+    return info
 
 
 # ---- the table -------------------------------------------------------------------------
@@ -355,4 +411,7 @@ PEERS = {
     "portkey": Peer("portkey", ensure_portkey, start_portkey, config_header=portkey_headers),
     "tensorzero": Peer("tensorzero", ensure_tensorzero, start_tensorzero, path="/openai/v1/chat/completions",
                        model="tensorzero::model_name::bench"),
+    "tensorzero-nodelay": Peer("tensorzero-nodelay", ensure_tensorzero_nodelay, start_tensorzero,
+                               path="/openai/v1/chat/completions", model="tensorzero::model_name::bench"),
 }
+DEFAULT_PEERS = ("litellm", "portkey", "tensorzero")  # tensorzero-nodelay only when asked for

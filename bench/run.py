@@ -45,7 +45,7 @@ from lib import (  # noqa: E402
     tinygw_version,
     tree_usage,
 )
-from peers import PEERS  # noqa: E402
+from peers import DEFAULT_PEERS, PEERS  # noqa: E402
 
 PEER_NAMES = tuple(PEERS)  # --peers: the other gateways, beside tinygw and nginx
 GATEWAYS = ("tinygw", "tinygw-tls", *PEER_NAMES, "nginx")
@@ -142,11 +142,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=3, help="measured runs per configuration; median reported (3)")
     ap.add_argument("--concurrency", default="1,32",
                     help="comma-separated connection counts (default 1,32); wrk threads = min(2, c)")
-    ap.add_argument("--peers", default=",".join(PEER_NAMES),
+    ap.add_argument("--peers", default=",".join(DEFAULT_PEERS),
                     help="comma-separated peers measured beside tinygw and nginx (default litellm,portkey,tensorzero): "
                          "LiteLLM's proxy (pip, into bench/.venv-litellm), Portkey's gateway (npm, into "
                          "bench/.node-portkey) and TensorZero's gateway (pip, into bench/.venv-tensorzero), each "
-                         "installed on first use; '' for none")
+                         "installed on first use; also tensorzero-nodelay (TensorZero with TCP_NODELAY forced on "
+                         "its accepted sockets); '' for none")
     ap.add_argument("--no-peer", action="store_true", help="no peers at all (the same as --peers '')")
     ap.add_argument("--json", metavar="PATH", help="also write the raw numbers as JSON to PATH")
     ap.add_argument("--stream", action="store_true",
@@ -185,7 +186,7 @@ def install_peers(args) -> dict[str, dict]:
             peers[name].update(enabled=True, start_s={}, **{k: v for k, v in info.items() if k != "python"})
             peers[name]["_info"] = info
             print(f"peer:    {info['describe']}")
-    for name in PEERS:
+    for name in DEFAULT_PEERS:
         if args.wanted and name not in args.wanted:
             print(f"peer:    {name} not chosen (--peers {','.join(args.wanted)})")
     sys.stdout.flush()
@@ -304,7 +305,8 @@ def run_level(args, wrk: str, conns: int, targets: list[Target], upstream: Proc,
 def print_report(args, raw: dict, summary: list[dict], peers: dict, stderr_of: dict[str, str]) -> None:
     names = ["direct", "nginx", "tinygw", "tinygw-tls", *PEER_NAMES]
     described = {"litellm": "peer, 1 uvicorn worker", "portkey": "peer, Portkey's gateway, 1 node process",
-                 "tensorzero": "peer, TensorZero's Rust gateway from its wheel"}
+                 "tensorzero": "peer, TensorZero's Rust gateway from its wheel",
+                 "tensorzero-nodelay": "the same with TCP_NODELAY forced on its accepted sockets"}
     print()
     print(f"direct = the instant upstream; tinygw {raw['tinygw_version']} (this tree, 1 Granian worker)"
           + "".join(f"; {name} {peers[name]['version']} ({described[name]})" for name in PEER_NAMES
@@ -328,7 +330,7 @@ def print_report(args, raw: dict, summary: list[dict], peers: dict, stderr_of: d
     if args.stream and any("portkey" in s["targets"] for s in summary):
         print("portkey: its stream reader waits 25 ms before it relays the first event of every streamed answer "
               "(readStream in its src/handlers/streamHandler.ts): most of its +p50 at c=1")
-    if args.stream and any("tensorzero" in s["targets"] for s in summary):
+    if args.stream and any(t.startswith("tensorzero") for s in summary for t in s["targets"]):
         print("tensorzero: its server leaves Nagle's algorithm on for the sockets it accepts, so a stream's last "
               "small writes wait for the client's delayed ACK (~40 ms): most of its +p50 (see bench/README.md); "
               "it also merges the role event into the first word's, one event fewer")
