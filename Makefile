@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: all demo test test-clients lint fuzz bench bench-floor bench-outage soak verifier rehearse lock clean build reproduce test-frozen
+.PHONY: all demo test test-clients lint fuzz bench bench-floor bench-outage bench-overhead soak verifier rehearse lock clean build reproduce test-frozen
 
 all: $(STAMP)
 
@@ -84,19 +84,28 @@ verifier: .venv-verify/.installed
 rehearse: $(STAMP)
 	$(PY) attest/rehearse
 
-# Plain, then streamed answers: tinygw beside nginx, LiteLLM's proxy and Portkey's gateway (the peers are
-# installed on first use into bench/.venv-litellm and bench/.node-portkey); about 8 minutes in all.
+# Plain, then streamed answers: tinygw beside nginx, LiteLLM's proxy, Portkey's gateway and TensorZero's
+# (the peers are installed on first use into bench/.venv-litellm, bench/.node-portkey and
+# bench/.venv-tensorzero); then the bytecodes a request and an event cost (exact, whatever the noise);
+# about 10 minutes in all.
 bench: $(STAMP)
 	$(PY) bench/run.py
 	$(PY) bench/run.py --stream
+	$(PY) bench/bytecodes.py
 	$(PY) bench/artifact.py
+
+# The latency each gateway adds, as independent harnesses measure it: sequential requests, direct and
+# every gateway interleaved, rounds after a warm-up, median of the round medians (~2 min).
+bench-overhead: $(STAMP)
+	$(PY) bench/overhead.py
 
 # The floor under `make bench`: Granian alone, Granian + tinygw's upstream pool, the pool on one
 # uvloop thread, and tinygw, side by side (~4 min).
 bench-floor: $(STAMP)
 	$(PY) bench/floor.py
 
-# What a provider outage costs the clients (refused/reset, hang, 500, then recovery): ~3 min.
+# What a provider outage costs the clients (refused/reset, hang, 500, then recovery), tinygw beside
+# LiteLLM and Portkey (installed on first use, as for `make bench`): ~10 min.
 bench-outage: $(STAMP)
 	$(PY) bench/outage.py
 

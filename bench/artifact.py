@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import ROOT, free_port  # noqa: E402 - bench/run.py's, as the other bench tools
+from lib import ROOT, free_port  # noqa: E402 - bench/lib.py's, as the other bench tools
 
 ARTIFACT_MB_GOAL = 20
 COLD_START_GOAL_S = 0.4

@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -22,14 +21,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lib import ROOT, free_port  # noqa: E402 - bench/lib.py's, as the other bench tools
+
 PIECE = b"x" * (1024 * 1024)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def provider(port: int, size_mib: int, ready: threading.Event) -> None:

@@ -34,7 +34,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: its library, however outage.py is started
+from lib import ROOT, free_port  # noqa: E402
+from peers import LITELLM_CLI, ensure_litellm, ensure_portkey, litellm_env, portkey_argv, portkey_env  # noqa: E402
+
 CONCURRENCY = 4
 
 
@@ -102,12 +105,6 @@ class Provider:
                     conn.sendall(answer(500, "down") if mode == "500" else answer(200, self.name))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_tinygw(primary: Provider, fallback: Provider, port: int, workdir: str) -> subprocess.Popen:
     config = {"providers": {
         "primary": {"base_url": f"http://127.0.0.1:{primary.port}/v1", "api": "openai", "first_byte_timeout_s": 5,
@@ -142,38 +139,24 @@ general_settings:
 
 
 def start_litellm(primary: Provider, fallback: Provider, port: int, workdir: str) -> subprocess.Popen:
-    cli = ROOT / "bench" / ".venv-litellm" / "bin" / "litellm"  # installed by bench/run.py (make bench)
     config = Path(workdir) / "litellm.yaml"
     config.write_text(LITELLM_CONFIG.format(primary=primary.port, fallback=fallback.port))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LITELLM_", "DATABASE_", "REDIS_", "OPENAI_"))}
-    env.update(LITELLM_LOG="ERROR", LITELLM_TELEMETRY="False", LITELLM_TELEMETRY_DISABLED="True",
-               LITELLM_LOCAL_MODEL_COST_MAP="True")
-    return subprocess.Popen([str(cli), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
-                             "--num_workers", "1"], env=env, cwd=workdir, stdout=subprocess.DEVNULL,
+    return subprocess.Popen([str(LITELLM_CLI), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
+                             "--num_workers", "1"], env=litellm_env(), cwd=workdir, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
 
 
-PORTKEY = ROOT / "bench" / ".node-portkey" / "node_modules" / "@portkey-ai" / "gateway" / "build" / "start-server.js"
-PORTKEY_VERSION = "1.15.2"
-
-
-def ensure_portkey() -> bool:
-    """Portkey's open-source gateway (npm, run with node) in bench/.node-portkey: bench/run.py's
-    installer, the one place that pins it and its @hono/node-server (a newer one breaks its streams)."""
-    from run import ensure_portkey_peer  # here, not at the top: run.py imports this module
-
-    return ensure_portkey_peer() is not None
-
-
 def start_portkey(primary: Provider, fallback: Provider, port: int, workdir: str) -> subprocess.Popen:
-    return subprocess.Popen(["node", str(PORTKEY), f"--port={port}", "--headless"], cwd=workdir,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(portkey_argv(port, workdir), env=portkey_env(), cwd=workdir, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # on loopback only, as in make bench
 
 
 def portkey_headers(primary: Provider, fallback: Provider) -> dict[str, str]:
     """Portkey's fallback strategy, per request (its open-source build has no breaker)."""
-    target = lambda p, model: {"provider": "openai", "api_key": "dummy", "custom_host": f"http://127.0.0.1:{p.port}/v1",
-                               "override_params": {"model": model}}
+    def target(p: Provider, model: str) -> dict:
+        return {"provider": "openai", "api_key": "dummy", "custom_host": f"http://127.0.0.1:{p.port}/v1",
+                "override_params": {"model": model}}
+
     return {"x-portkey-config": json.dumps({"strategy": {"mode": "fallback"}, "request_timeout": 5000,
                                             "targets": [target(primary, "x"), target(fallback, "y")]})}
 
@@ -199,7 +182,7 @@ def run_scenario(gateway_name: str, way: str, seconds: float, recover_at: float)
                 break  # it answers: ready
             except OSError:
                 if time.monotonic() > deadline or gateway.poll() is not None:
-                    raise SystemExit(f"{gateway_name} did not start")
+                    raise SystemExit(f"{gateway_name} did not start") from None
                 time.sleep(0.2)
         primary.mode = way
         start = time.monotonic()
@@ -258,18 +241,18 @@ def main() -> int:
     parser.add_argument("--recover-at", type=float, default=35.0)
     parser.add_argument("--scenarios", default="reset,hang,500")
     parser.add_argument("--gateways", default="tinygw,litellm,portkey",
-                        help="tinygw; LiteLLM's proxy when bench/.venv-litellm has it (make bench installs it); "
+                        help="tinygw; LiteLLM's proxy (installed with pip into bench/.venv-litellm when missing); "
                              "Portkey's gateway (installed with npm into bench/.node-portkey when missing)")
     args = parser.parse_args()
-    gateways = [g for g in args.gateways.split(",") if g]
-    if "litellm" in gateways and not (ROOT / "bench" / ".venv-litellm" / "bin" / "litellm").exists():
-        print("litellm: not installed in bench/.venv-litellm (make bench installs it); left out")
-        gateways.remove("litellm")
-    if "portkey" in gateways and not ensure_portkey():
-        print("portkey: npm/node missing or the install failed; left out")
-        gateways.remove("portkey")
     if not 0 < args.recover_at < args.seconds <= 600:
         parser.error("need 0 < --recover-at < --seconds <= 600")
+    gateways = [g for g in args.gateways.split(",") if g]
+    if "litellm" in gateways and (ensure_litellm() is None or not LITELLM_CLI.exists()):
+        print("litellm: pip or the install into bench/.venv-litellm failed; left out")
+        gateways.remove("litellm")
+    if "portkey" in gateways and ensure_portkey() is None:
+        print("portkey: npm/node missing or the install failed; left out")
+        gateways.remove("portkey")
     print(f"tinygw at product defaults (breaker 5 failures / 30 s, health checks every 10 s); LiteLLM's router "
           f"with allowed_fails 5, cooldown 30 s, timeout 5 s, fallbacks; c={CONCURRENCY}, {args.seconds:g} s a "
           f"scenario, the primary recovering at +{args.recover_at:g} s", flush=True)

@@ -37,7 +37,8 @@ from pathlib import Path
 
 import h11
 
-from run import HOST, ROOT, Proc, descendants, machine, wait_ready  # bench/run.py: processes in their own groups
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: its library, however soak.py is started
+from lib import HOST, ROOT, Proc, descendants, machine, wait_ready  # noqa: E402 - processes in their own groups
 
 PATH = "/v1/chat/completions"
 NONCE = re.compile(rb"n[0-9a-f]{16}")
