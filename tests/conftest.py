@@ -27,6 +27,7 @@ settings.register_profile("long", max_examples=5_000, deadline=None, database=No
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 from tinygw.fake.upstream import FakeUpstream, well_behaved
+from tinygw.lifecycle import adopt_orphans
 
 ROOT = Path(__file__).resolve().parent.parent
 START_SECONDS = 20  # a gateway that is not answering /healthz by then has failed
@@ -72,8 +73,8 @@ class Gateway:
     """A real `tinygw serve` process on a free loopback port."""
 
     def __init__(self, config: dict, env: dict[str, str], log_path: Path, soft_open_files: int | None = None,
-                 prefix: list[str] | None = None) -> None:
-        self.port = free_port()
+                 prefix: list[str] | None = None, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.log_path = log_path
         self.env = {
             "PATH": os.environ.get("PATH", ""),
@@ -171,8 +172,9 @@ def module_fake():
 def start_gateway(tmp_path):
     started: list[Gateway] = []
 
-    def start(config: dict, soft_open_files: int | None = None, prefix: list[str] | None = None, **env: str) -> Gateway:
-        gateway = Gateway(config, env, tmp_path / f"gateway-{len(started)}.log", soft_open_files, prefix)
+    def start(config: dict, soft_open_files: int | None = None, prefix: list[str] | None = None,
+              port: int | None = None, **env: str) -> Gateway:
+        gateway = Gateway(config, env, tmp_path / f"gateway-{len(started)}.log", soft_open_files, prefix, port)
         started.append(gateway)
         return gateway
 
@@ -207,3 +209,48 @@ def metric_value(gateway: Gateway, name: str, **labels: str) -> float | None:
         if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
     ]
     return sum(values) if values else None
+
+
+# ---- the suite leaves no process behind (docs/design.md section 13) ---------------------
+
+
+def pytest_configure(config):
+    # Orphans of this session (a worker whose gateway died, say) become its children
+    # rather than init's, so that the check below can find them.
+    adopt_orphans()
+
+
+def children() -> dict[int, str]:
+    """This process's children: pid -> state (R, S, Z ...) and command line."""
+    found = {}
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rpartition(b")")[2].split()
+            if int(fields[1]) == os.getpid():
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    found[int(pid)] = f"{fields[0].decode()} {f.read().replace(bytes(1), b' ').decode(errors='replace')}"
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the session when a process it started is still alive (and end that process)."""
+    def alive() -> dict[int, str]:
+        for pid, state in children().items():
+            if state.startswith("Z"):
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+        return {pid: state for pid, state in children().items() if not state.startswith("Z")}
+
+    try:
+        wait_until(lambda: not alive(), 5.0, "the session's processes to end")
+    except AssertionError:
+        left = alive()
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        sys.stderr.write("\nprocesses left behind by the tests:\n" + "".join(f"  {pid} {c}\n" for pid, c in left.items()))
+        session.exitstatus = 1
