@@ -69,6 +69,14 @@ def gateway_command() -> list[str]:
     return [binary] if binary else [sys.executable, "-m", "tinygw"]
 
 
+def run_tinygw(args: list[str], environ: dict[str, str], seconds: float = 30,
+               prefix: list[str] | None = None) -> subprocess.CompletedProcess:
+    """One run of the command line to its end, with `environ` as its whole environment."""
+    full = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT), **environ}
+    return subprocess.run([*(prefix or []), *gateway_command(), *args], env=full, cwd=ROOT, capture_output=True,
+                          text=True, timeout=seconds)
+
+
 class Gateway:
     """A real `tinygw serve` process on a free loopback port."""
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import signal
 import sys
 import time
 

@@ -63,7 +63,7 @@ def serve(settings: Settings) -> None:
             locks.append(lifecycle.hold(metrics_dir))
             environment.share_metrics_dir(metrics_dir)
         if served is not None:
-            environment.share_served_cert(served.cert_path, served.spki_sha256)
+            environment.share_served_cert(served.cert_path, served.spki_sha256, served.not_after)
         # Each worker dies with this process (tinygw.lifecycle), whatever kills it.
         _granian(settings, open_files, served).serve(target_loader=functools.partial(_load_app, os.getpid()))
     finally:
@@ -108,12 +108,30 @@ def _tls(settings: Settings):
     from tinygw.trust import tls  # cryptography is imported only when TLS is on
 
     if settings.tls_mode == "files":
-        return tls.served_files(settings.tls_cert_file, settings.tls_key_file)
+        served = tls.served_files(settings.tls_cert_file, settings.tls_key_file)
+        warn_of_expiry(served.not_after, datetime.datetime.now(datetime.timezone.utc).timestamp())
+        return served
     served = tls.write_attested(settings.tls_names, list(settings.tls_key_dirs),
                                 datetime.datetime.now(datetime.timezone.utc))
     logs.log(logging.INFO, "attested TLS key made", names=list(settings.tls_names),
              tls_spki_sha256=served.spki_sha256)
     return served
+
+
+# A certificate that expires within this many days is said at start (and its expiry is
+# the metric tinygw_tls_certificate_expiry_seconds, for alerts).
+EXPIRY_WARNING_DAYS = 14
+
+
+def warn_of_expiry(not_after: float, now: float) -> None:
+    """Say at start when the served certificate has expired, or soon will."""
+    when = datetime.datetime.fromtimestamp(not_after, datetime.timezone.utc).isoformat()
+    if not_after <= now:
+        logs.log(logging.ERROR, "the served TLS certificate has EXPIRED: clients will refuse it",
+                 not_after=when, expired_days_ago=round((now - not_after) / 86400, 1))
+    elif not_after - now < EXPIRY_WARNING_DAYS * 86400:
+        logs.log(logging.WARNING, "the served TLS certificate expires soon", not_after=when,
+                 days_left=round((not_after - now) / 86400, 1))
 
 
 def refuse_taken_port(host: str, port: int) -> None:
