@@ -105,3 +105,21 @@ def test_leftovers_of_dead_gateways_are_removed_at_start(start_gateway, tmp_path
     assert left == {"tinygw-tls-alive", "_MEIyoung", "_MEIsomeone-else", "unrelated"}
     removed = {r["path"] for r in gateway.log_records() if r.get("msg") == "removed what a dead gateway left"}
     assert {str(made[n]) for n in ("tinygw-tls-dead", "tinygw-metrics-dead", "_MEIdead")} <= removed
+
+
+def test_a_measured_gateway_removes_dead_launch_directories_beside_its_own(start_gateway, tmp_path):
+    # attest/launch points TMPDIR at its own directory (tinygw-launch.*), which holds the
+    # measured copy of the artifact; dead runs' copies lie beside it.
+    old = time.time() - 3600
+    tmp_path = tmp_path / "run"
+    tmp_path.mkdir()
+    own, dead, foreign = (tmp_path / name for name in ("tinygw-launch.own", "tinygw-launch.dead", "tinygw-launch.x"))
+    for path in (own, dead, foreign):
+        path.mkdir()
+        os.utime(path, (old, old))
+    (own / "tinygw").write_text("the running copy")
+    (dead / "tinygw").write_text("a dead run's copy")
+    os.utime(own, (old, old))
+    os.utime(dead, (old, old))
+    start_gateway(CONFIG, TMPDIR=str(own))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tinygw-launch.own", "tinygw-launch.x"]

@@ -8,12 +8,14 @@ running by a dead parent would keep serving the old key and configuration, and k
 the port from the next gateway.
 
 A gateway killed without a chance to clean up leaves directories behind: its attested
-key's (`tinygw-tls-*`), its metrics' (`tinygw-metrics-*`) and, frozen, the bootloader's
-unpack directory (`_MEI*`). `serve` removes those of dead gateways at start. Who is
+key's (`tinygw-tls-*`), its metrics' (`tinygw-metrics-*`), frozen, the bootloader's
+unpack directory (`_MEI*`) and, measured, attest/launch's (`tinygw-launch.*`: the copy
+of the artifact, and TMPDIR). `serve` removes those of dead gateways at start. Who is
 dead: serve holds a lock (flock) on each directory it makes for its whole life, and
 its workers share it (a fork keeps the open file); the unpack directory is the
-bootloader's, which takes no lock, but every process of the gateway maps its Python
-library from it, and workers map their metrics files. So a directory that no live
+bootloader's and the launch directory the launcher's, which take no lock, but every
+process of the gateway maps its Python library from the one and its executable from the
+other, and workers map their metrics files. So a directory that no live
 process holds a lock on or maps a file from belongs to nobody alive. One modified
 within the last `GRACE_SECONDS` is left alone: a starting gateway may not have locked
 or mapped it yet.
@@ -37,7 +39,10 @@ _PR_SET_CHILD_SUBREAPER = 36
 GRACE_SECONDS = 60.0
 
 UNPACK_PREFIX = "_MEI"
-PREFIXES = ("tinygw-tls-", "tinygw-metrics-", UNPACK_PREFIX)
+LAUNCH_PREFIX = "tinygw-launch."  # attest/launch's directory: the artifact's measured copy, and TMPDIR
+PREFIXES = ("tinygw-tls-", "tinygw-metrics-", UNPACK_PREFIX, LAUNCH_PREFIX)
+# What a directory of each borrowed kind holds when it is ours: the unpacked Granian, the copy.
+_MARKS = {UNPACK_PREFIX: "granian", LAUNCH_PREFIX: "tinygw"}
 
 
 def _prctl(option: int, value: int) -> None:
@@ -89,9 +94,9 @@ def release(fd: int | None) -> None:
         os.close(fd)
 
 
-def remove_leftovers(parents: list[str], now: float | None = None) -> list[str]:
-    """Remove the directories of dead gateways owned by this user in `parents`; the
-    paths removed."""
+def remove_leftovers(parents: list[str], keep: str, now: float | None = None) -> list[str]:
+    """Remove the directories of dead gateways owned by this user in `parents`, never
+    `keep` (this process's own TMPDIR) or one that holds it; the paths removed."""
     now = time.time() if now is None else now  # compared with file times, which are wall clock
     candidates = []
     for parent in dict.fromkeys(p for p in parents if p):
@@ -100,14 +105,17 @@ def remove_leftovers(parents: list[str], now: float | None = None) -> list[str]:
         except OSError:
             continue
         candidates += [os.path.join(parent, n) for n in names if n.startswith(PREFIXES)]
-    candidates = [path for path in candidates if _ours_and_settled(path, now)]
+    keep = os.path.realpath(keep)
+    candidates = [path for path in candidates if _ours_and_settled(path, now)
+                  and not (keep + "/").startswith(os.path.realpath(path) + "/")]
     if not candidates:
         return []
     mapped = _mapped_directories()
     removed = []
     for path in candidates:
-        if os.path.basename(path).startswith(UNPACK_PREFIX) and not os.path.isdir(os.path.join(path, "granian")):
-            continue  # another program's unpack directory
+        mark = next((m for prefix, m in _MARKS.items() if os.path.basename(path).startswith(prefix)), None)
+        if mark and not os.path.exists(os.path.join(path, mark)):
+            continue  # another program's
         if os.path.realpath(path) in mapped or _held(path):
             continue
         shutil.rmtree(path, ignore_errors=True)

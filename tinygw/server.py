@@ -95,9 +95,12 @@ def _load_app(parent_pid: int, target: str):
 
 def remove_leftovers(settings: Settings) -> None:
     """Remove what dead gateways of this user left: key, metrics and unpack directories."""
-    unpack_parent = os.path.dirname(getattr(sys, "_MEIPASS", "")) or tempfile.gettempdir()
-    parents = [*settings.tls_key_dirs, "/dev/shm", tempfile.gettempdir(), unpack_parent]
-    for path in lifecycle.remove_leftovers(parents):
+    temporary = tempfile.gettempdir()
+    unpack_parent = os.path.dirname(getattr(sys, "_MEIPASS", "")) or temporary
+    parents = [*settings.tls_key_dirs, "/dev/shm", temporary, unpack_parent]
+    if os.path.basename(temporary).startswith(lifecycle.LAUNCH_PREFIX):  # attest/launch's TMPDIR: its siblings
+        parents.append(os.path.dirname(temporary))
+    for path in lifecycle.remove_leftovers(parents, keep=temporary):
         logs.log(logging.INFO, "removed what a dead gateway left", path=path)
 
 
