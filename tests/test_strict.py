@@ -54,6 +54,14 @@ def test_key_variables_the_configuration_names_are_read(tmp_path):
     assert "did you mean PROVIDER_A_KEY?" in refused(done, "PROVIDER_B_KEY: ")
 
 
+@pytest.mark.parametrize("host", ["localhost", "not_a_host", "256.1.1.1", "[::1]", "192.0.2.77"])
+@pytest.mark.parametrize("command", ["check", "serve"])
+def test_a_listen_address_that_cannot_be_bound_exits_2_naming_it(host, command):
+    # Granian binds an IP address of this machine; anything else was a traceback (exit 1).
+    done = run_tinygw([command], env(TINYGW_HOST=host, TINYGW_API_KEYS="gw-k", TINYGW_PORT=str(free_port())))
+    refused(done, "TINYGW_HOST: ")
+
+
 # ---- no JSON object names a key twice -------------------------------------------------------
 
 OTHER = json.dumps({**PROVIDER, "base_url": "https://other.example.com/v1"})

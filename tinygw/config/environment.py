@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import socket
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
@@ -309,9 +310,23 @@ def _breaker(env: Mapping[str, str]) -> Breaker:
     return breaker
 
 
+def _listen_address(host: str) -> str:
+    """TINYGW_HOST: an IP address (Granian binds an address, not a name) of this machine."""
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        raise ConfigError("TINYGW_HOST", f"not an IP address (a name is not resolved): {host!r}") from None
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, 0))
+        except OSError as e:
+            raise ConfigError("TINYGW_HOST", f"cannot listen on {host}: {e.strerror}") from None
+    return host
+
+
 def _listening(env: Mapping[str, str]) -> dict:
     """Where and how the gateway listens, and whom it lets in, as Settings fields."""
-    host = env.get("TINYGW_HOST", "127.0.0.1").strip() or "127.0.0.1"
+    host = _listen_address(env.get("TINYGW_HOST", "127.0.0.1").strip() or "127.0.0.1")
     log_level = env.get("TINYGW_LOG_LEVEL", "info").strip().lower() or "info"
     if log_level not in _LOG_LEVELS:
         raise ConfigError("TINYGW_LOG_LEVEL", f"must be one of {', '.join(_LOG_LEVELS)}, got {log_level!r}")
