@@ -35,7 +35,7 @@ def tls_fields(env: Mapping[str, str]) -> dict:
                 ipaddress.ip_address(name)
             except ValueError:
                 raise ConfigError("TINYGW_TLS_NAMES", f"not a DNS name or IP address: {name!r}") from None
-    fields = {"tls_mode": mode, "tls_names": names}
+    fields: dict[str, object] = {"tls_mode": mode, "tls_names": names}
     cert_file, key_file = env.get("TINYGW_TLS_CERT_FILE"), env.get("TINYGW_TLS_KEY_FILE")
     # Set by serve for its own workers only (serve removes any it inherited), and
     # honoured only with TLS on: with TLS off nothing may make a worker attest a key.
@@ -56,11 +56,12 @@ def tls_fields(env: Mapping[str, str]) -> dict:
         raise ConfigError("TINYGW_TLS_CERT_FILE" if cert_file else "TINYGW_TLS_KEY_FILE",
                           f"set, but TINYGW_TLS is {mode!r}, not 'files'")
     # attest/launch points TMPDIR at its private directory in guest memory.
-    fields["tls_key_dirs"] = tuple(d for d in (env.get("TMPDIR"), env.get("XDG_RUNTIME_DIR"), "/run", "/dev/shm") if d)
+    key_dirs = [d for d in (env.get("TMPDIR"), env.get("XDG_RUNTIME_DIR"), "/run", "/dev/shm") if d]
+    fields["tls_key_dirs"] = tuple(key_dirs)
     if mode == "attested" and served is None:
         from tinygw.trust import tls
 
-        tls.memory_directory(list(fields["tls_key_dirs"]))  # exists, and the key can be written there
+        tls.memory_directory(key_dirs)  # exists, and the key can be written there
     fields["served_cert"] = served
     fields["served_spki_sha256"] = (env.get(SERVED_SPKI_VARIABLE) or None) if served else None
     fields["served_not_after"] = _timestamp(env.get(SERVED_NOT_AFTER_VARIABLE)) if served else None
