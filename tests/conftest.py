@@ -237,7 +237,8 @@ def children() -> dict[int, str]:
                 fields = f.read().rpartition(b")")[2].split()
             if int(fields[1]) == os.getpid():
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    found[int(pid)] = f"{fields[0].decode()} {f.read().replace(bytes(1), b' ').decode(errors='replace')}"
+                    command = f.read().replace(bytes(1), b" ").decode(errors="replace")
+                found[int(pid)] = f"{fields[0].decode()} {command}"
         except (OSError, ValueError, IndexError):
             continue
     return found
@@ -260,5 +261,6 @@ def pytest_sessionfinish(session, exitstatus):
         left = alive()
         for pid in left:
             os.kill(pid, signal.SIGKILL)
-        sys.stderr.write("\nprocesses left behind by the tests:\n" + "".join(f"  {pid} {c}\n" for pid, c in left.items()))
+        listing = "".join(f"  {pid} {command}\n" for pid, command in left.items())
+        sys.stderr.write(f"\nprocesses left behind by the tests:\n{listing}")
         session.exitstatus = 1

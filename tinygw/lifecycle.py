@@ -160,5 +160,6 @@ def _mapped_directories() -> set[str]:
             continue  # gone, or another user's
         for path in paths:
             parts = path.split("/")
-            directories.update("/" + "/".join(parts[: i + 1]) for i, part in enumerate(parts) if part.startswith(PREFIXES))
+            directories.update("/" + "/".join(parts[: i + 1])
+                               for i, part in enumerate(parts) if part.startswith(PREFIXES))
     return directories

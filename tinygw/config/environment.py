@@ -196,7 +196,8 @@ def _provider(env: Mapping[str, str], where: str, name: str, doc: ProviderDoc) -
     origin = parse_base_url(f"{path}.base_url", doc.base_url)
     if origin.scheme == "http" and not _is_loopback(origin.host) and not doc.plaintext:
         raise ConfigError(f"{path}.base_url", "http:// to an address that is not loopback: the network (inside a "
-                                              'confidential VM, its host) reads every byte; use https, or say "plaintext": true')
+                                              "confidential VM, its host) reads every byte; use https, or say "
+                                              '"plaintext": true')
     names = [doc.api_key_env] if isinstance(doc.api_key_env, str) else list(doc.api_key_env or [])
     for key_name in names:
         if not key_name or not key_name.replace("_", "a").isalnum():

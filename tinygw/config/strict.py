@@ -47,7 +47,8 @@ def refuse_unknown_variables(env: Mapping[str, str], key_variables: set[str]) ->
     for name in sorted(env):
         if name.startswith(PREFIXES) and name not in OPERATOR_VARIABLES | SET_BY_SERVE | named:
             closest = difflib.get_close_matches(name, sorted(OPERATOR_VARIABLES | named), n=1, cutoff=0)
-            raise ConfigError(name, "not a variable tinygw reads" + (f"; did you mean {closest[0]}?" if closest else ""))
+            hint = f"; did you mean {closest[0]}?" if closest else ""
+            raise ConfigError(name, f"not a variable tinygw reads{hint}")
 
 
 class _Pairs(list):
