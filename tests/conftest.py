@@ -245,7 +245,8 @@ def children() -> dict[int, str]:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Fail the session when a process it started is still alive (and end that process)."""
+    """Fail the session when a process it started is still alive (and end that process,
+    and then what it leaves: its own children come to this process as they are orphaned)."""
     def alive() -> dict[int, str]:
         for pid, state in children().items():
             if state.startswith("Z"):
@@ -257,10 +258,18 @@ def pytest_sessionfinish(session, exitstatus):
 
     try:
         wait_until(lambda: not alive(), 5.0, "the session's processes to end")
+        return
     except AssertionError:
-        left = alive()
-        for pid in left:
+        pass
+    left: dict[int, str] = {}
+    for _ in range(50):  # bounded: a tree a few levels deep
+        found = alive()
+        if not found:
+            break
+        left |= found
+        for pid in found:
             os.kill(pid, signal.SIGKILL)
-        listing = "".join(f"  {pid} {command}\n" for pid, command in left.items())
-        sys.stderr.write(f"\nprocesses left behind by the tests:\n{listing}")
-        session.exitstatus = 1
+        time.sleep(0.1)
+    listing = "".join(f"  {pid} {command}\n" for pid, command in left.items())
+    sys.stderr.write(f"\nprocesses left behind by the tests:\n{listing}")
+    session.exitstatus = 1
