@@ -27,6 +27,7 @@ settings.register_profile("long", max_examples=5_000, deadline=None, database=No
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 from tinygw.fake.upstream import FakeUpstream, well_behaved
+from tinygw.lifecycle import adopt_orphans
 
 ROOT = Path(__file__).resolve().parent.parent
 START_SECONDS = 20  # a gateway that is not answering /healthz by then has failed
@@ -68,12 +69,20 @@ def gateway_command() -> list[str]:
     return [binary] if binary else [sys.executable, "-m", "tinygw"]
 
 
+def run_tinygw(args: list[str], environ: dict[str, str], seconds: float = 30,
+               prefix: list[str] | None = None) -> subprocess.CompletedProcess:
+    """One run of the command line to its end, with `environ` as its whole environment."""
+    full = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT), **environ}
+    return subprocess.run([*(prefix or []), *gateway_command(), *args], env=full, cwd=ROOT, capture_output=True,
+                          text=True, timeout=seconds)
+
+
 class Gateway:
     """A real `tinygw serve` process on a free loopback port."""
 
     def __init__(self, config: dict, env: dict[str, str], log_path: Path, soft_open_files: int | None = None,
-                 prefix: list[str] | None = None) -> None:
-        self.port = free_port()
+                 prefix: list[str] | None = None, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.log_path = log_path
         self.env = {
             "PATH": os.environ.get("PATH", ""),
@@ -171,8 +180,9 @@ def module_fake():
 def start_gateway(tmp_path):
     started: list[Gateway] = []
 
-    def start(config: dict, soft_open_files: int | None = None, prefix: list[str] | None = None, **env: str) -> Gateway:
-        gateway = Gateway(config, env, tmp_path / f"gateway-{len(started)}.log", soft_open_files, prefix)
+    def start(config: dict, soft_open_files: int | None = None, prefix: list[str] | None = None,
+              port: int | None = None, **env: str) -> Gateway:
+        gateway = Gateway(config, env, tmp_path / f"gateway-{len(started)}.log", soft_open_files, prefix, port)
         started.append(gateway)
         return gateway
 
@@ -245,3 +255,59 @@ def sdk_clients(api_key: str):
         return anthropic.Anthropic(base_url=gateway.url, api_key=api_key, max_retries=0, timeout=10)
 
     return openai_client, anthropic_client
+
+
+# ---- the suite leaves no process behind (docs/design.md section 13) ---------------------
+
+
+def pytest_configure(config):
+    # Orphans of this session (a worker whose gateway died, say) become its children
+    # rather than init's, so that the check below can find them.
+    adopt_orphans()
+
+
+def children() -> dict[int, str]:
+    """This process's children: pid -> state (R, S, Z ...) and command line."""
+    found = {}
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rpartition(b")")[2].split()
+            if int(fields[1]) == os.getpid():
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    command = f.read().replace(bytes(1), b" ").decode(errors="replace")
+                found[int(pid)] = f"{fields[0].decode()} {command}"
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the session when a process it started is still alive (and end that process,
+    and then what it leaves: its own children come to this process as they are orphaned)."""
+    def alive() -> dict[int, str]:
+        for pid, state in children().items():
+            if state.startswith("Z"):
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+        return {pid: state for pid, state in children().items() if not state.startswith("Z")}
+
+    try:
+        wait_until(lambda: not alive(), 5.0, "the session's processes to end")
+        return
+    except AssertionError:
+        pass
+    left: dict[int, str] = {}
+    for _ in range(50):  # bounded: a tree a few levels deep
+        found = alive()
+        if not found:
+            break
+        left |= found
+        for pid in found:
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+    listing = "".join(f"  {pid} {command}\n" for pid, command in left.items())
+    sys.stderr.write(f"\nprocesses left behind by the tests:\n{listing}")
+    session.exitstatus = 1

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, free_port, gateway_command
+from conftest import ROOT, free_port, run_tinygw
 from tinygw.config.environment import from_environ
 from tinygw.secret import Secret
 from tinygw.errors import ConfigError
@@ -157,10 +157,7 @@ def test_config_hash_is_canonical_and_covers_breaker_settings():
 # ---- the command line, black-box -------------------------------------------------------------
 
 
-def run_cli(args: list[str], environ: dict[str, str], seconds: float = 30) -> subprocess.CompletedProcess:
-    full = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT), **environ}
-    return subprocess.run([*gateway_command(), *args], env=full, cwd=ROOT, capture_output=True, text=True,
-                          timeout=seconds)
+run_cli = run_tinygw
 
 
 def test_check_prints_the_redacted_configuration_and_its_hash():

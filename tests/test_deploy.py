@@ -534,6 +534,31 @@ def test_containerfile_copies_what_exists_onto_a_pinned_base():
     assert plumbing["TMPDIR"] == plumbing["TINYGW_LAUNCH_DIR"]
 
 
+def test_the_image_runs_as_the_deployments_non_root_user():
+    (user,) = [args for word, args in containerfile() if word == "USER"]
+    uid, _, gid = user[0].partition(":")
+    context = manifests()["Deployment"]["spec"]["template"]["spec"]["securityContext"]
+    assert int(uid) != 0 and (int(uid), int(gid or uid)) == (context["runAsUser"], context["runAsGroup"])
+
+
+# What one run keeps in the memory volume: the launcher's copy of the artifact (when it
+# measures) and the libraries the frozen binary unpacks, 51 MiB (measured: issue 20).
+UNPACKED_MIB = 51
+
+
+def test_the_memory_volume_holds_two_unclean_restarts_beside_the_running_one():
+    # An emptyDir outlives a container's restart: what a killed run left stays there.
+    release = json.loads((ROOT / "release" / "release.json").read_text())
+    run_mib = release["artifact"]["size"] / 2**20 + UNPACKED_MIB
+    pod = manifests()["Deployment"]["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v.get("emptyDir", {}).get("medium") == "Memory"]
+    size = volume["emptyDir"]["sizeLimit"]
+    assert size.endswith("Mi") and int(size[:-2]) >= 3 * run_mib
+    (container,) = pod["containers"]
+    limit = container["resources"]["limits"]["memory"]  # the tmpfs counts against it
+    assert limit.endswith("Mi") and int(limit[:-2]) >= int(size[:-2]) + 2 * 54  # and two workers at their peak
+
+
 # ---- replicas: circuits are per worker ---------------------------------------------------
 
 def test_an_outage_costs_at_most_the_breaker_threshold_per_worker(fake, start_gateway):

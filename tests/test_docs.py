@@ -1,5 +1,5 @@
 """The docs cannot drift from the code: docs/configuration.md names every JSON field
-(with its default) and every variable that config/environment.py reads, and nothing else;
+(with its default) and every variable that config/ reads, and nothing else;
 docs/api.md names every route and error code; README and docs link only inside the
 repository."""
 
@@ -55,8 +55,16 @@ def test_every_json_field_is_documented_with_its_default(struct, heading):
 
 
 def _variables_read_by_the_code() -> set[str]:
-    code = (ROOT / "tinygw" / "config" / "environment.py").read_text() + (ROOT / "tinygw" / "config" / "settings.py").read_text()
+    code = "".join(path.read_text() for path in (ROOT / "tinygw" / "config").glob("*.py"))
     return set(re.findall(r'"((?:TINYGW|PROVIDER)_[A-Z0-9_]+)"', code))
+
+
+def test_the_strict_environment_knows_every_variable_the_code_reads_and_the_docs_name():
+    from tinygw.config import strict
+
+    known = strict.OPERATOR_VARIABLES | strict.SET_BY_SERVE
+    assert _variables_read_by_the_code() <= known
+    assert known <= set(VARIABLE.findall(CONFIGURATION))
 
 
 def test_every_variable_the_code_reads_is_documented():

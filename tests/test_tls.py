@@ -18,10 +18,10 @@ import openai
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
-from conftest import ROOT, Gateway, call, gateway_command, wait_until
+from conftest import ROOT, Gateway, call, free_port, gateway_command, metric_value, run_tinygw, wait_until
 from test_attest import (SIMULATED_SIGNATURE, FakeTdx, launched_gateway, make_artifact, verify,  # puts attest/
                          write_release)  # on the path
 from relay import Relay  # noqa: E402 (attest/relay.py)
@@ -30,15 +30,16 @@ from tinygw.fake.upstream import FakeUpstream
 SECRET = "sk-attest-never-shown"  # test_attest's gateway_config names it
 
 
-def self_signed(directory: Path, name: str = "127.0.0.1") -> tuple[Path, Path]:
-    """A certificate and key made here (not by the gateway): (cert path, key path)."""
-    key = ec.generate_private_key(ec.SECP256R1())
+def self_signed(directory: Path, name: str = "127.0.0.1", key=None, days: float = 1) -> tuple[Path, Path]:
+    """A certificate and key made here (not by the gateway): (cert path, key path). The
+    certificate expires `days` from now (in the past when negative)."""
+    key = key or ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     now = datetime.datetime.now(datetime.timezone.utc)
     certificate = (
         x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
+        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=30))
+        .not_valid_after(now + datetime.timedelta(days=days))
         .add_extension(x509.SubjectAlternativeName([x509.IPAddress(__import__("ipaddress").ip_address(name))]),
                        critical=False)
         .sign(key, hashes.SHA256())
@@ -335,3 +336,76 @@ def test_a_long_first_name_and_a_pem_file_with_text_around_it_start(fake, start_
     answer = json.loads(call("GET", f"{gateway.url}/attestation?nonce={'22' * 32}")[2])
     assert answer["tls_certificate"].startswith("-----BEGIN CERTIFICATE-----")
     assert spki_of(answer["tls_certificate"].encode()) == answer["tls_spki_sha256"]
+
+
+# ---- every start-up failure is exit 2, and check makes serve's checks (docs/design.md section 13) ----
+
+
+@pytest.mark.parametrize("key,named", [(lambda: rsa.generate_private_key(65537, 1024), "an RSA key of 1024 bits"),
+                                       (lambda: ec.generate_private_key(ec.SECP224R1()), "an EC key on secp224r1")])
+def test_files_mode_with_a_weak_key_exits_2_in_check_and_serve(fake, tmp_path, key, named):
+    cert, key_file = self_signed(tmp_path / "weak", key=key())
+    env = {"TINYGW_CONFIG": json.dumps(files_config(fake)), "TINYGW_TLS": "files", "TINYGW_TLS_CERT_FILE": str(cert),
+           "TINYGW_TLS_KEY_FILE": str(key_file), "TINYGW_PORT": str(free_port())}
+    for command in ("check", "serve"):
+        done = run_tinygw([command], env)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert done.stderr.startswith(f"tinygw: configuration error: TINYGW_TLS_KEY_FILE: {str(key_file)!r} holds "
+                                      f"{named}") and len(done.stderr.splitlines()) == 1, done.stderr
+
+
+def test_files_mode_with_rsa_2048_starts(fake, start_gateway, tmp_path):
+    cert, key_file = self_signed(tmp_path / "rsa", key=rsa.generate_private_key(65537, 2048))
+    gateway = start_gateway(files_config(fake), TINYGW_TLS="files", TINYGW_TLS_CERT_FILE=str(cert),
+                            TINYGW_TLS_KEY_FILE=str(key_file))
+    assert call("GET", f"{gateway.url}/healthz")[0] == 200
+
+
+@pytest.mark.parametrize("variable", ["TINYGW_TLS_CERT_FILE", "TINYGW_TLS_KEY_FILE", "TINYGW_CONFIG_FILE",
+                                      "TINYGW_API_KEYS_FILE", "P_KEY_FILE"])
+def test_a_file_variable_naming_a_directory_exits_2_naming_it(fake, tmp_path, variable):
+    cert, key_file = self_signed(tmp_path / "good")
+    config = files_config(fake)
+    config["providers"]["p"]["api_key_env"] = "P_KEY"
+    env = {"TINYGW_CONFIG": json.dumps(config), "TINYGW_TLS": "files", "TINYGW_TLS_CERT_FILE": str(cert),
+           "TINYGW_TLS_KEY_FILE": str(key_file), "P_KEY": "k", "TINYGW_PORT": str(free_port())}
+    env.pop("TINYGW_CONFIG" if variable == "TINYGW_CONFIG_FILE" else "P_KEY" if variable == "P_KEY_FILE" else "", None)
+    env[variable] = str(tmp_path)
+    for command in ("check", "serve"):
+        done = run_tinygw([command], env)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith(f"tinygw: configuration error: {variable}: ") and \
+            len(done.stderr.splitlines()) == 1, done.stderr
+
+
+# A private mount namespace with a read-only tmpfs at $0, then the command.
+READ_ONLY_TMPFS = ["unshare", "--mount", "sh", "-c", 'mount -t tmpfs -o ro tmpfs "$0" && exec "$@"']
+
+
+def test_attested_tls_with_a_read_only_key_directory_exits_2_in_check_and_serve(fake, tmp_path):
+    if subprocess.run([*READ_ONLY_TMPFS, str(tmp_path), "true"], capture_output=True).returncode != 0:
+        pytest.skip("no private mount namespace here (unshare --mount needs privileges)")
+    env = {"TINYGW_CONFIG": json.dumps(files_config(fake)), "TINYGW_TLS": "attested", "TMPDIR": str(tmp_path),
+           "TINYGW_PORT": str(free_port())}
+    for command in ("check", "serve"):
+        done = run_tinygw([command], env, prefix=[*READ_ONLY_TMPFS, str(tmp_path)])
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert done.stderr.startswith(f"tinygw: configuration error: TINYGW_TLS: attested: cannot write the key in "
+                                      f"{str(tmp_path)!r}") and len(done.stderr.splitlines()) == 1, done.stderr
+
+
+def test_the_served_certificate_expiry_is_a_metric_and_an_expired_one_is_said_at_start(fake, start_gateway, tmp_path):
+    cert, key_file = self_signed(tmp_path / "expired", days=-2)
+    gateway = start_gateway(files_config(fake), TINYGW_TLS="files", TINYGW_TLS_CERT_FILE=str(cert),
+                            TINYGW_TLS_KEY_FILE=str(key_file), TINYGW_WORKERS="2")
+    not_after = x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc.timestamp()
+    assert metric_value(gateway, "tinygw_tls_certificate_expiry_seconds") == not_after
+    [said] = [r for r in gateway.log_records() if "EXPIRED" in r["msg"]]
+    assert said["level"] == "error"
+
+    attested = start_gateway(files_config(fake), TINYGW_TLS="attested")
+    expiry = metric_value(attested, "tinygw_tls_certificate_expiry_seconds")
+    assert 364 * 86400 < expiry - datetime.datetime.now(datetime.timezone.utc).timestamp() < 366 * 86400
+    assert not [r for r in attested.log_records() if "certificate" in r["msg"] and r["level"] != "info"]
+    plain = start_gateway(files_config(fake))
+    assert metric_value(plain, "tinygw_tls_certificate_expiry_seconds") is None

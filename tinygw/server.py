@@ -9,20 +9,24 @@ limits on clients are set here, deliberately (SPEC section 10).
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import os
 import resource
 import shutil
+import signal
 import socket
+import sys
 import tempfile
 from pathlib import Path
 
 from granian import Granian
+from granian._internal import load_target
 from granian.constants import HTTPModes, Interfaces, Loops
 from granian.http import HTTP1Settings
 from granian.log import LogLevels
 
-from tinygw import logs
+from tinygw import lifecycle, logs
 from tinygw.config import environment
 from tinygw.errors import ConfigError
 from tinygw.config.settings import Settings
@@ -46,16 +50,22 @@ def serve(settings: Settings) -> None:
     Raises ConfigError when the port is taken."""
     logs.configure(settings.log_level)
     refuse_taken_port(settings.host, settings.port)
+    remove_leftovers(settings)
     open_files = raise_open_file_limit()
     served = _tls(settings)  # before the workers start: they all serve this one key
     metrics_dir = None
+    locks: list[int] = []  # held for this process's life: tinygw.lifecycle tells dead gateways' directories by them
     try:
+        if served is not None and served.directory:
+            locks.append(lifecycle.hold(served.directory))
         metrics_dir = _metrics_dir(settings.workers)
         if metrics_dir:
+            locks.append(lifecycle.hold(metrics_dir))
             environment.share_metrics_dir(metrics_dir)
         if served is not None:
-            environment.share_served_cert(served.cert_path, served.spki_sha256)
-        _granian(settings, open_files, served).serve()
+            environment.share_served_cert(served.cert_path, served.spki_sha256, served.not_after)
+        # Each worker dies with this process (tinygw.lifecycle), whatever kills it.
+        _granian(settings, open_files, served).serve(target_loader=functools.partial(_load_app, os.getpid()))
     finally:
         if metrics_dir:
             shutil.rmtree(metrics_dir, ignore_errors=True)
@@ -63,6 +73,35 @@ def serve(settings: Settings) -> None:
             from tinygw.trust import tls
 
             tls.remove(served)
+        for fd in locks:
+            lifecycle.release(fd)
+
+
+def _load_app(parent_pid: int, target: str):
+    """A worker's first step (Granian's target loader): die with its parent, then load the app.
+    Until Granian sets the worker's own handlers, SIGTERM and SIGINT end it at once: the
+    handlers it inherited from its parent would swallow them (a gateway stopped while a
+    worker starts would wait for it for the whole drain)."""
+    lifecycle.die_with_parent(parent_pid)
+    inherited = signal.getsignal(signal.SIGTERM)
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, signal.SIG_DFL)
+    # One that came before this step ran the parent's handler, on the parent's Granian
+    # server as this process copied it at the fork: that copy says so.
+    if getattr(getattr(inherited, "__self__", None), "interrupt_signal", False):
+        os._exit(0)
+    return load_target(target)
+
+
+def remove_leftovers(settings: Settings) -> None:
+    """Remove what dead gateways of this user left: key, metrics and unpack directories."""
+    temporary = tempfile.gettempdir()
+    unpack_parent = os.path.dirname(getattr(sys, "_MEIPASS", "")) or temporary
+    parents = [*settings.tls_key_dirs, "/dev/shm", temporary, unpack_parent]
+    if os.path.basename(temporary).startswith(lifecycle.LAUNCH_PREFIX):  # attest/launch's TMPDIR: its siblings
+        parents.append(os.path.dirname(temporary))
+    for path in lifecycle.remove_leftovers(parents, keep=temporary):
+        logs.log(logging.INFO, "removed what a dead gateway left", path=path)
 
 
 def _tls(settings: Settings):
@@ -72,12 +111,30 @@ def _tls(settings: Settings):
     from tinygw.trust import tls  # cryptography is imported only when TLS is on
 
     if settings.tls_mode == "files":
-        return tls.served_files(settings.tls_cert_file, settings.tls_key_file)
+        served = tls.served_files(settings.tls_cert_file, settings.tls_key_file)
+        warn_of_expiry(served.not_after, datetime.datetime.now(datetime.timezone.utc).timestamp())
+        return served
     served = tls.write_attested(settings.tls_names, list(settings.tls_key_dirs),
                                 datetime.datetime.now(datetime.timezone.utc))
     logs.log(logging.INFO, "attested TLS key made", names=list(settings.tls_names),
              tls_spki_sha256=served.spki_sha256)
     return served
+
+
+# A certificate that expires within this many days is said at start (and its expiry is
+# the metric tinygw_tls_certificate_expiry_seconds, for alerts).
+EXPIRY_WARNING_DAYS = 14
+
+
+def warn_of_expiry(not_after: float, now: float) -> None:
+    """Say at start when the served certificate has expired, or soon will."""
+    when = datetime.datetime.fromtimestamp(not_after, datetime.timezone.utc).isoformat()
+    if not_after <= now:
+        logs.log(logging.ERROR, "the served TLS certificate has EXPIRED: clients will refuse it",
+                 not_after=when, expired_days_ago=round((now - not_after) / 86400, 1))
+    elif not_after - now < EXPIRY_WARNING_DAYS * 86400:
+        logs.log(logging.WARNING, "the served TLS certificate expires soon", not_after=when,
+                 days_left=round((not_after - now) / 86400, 1))
 
 
 def refuse_taken_port(host: str, port: int) -> None:

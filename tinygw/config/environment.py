@@ -12,14 +12,17 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-import stat
+import socket
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 import msgspec
 
 from tinygw.errors import ConfigError
+from tinygw.headers import CREDENTIALS, GATEWAY_HEADERS
 from tinygw.secret import Secret
+from tinygw.config import strict, tlsmode
+from tinygw.config.files import MAX_SECRET_FILE_BYTES, read_file
 from tinygw.config.settings import (
     DEFAULT_EVENT_LOG,
     DEFAULT_MAX_BODY_BYTES,
@@ -27,9 +30,11 @@ from tinygw.config.settings import (
     DEFAULT_TSM_REPORT_DIR,
     METRICS_DIR_VARIABLE,
     SERVED_CERT_VARIABLE,
+    SERVED_NOT_AFTER_VARIABLE,
     SERVED_SPKI_VARIABLE,
     Breaker,
     ConfigDoc,
+    EnvRef,
     Model,
     ModelDoc,
     Origin,
@@ -37,6 +42,7 @@ from tinygw.config.settings import (
     ProviderDoc,
     Settings,
     Target,
+    plain,
 )
 
 _DECODERS = {t: msgspec.json.Decoder(t) for t in (ConfigDoc, ProviderDoc, ModelDoc)}
@@ -46,14 +52,9 @@ _DECODERS = {t: msgspec.json.Decoder(t) for t in (ConfigDoc, ProviderDoc, ModelD
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 _LOG_LEVELS = ("debug", "info", "warning", "error")
-# Headers a provider's static `headers` may not set: credentials, framing, hop-by-hop.
-_GATEWAY_HEADERS = frozenset(
-    "authorization x-api-key host content-length transfer-encoding connection keep-alive te trailer upgrade"
-    " proxy-authorization proxy-connection accept-encoding expect x-request-id".split()
-)
-# The header that carries a provider's key may be any other token: never framing,
-# hop-by-hop, or one the gateway sets itself.
-_KEY_HEADER_REFUSED = _GATEWAY_HEADERS - {"authorization", "x-api-key"} | {"content-type", "cookie"}
+# A provider's static `headers` may not set the gateway's own (tinygw.headers: credentials,
+# framing, hop-by-hop); the header that carries its key may be any other token.
+_KEY_HEADER_REFUSED = GATEWAY_HEADERS - CREDENTIALS | {"content-type", "cookie"}
 _QUERY_SAFE = re.compile(r"[\x20-\x7e]*")  # printable ASCII; percent-encoded when sent
 _HEADER_SAFE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")  # a header value, trimmed
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an HTTP header name (RFC 9110)
@@ -93,40 +94,13 @@ def _path(env: Mapping[str, str], name: str, default: str) -> str:
     return default if raw is None or raw.strip() == "" else raw
 
 
-# Files named by the environment are read whole at start, up to these sizes: a path to
-# /dev/zero or a FIFO must stop the start with a message, never hang it.
-MAX_SECRET_FILE_BYTES = 64 * 1024
-MAX_CONFIG_FILE_BYTES = 1024 * 1024
-
-
-def _read_file(name: str, path: str, limit: int = MAX_CONFIG_FILE_BYTES) -> str:
-    try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        raise ConfigError(name, f"cannot read {path!r}: {e.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise ConfigError(name, f"{path!r} is not a regular file")
-            data = f.read(limit + 1)
-        except OSError as e:
-            raise ConfigError(name, f"cannot read {path!r}: {e.strerror}") from None
-    if len(data) > limit:
-        raise ConfigError(name, f"{path!r} is over {limit} bytes")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(name, f"{path!r} is not UTF-8 text") from None
-
-
 def _secret(env: Mapping[str, str], name: str) -> Secret:
     """A key held in `NAME`, or in the file that `NAME_FILE` names (SPEC section 2)."""
     value, file_path = env.get(name), env.get(f"{name}_FILE")
     if value is not None and file_path is not None:
         raise ConfigError(name, f"both {name} and {name}_FILE are set; set one")
     if file_path is not None:
-        value = _read_file(f"{name}_FILE", file_path, MAX_SECRET_FILE_BYTES)
+        value = read_file(f"{name}_FILE", file_path, MAX_SECRET_FILE_BYTES)
         if value.endswith("\n"):
             value = value[:-1]
             if value.endswith("\r"):
@@ -146,7 +120,7 @@ def _inbound_keys(env: Mapping[str, str]) -> tuple[Secret, ...]:
     if inline is not None and file_path is not None:
         raise ConfigError("TINYGW_API_KEYS", "both TINYGW_API_KEYS and TINYGW_API_KEYS_FILE are set; set one")
     if file_path is not None:
-        words = _read_file("TINYGW_API_KEYS_FILE", file_path).splitlines()
+        words = read_file("TINYGW_API_KEYS_FILE", file_path).splitlines()
     elif inline is not None:
         words = inline.split(",")
     else:
@@ -162,7 +136,7 @@ def _config_document(env: Mapping[str, str]) -> tuple[str, bytes]:
     if inline is not None and file_path is not None:
         raise ConfigError("TINYGW_CONFIG", "both TINYGW_CONFIG and TINYGW_CONFIG_FILE are set; set one")
     if file_path is not None:
-        return "TINYGW_CONFIG_FILE", _read_file("TINYGW_CONFIG_FILE", file_path).encode()
+        return "TINYGW_CONFIG_FILE", read_file("TINYGW_CONFIG_FILE", file_path).encode()
     if inline is not None:
         return "TINYGW_CONFIG", inline.encode()
     raise ConfigError("TINYGW_CONFIG", "unset: give the JSON configuration in TINYGW_CONFIG or a path in TINYGW_CONFIG_FILE")
@@ -220,15 +194,20 @@ def _provider(env: Mapping[str, str], where: str, name: str, doc: ProviderDoc) -
     if not name or "/" in name or ":" in name:
         raise ConfigError(path, "a provider name must be non-empty and hold no '/' or ':'")
     origin = parse_base_url(f"{path}.base_url", doc.base_url)
+    if origin.scheme == "http" and not _is_loopback(origin.host) and not doc.plaintext:
+        raise ConfigError(f"{path}.base_url", "http:// to an address that is not loopback: the network (inside a "
+                                              "confidential VM, its host) reads every byte; use https, or say "
+                                              '"plaintext": true')
     names = [doc.api_key_env] if isinstance(doc.api_key_env, str) else list(doc.api_key_env or [])
     for key_name in names:
         if not key_name or not key_name.replace("_", "a").isalnum():
             raise ConfigError(f"{path}.api_key_env", f"not an environment variable name: {key_name!r}")
     keys = tuple(_secret(env, key_name) for key_name in names)
-    for header, value in doc.headers.items():
-        if not _TOKEN.fullmatch(header) or not _HEADER_SAFE.fullmatch(value):
+    headers = _values(env, f"{path}.headers", doc.headers)
+    for header, value in headers.items():
+        if not _TOKEN.fullmatch(header) or not (isinstance(value, Secret) or _HEADER_SAFE.fullmatch(value)):
             raise ConfigError(f"{path}.headers.{header}", "not a valid header name or value")
-        if header.lower() in _GATEWAY_HEADERS:
+        if header.lower() in GATEWAY_HEADERS:
             raise ConfigError(f"{path}.headers.{header}", "set by the gateway (keys belong in api_key_env)")
     key_header = doc.api_key_header
     if key_header is not None:
@@ -238,12 +217,26 @@ def _provider(env: Mapping[str, str], where: str, name: str, doc: ProviderDoc) -
             raise ConfigError(f"{path}.api_key_header", f"{key_header!r} is a header the gateway sets or drops")
         if key_header.lower() in {h.lower() for h in doc.headers}:
             raise ConfigError(f"{path}.api_key_header", f"{key_header!r} is also in headers")
-    for name, value in doc.query.items():
-        if not name or not _QUERY_SAFE.fullmatch(name) or not _QUERY_SAFE.fullmatch(value):
+    query = _values(env, f"{path}.query", doc.query)
+    for name, value in query.items():
+        if not name or not _QUERY_SAFE.fullmatch(name) or not _QUERY_SAFE.fullmatch(plain(value)):
             raise ConfigError(f"{path}.query.{name}", "a name must be non-empty, name and value printable ASCII")
     if doc.health_path is not None and not doc.health_path.startswith("/"):
         raise ConfigError(f"{path}.health_path", "must start with '/'")
-    return Provider(name=name, doc=doc, origin=origin, keys=keys, key_env=tuple(names))
+    return Provider(name=name, doc=doc, origin=origin, keys=keys, key_env=tuple(names), headers=headers, query=query)
+
+
+def _values(env: Mapping[str, str], path: str, values: dict[str, str | EnvRef]) -> dict[str, str | Secret]:
+    """A provider's headers or query, each `{"env": NAME}` read from the environment."""
+    resolved: dict[str, str | Secret] = {}
+    for name, value in values.items():
+        if isinstance(value, EnvRef):
+            if not value.env or not value.env.replace("_", "a").isalnum():
+                raise ConfigError(f"{path}.{name}.env", f"not an environment variable name: {value.env!r}")
+            resolved[name] = _secret(env, value.env)
+        else:
+            resolved[name] = value
+    return resolved
 
 
 def _model(where: str, name: str, doc: ModelDoc, providers: Mapping[str, Provider]) -> Model:
@@ -265,52 +258,6 @@ def _model(where: str, name: str, doc: ModelDoc, providers: Mapping[str, Provide
     return Model(name=name, targets=tuple(targets), strategy=doc.strategy)
 
 
-_TLS_MODES = ("off", "attested", "files")
-_DNS_NAME = re.compile(r"(?=.{1,253}$)(?:\*\.)?[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
-
-
-def _tls(env: Mapping[str, str]) -> dict:
-    """TINYGW_TLS and its companions (SPEC section 9), as Settings fields."""
-    mode = env.get("TINYGW_TLS", "off").strip().lower() or "off"
-    if mode not in _TLS_MODES:
-        raise ConfigError("TINYGW_TLS", f"must be one of {', '.join(_TLS_MODES)}, got {mode!r}")
-    raw_names = env.get("TINYGW_TLS_NAMES", "localhost,127.0.0.1")
-    names = tuple(n.strip() for n in raw_names.split(",") if n.strip())
-    if not names:
-        raise ConfigError("TINYGW_TLS_NAMES", "holds no name")
-    for name in names:
-        if not _DNS_NAME.fullmatch(name):
-            try:
-                ipaddress.ip_address(name)
-            except ValueError:
-                raise ConfigError("TINYGW_TLS_NAMES", f"not a DNS name or IP address: {name!r}") from None
-    fields = {"tls_mode": mode, "tls_names": names}
-    cert_file, key_file = env.get("TINYGW_TLS_CERT_FILE"), env.get("TINYGW_TLS_KEY_FILE")
-    # Set by serve for its own workers only (serve removes any it inherited), and
-    # honoured only with TLS on: with TLS off nothing may make a worker attest a key.
-    served = (env.get(SERVED_CERT_VARIABLE) or None) if mode != "off" else None
-    if mode == "files":
-        if not cert_file:
-            raise ConfigError("TINYGW_TLS_CERT_FILE", "unset, and TINYGW_TLS=files needs it")
-        if not key_file:
-            raise ConfigError("TINYGW_TLS_KEY_FILE", "unset, and TINYGW_TLS=files needs it")
-        if served is None:
-            from tinygw.trust import tls  # cryptography is imported only when TLS is on, and not by workers
-
-            tls.check_files(cert_file, key_file,
-                            _read_file("TINYGW_TLS_CERT_FILE", cert_file, MAX_SECRET_FILE_BYTES).encode(),
-                            _read_file("TINYGW_TLS_KEY_FILE", key_file, MAX_SECRET_FILE_BYTES).encode())
-        fields.update(tls_cert_file=cert_file, tls_key_file=key_file)
-    elif cert_file or key_file:
-        raise ConfigError("TINYGW_TLS_CERT_FILE" if cert_file else "TINYGW_TLS_KEY_FILE",
-                          f"set, but TINYGW_TLS is {mode!r}, not 'files'")
-    # attest/launch points TMPDIR at its private directory in guest memory.
-    fields["tls_key_dirs"] = tuple(d for d in (env.get("TMPDIR"), env.get("XDG_RUNTIME_DIR"), "/run", "/dev/shm") if d)
-    fields["served_cert"] = served
-    fields["served_spki_sha256"] = (env.get(SERVED_SPKI_VARIABLE) or None) if served else None
-    return fields
-
-
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -325,15 +272,35 @@ def from_environ(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     where, raw = _config_document(env)
     doc = _decode(where, raw, ConfigDoc)
-    providers = {
-        name: _provider(env, where, name, _decode(where, p, ProviderDoc, f"$.providers.{name}"))
-        for name, p in doc.providers.items()
-    }
+    strict.refuse_duplicate_keys(where, raw)
+    provider_docs = {name: _decode(where, p, ProviderDoc, f"$.providers.{name}") for name, p in doc.providers.items()}
+    strict.refuse_unknown_variables(env, {n for d in provider_docs.values() for n in d.key_variables()})
+    providers = {name: _provider(env, where, name, d) for name, d in provider_docs.items()}
     models = {
         name: _model(where, name, _decode(where, m, ModelDoc, f"$.models.{name}"), providers)
         for name, m in doc.models.items()
     }
+    return Settings(
+        **_listening(env),
+        drain_seconds=_number(env, "TINYGW_DRAIN_SECONDS", 30.0, low=0, high=3600),
+        client_timeout_seconds=_number(env, "TINYGW_CLIENT_TIMEOUT_SECONDS", 30.0, low=0.1, high=3600),
+        max_body_bytes=_number(env, "TINYGW_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, kind=int, low=1, high=2**31),
+        providers=providers,
+        models=models,
+        routing=doc.routing,
+        breaker=_breaker(env),
+        retry_fast_failures=_flag(env, "PROVIDER_RETRY_FAST_FAILURES", True),
+        health_check_seconds=_number(env, "PROVIDER_HEALTH_CHECK_SECONDS", 10.0, low=0, high=86400),
+        listing_seconds=_number(env, "PROVIDER_LISTING_SECONDS", 60.0, low=0, high=86400),
+        metrics_dir=env.get(METRICS_DIR_VARIABLE) or None,
+        **tlsmode.tls_fields(env),
+        rtmr_path=_path(env, "TINYGW_RTMR_PATH", DEFAULT_RTMR_PATH),
+        tsm_report_dir=_path(env, "TINYGW_TSM_REPORT_DIR", DEFAULT_TSM_REPORT_DIR),
+        event_log=_path(env, "TINYGW_EVENT_LOG", DEFAULT_EVENT_LOG),
+    )
 
+
+def _breaker(env: Mapping[str, str]) -> Breaker:
     breaker = Breaker(
         failures=_number(env, "PROVIDER_BREAKER_FAILURES", 5, kind=int, low=0, high=1_000_000),
         open_seconds=_number(env, "PROVIDER_BREAKER_OPEN_SECONDS", 30.0, low=0.001, high=86400 * 7),
@@ -345,8 +312,26 @@ def from_environ(env: Mapping[str, str] | None = None) -> Settings:
             "PROVIDER_BREAKER_MAX_OPEN_SECONDS",
             f"must be at least PROVIDER_BREAKER_OPEN_SECONDS ({breaker.open_seconds:g})",
         )
+    return breaker
 
-    host = env.get("TINYGW_HOST", "127.0.0.1").strip() or "127.0.0.1"
+
+def _listen_address(host: str) -> str:
+    """TINYGW_HOST: an IP address (Granian binds an address, not a name) of this machine."""
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        raise ConfigError("TINYGW_HOST", f"not an IP address (a name is not resolved): {host!r}") from None
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, 0))
+        except OSError as e:
+            raise ConfigError("TINYGW_HOST", f"cannot listen on {host}: {e.strerror}") from None
+    return host
+
+
+def _listening(env: Mapping[str, str]) -> dict:
+    """Where and how the gateway listens, and whom it lets in, as Settings fields."""
+    host = _listen_address(env.get("TINYGW_HOST", "127.0.0.1").strip() or "127.0.0.1")
     log_level = env.get("TINYGW_LOG_LEVEL", "info").strip().lower() or "info"
     if log_level not in _LOG_LEVELS:
         raise ConfigError("TINYGW_LOG_LEVEL", f"must be one of {', '.join(_LOG_LEVELS)}, got {log_level!r}")
@@ -356,35 +341,19 @@ def from_environ(env: Mapping[str, str] | None = None) -> Settings:
             "TINYGW_API_KEYS",
             f"no inbound keys are configured, so the gateway serves only on a loopback address, not {host!r}",
         )
-
-    return Settings(
-        host=host,
-        port=_number(env, "TINYGW_PORT", 8080, kind=int, low=0, high=65535),
-        workers=_number(env, "TINYGW_WORKERS", 1, kind=int, low=1, high=256),
-        log_level=log_level,
-        drain_seconds=_number(env, "TINYGW_DRAIN_SECONDS", 30.0, low=0, high=3600),
-        client_timeout_seconds=_number(env, "TINYGW_CLIENT_TIMEOUT_SECONDS", 30.0, low=0.1, high=3600),
-        max_body_bytes=_number(env, "TINYGW_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, kind=int, low=1, high=2**31),
-        api_keys=api_keys,
-        providers=providers,
-        models=models,
-        routing=doc.routing,
-        breaker=breaker,
-        retry_fast_failures=_flag(env, "PROVIDER_RETRY_FAST_FAILURES", True),
-        health_check_seconds=_number(env, "PROVIDER_HEALTH_CHECK_SECONDS", 10.0, low=0, high=86400),
-        listing_seconds=_number(env, "PROVIDER_LISTING_SECONDS", 60.0, low=0, high=86400),
-        metrics_dir=env.get(METRICS_DIR_VARIABLE) or None,
-        **_tls(env),
-        rtmr_path=_path(env, "TINYGW_RTMR_PATH", DEFAULT_RTMR_PATH),
-        tsm_report_dir=_path(env, "TINYGW_TSM_REPORT_DIR", DEFAULT_TSM_REPORT_DIR),
-        event_log=_path(env, "TINYGW_EVENT_LOG", DEFAULT_EVENT_LOG),
-    )
+    return {
+        "host": host,
+        "port": _number(env, "TINYGW_PORT", 8080, kind=int, low=0, high=65535),
+        "workers": _number(env, "TINYGW_WORKERS", 1, kind=int, low=1, high=256),
+        "log_level": log_level,
+        "api_keys": api_keys,
+    }
 
 
 def forget_inherited() -> None:
     """Drop the variables that `serve` sets for its own workers, should they come from
     outside: they are the gateway's, never an operator's (or a host's)."""
-    for name in (METRICS_DIR_VARIABLE, SERVED_CERT_VARIABLE, SERVED_SPKI_VARIABLE):
+    for name in strict.SET_BY_SERVE:
         os.environ.pop(name, None)
 
 
@@ -393,8 +362,10 @@ def share_metrics_dir(path: str) -> None:
     os.environ[METRICS_DIR_VARIABLE] = path
 
 
-def share_served_cert(path: str, spki_sha256: str) -> None:
-    """Tell the workers which certificate they serve, and its key's digest (for
-    /attestation), so that they need not parse certificates themselves."""
+def share_served_cert(path: str, spki_sha256: str, not_after: float) -> None:
+    """Tell the workers which certificate they serve, its key's digest (for
+    /attestation) and when it expires (a metric), so that they need not parse
+    certificates themselves."""
     os.environ[SERVED_CERT_VARIABLE] = path
     os.environ[SERVED_SPKI_VARIABLE] = spki_sha256
+    os.environ[SERVED_NOT_AFTER_VARIABLE] = repr(not_after)

@@ -23,6 +23,8 @@ METRICS_DIR_VARIABLE = "TINYGW_METRICS_DIR"
 # The certificate that `serve` hands its workers to report in /attestation (SPEC section 9).
 SERVED_CERT_VARIABLE = "TINYGW_TLS_SERVED_CERT"
 SERVED_SPKI_VARIABLE = "TINYGW_TLS_SERVED_SPKI"
+# When the served certificate expires (its notAfter, Unix time): a metric of the workers.
+SERVED_NOT_AFTER_VARIABLE = "TINYGW_TLS_SERVED_NOT_AFTER"
 
 # Where attestation measures and reports (SPEC section 8). attest/launch reads the same
 # variables with the same defaults; tests point them at fake trees.
@@ -36,6 +38,17 @@ DEFAULT_EVENT_LOG = "/run/tinygw/event-log.jsonl"
 Seconds = Annotated[float, Meta(gt=0)]
 
 
+class EnvRef(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A credential in a provider's `headers` or `query`: `{"env": "NAME"}`, the
+    variable (or `NAME_FILE`) that holds it. Shown as the name, never the value."""
+
+    env: str
+
+
+# A provider's header or query value: a plain (non-secret) string, or a credential.
+Value = str | EnvRef
+
+
 class ProviderDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     base_url: str
     api: Literal["openai", "anthropic"]
@@ -44,10 +57,10 @@ class ProviderDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     # for openai, `x-api-key: KEY` for anthropic); a name (Azure's `api-key`) gets the
     # raw key as its value.
     api_key_header: str | None = None
-    headers: dict[str, str] = {}
-    # Non-secret query parameters appended to every upstream request (Azure's
-    # `api-version`); tinygw.config.environment checks them, tinygw.worker.gateway encodes them once.
-    query: dict[str, str] = {}
+    headers: dict[str, Value] = {}
+    # Query parameters appended to every upstream request (Azure's `api-version`);
+    # tinygw.config.environment checks them, tinygw.worker.gateway encodes them once.
+    query: dict[str, Value] = {}
     weight: Annotated[int, Meta(ge=1)] = 1
     connect_timeout_s: Seconds = 10.0
     first_byte_timeout_s: Seconds = 120.0
@@ -55,6 +68,15 @@ class ProviderDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     max_connections: Annotated[int, Meta(ge=1, le=65536)] = 64
     listing: bool = True
     health_path: str | None = None
+    # http:// to an address that is not loopback: the host of a confidential VM reads
+    # every byte of it, so it must be asked for (docs/design.md section 13).
+    plaintext: bool = False
+
+    def key_variables(self) -> set[str]:
+        """Every variable this provider reads a credential from."""
+        names = [self.api_key_env] if isinstance(self.api_key_env, str) else list(self.api_key_env or [])
+        refs = [v.env for v in (*self.headers.values(), *self.query.values()) if isinstance(v, EnvRef)]
+        return {*names, *refs}
 
 
 class ModelDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -103,6 +125,14 @@ class Provider(Struct, frozen=True, kw_only=True):
     origin: Origin
     keys: tuple[Secret, ...]
     key_env: tuple[str, ...]
+    # The doc's headers and query with each `{"env": NAME}` read into a Secret.
+    headers: dict[str, str | Secret] = {}
+    query: dict[str, str | Secret] = {}
+
+
+def plain(value: str | Secret) -> str:
+    """A header or query value as sent."""
+    return value.reveal() if isinstance(value, Secret) else value
 
 
 class Model(Struct, frozen=True, kw_only=True):
@@ -147,6 +177,7 @@ class Settings(Struct, frozen=True, kw_only=True):
     tls_key_dirs: tuple[str, ...] = ()
     served_cert: str | None = None
     served_spki_sha256: str | None = None
+    served_not_after: float | None = None
     # Where the workers of one `tinygw serve` keep their metrics (tinygw.observe.metricstore);
     # set by serve itself for its workers, not configuration, so not in the hash.
     metrics_dir: str | None = None

@@ -78,6 +78,7 @@ class Metrics:
     def __init__(self, version: str, artifact_sha256: str, directory: str | None = None) -> None:
         self._build = (("version", version), ("artifact_sha256", artifact_sha256))
         self._version = version
+        self._tls_not_after: float | None = None
         self.store = MemoryStore()
         if directory:
             try:
@@ -89,6 +90,10 @@ class Metrics:
     def set_artifact_sha256(self, digest: str) -> None:
         """The frozen executable's sha256, once a worker has hashed it (tinygw.api.app)."""
         self._build = (("version", self._version), ("artifact_sha256", digest))
+
+    def set_tls_certificate_expiry(self, not_after: float) -> None:
+        """When the served certificate expires (Unix time): the same in every worker."""
+        self._tls_not_after = not_after
 
     # ---- the hot path -----------------------------------------------------------------
 
@@ -163,6 +168,13 @@ class Metrics:
             "# TYPE tinygw_build_info gauge",
             f"tinygw_build_info{{{_labels(self._build)}}} 1",
         ]
+        if self._tls_not_after is not None:
+            lines += [
+                "# HELP tinygw_tls_certificate_expiry_seconds When the served TLS certificate expires (its notAfter), "
+                "Unix time.",
+                "# TYPE tinygw_tls_certificate_expiry_seconds gauge",
+                f"tinygw_tls_certificate_expiry_seconds {_number(self._tls_not_after)}",
+            ]
         for name, (kind, help_text, label_names) in FAMILIES.items():
             lines.append(f"# HELP {name} {help_text}")
             lines.append(f"# TYPE {name} {GAUGE if kind == LIVE_SUM else kind}")

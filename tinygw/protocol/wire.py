@@ -16,6 +16,8 @@ from email.utils import parsedate_to_datetime
 
 import msgspec
 
+from tinygw.headers import GATEWAY_HEADERS, HOP_BY_HOP as _HOP_BY_HOP_NAMES
+
 
 class RequestHead(msgspec.Struct):
     """The only fields of a client's request body that the gateway reads."""
@@ -84,23 +86,10 @@ def rewrite_model(body: bytes, requested: str, upstream: str) -> bytes:
 
 # ---- headers --------------------------------------------------------------------------
 
-# Hop-by-hop headers (RFC 9110 section 7.6.1) and the ones the gateway sets itself.
-HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-    }
-)
-# x-request-id: the gateway sends its own (the client's when sane, see request_id).
-_NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length", b"authorization", b"x-api-key", b"accept-encoding", b"expect",
-                               b"x-request-id"}
+# Hop-by-hop headers and the ones the gateway sets itself (tinygw.headers, one policy
+# with the configuration's).
+HOP_BY_HOP = frozenset(name.encode() for name in _HOP_BY_HOP_NAMES)
+_NOT_FORWARDED = frozenset(name.encode() for name in GATEWAY_HEADERS)
 # A provider's answer reaches the client with these headers only (SPEC section 10):
 # never its cookies, HSTS, CORS, a redirect's target, or headers that look like the
 # gateway's own (x-tinygw-*). Framing headers are the gateway's to set.

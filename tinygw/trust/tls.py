@@ -23,7 +23,7 @@ import tempfile
 from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.x509.oid import NameOID
 from msgspec import Struct
 
@@ -36,6 +36,11 @@ VALIDITY_DAYS = 365
 # File systems that live in memory only: where the attested key may be written.
 MEMORY_FILE_SYSTEMS = frozenset({"tmpfs", "ramfs"})
 
+# The weakest keys a `files` certificate may have (NIST SP 800-57's 112-bit floor:
+# RSA 2048, and elliptic curves of at least 256 bits).
+MIN_RSA_BITS = 2048
+MIN_EC_BITS = 256
+
 
 class Served(Struct, frozen=True):
     """What Granian serves: the certificate and key files, and the key's digest."""
@@ -44,6 +49,11 @@ class Served(Struct, frozen=True):
     key_path: str
     spki_sha256: str
     directory: str | None  # made for the attested key: removed at exit
+    not_after: float  # when the certificate expires, Unix time
+
+
+def not_after(cert_pem: bytes) -> float:
+    return x509.load_pem_x509_certificate(cert_pem).not_valid_after_utc.timestamp()
 
 
 def spki_sha256(cert_pem: bytes) -> str:
@@ -87,10 +97,16 @@ def make_attested(names: tuple[str, ...], now: datetime.datetime) -> tuple[bytes
 
 
 def memory_directory(candidates: list[str]) -> str:
-    """The first candidate directory that exists and lives on tmpfs/ramfs."""
+    """The first candidate directory that exists and lives on tmpfs/ramfs; it must be
+    writable (a directory is made there and removed, as the key's will be)."""
     mounts = _mounts()
     for candidate in candidates:
         if candidate and os.path.isdir(candidate) and _file_system(os.path.realpath(candidate), mounts) in MEMORY_FILE_SYSTEMS:
+            try:
+                os.rmdir(tempfile.mkdtemp(prefix="tinygw-probe-", dir=candidate))
+            except OSError as e:
+                raise ConfigError("TINYGW_TLS", f"attested: cannot write the key in {candidate!r}: "
+                                                f"{e.strerror or type(e).__name__}") from None
             return candidate
     raise ConfigError("TINYGW_TLS", f"attested: no memory file system (tmpfs) to hold the key among {candidates}")
 
@@ -98,7 +114,10 @@ def memory_directory(candidates: list[str]) -> str:
 def write_attested(names: tuple[str, ...], candidates: list[str], now: datetime.datetime) -> Served:
     """Make the key and certificate and write them for Granian (see the module's doc)."""
     cert_pem, key = make_attested(names, now)
-    directory = tempfile.mkdtemp(prefix="tinygw-tls-", dir=memory_directory(candidates))  # 0700
+    try:
+        directory = tempfile.mkdtemp(prefix="tinygw-tls-", dir=memory_directory(candidates))  # 0700
+    except OSError as e:
+        raise ConfigError("TINYGW_TLS", f"attested: cannot make the key's directory: {e.strerror}") from None
     try:
         # Unencrypted: Granian 2.8's reader of encrypted PKCS#8 keys rejects standard
         # PBES2 files (checked with cryptography's and openssl's), so the file's
@@ -110,16 +129,23 @@ def write_attested(names: tuple[str, ...], candidates: list[str], now: datetime.
         cert_path = os.path.join(directory, "cert.pem")
         _write_new(key_path, key_pem, 0o600)
         _write_new(cert_path, cert_pem, 0o644)
+    except OSError as e:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise ConfigError("TINYGW_TLS", f"attested: cannot write the key in {directory!r}: {e.strerror}") from None
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
-    return Served(cert_path, key_path, spki_sha256(cert_pem), directory)
+    return Served(cert_path, key_path, spki_sha256(cert_pem), directory, not_after(cert_pem))
 
 
 def served_files(cert_path: str, key_path: str) -> Served:
     """`TINYGW_TLS=files`, as checked by the configuration."""
-    with open(cert_path, "rb") as f:
-        return Served(cert_path, key_path, spki_sha256(f.read()), None)
+    try:
+        with open(cert_path, "rb") as f:
+            cert_pem = f.read()
+    except OSError as e:  # checked by the configuration a moment ago; moved since
+        raise ConfigError("TINYGW_TLS_CERT_FILE", f"cannot read {cert_path!r}: {e.strerror}") from None
+    return Served(cert_path, key_path, spki_sha256(cert_pem), None, not_after(cert_pem))
 
 
 def check_files(cert_path: str, key_path: str, cert_pem: bytes, key_pem: bytes) -> Served:
@@ -137,7 +163,23 @@ def check_files(cert_path: str, key_path: str, cert_pem: bytes, key_pem: bytes) 
         serialization.Encoding.DER, public
     ):
         raise ConfigError("TINYGW_TLS_KEY_FILE", f"{key_path!r} is not the key of the certificate in TINYGW_TLS_CERT_FILE")
-    return Served(cert_path, key_path, spki_sha256(cert_pem), None)
+    weak = _weakness(key)
+    if weak:
+        raise ConfigError("TINYGW_TLS_KEY_FILE", f"{key_path!r} holds {weak}")
+    return Served(cert_path, key_path, spki_sha256(cert_pem), None, certificate.not_valid_after_utc.timestamp())
+
+
+def _weakness(key) -> str | None:
+    """What is too weak about a private key, or None: RSA under MIN_RSA_BITS, an
+    elliptic curve under MIN_EC_BITS, or any other kind but Ed25519/Ed448."""
+    if isinstance(key, rsa.RSAPrivateKey):
+        return f"an RSA key of {key.key_size} bits (at least {MIN_RSA_BITS})" if key.key_size < MIN_RSA_BITS else None
+    if isinstance(key, ec.EllipticCurvePrivateKey):
+        size = key.curve.key_size
+        return f"an EC key on {key.curve.name} ({size} bits; at least {MIN_EC_BITS})" if size < MIN_EC_BITS else None
+    if isinstance(key, (ed25519.Ed25519PrivateKey, ed448.Ed448PrivateKey)):
+        return None
+    return f"a {type(key).__name__.removeprefix('_')} key, which TLS servers do not use"
 
 
 def remove(served: Served | None) -> None:

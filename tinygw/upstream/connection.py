@@ -17,6 +17,10 @@ from tinygw import errors
 from tinygw.upstream import fastpath
 from tinygw.upstream.network import Deadline, Stream, open_stream
 
+# What a provider's answer that h11 refuses is called in an error: h11's own words name
+# its internals (its events and states), which are no client's business.
+NOT_HTTP = "the provider's answer is not valid HTTP/1.1"
+
 # A response head (status line and headers) larger than this is a protocol error.
 # h11's own default is 16 KiB; providers add long rate-limit and trace headers.
 MAX_HEAD_BYTES = 64 * 1024
@@ -29,7 +33,7 @@ class Connection:
     it can, and h11 otherwise: a request the fast path cannot write, or an answer it
     hands off (h11 then gets every byte of the answer so far, and decides)."""
 
-    __slots__ = ("_stream", "_h11", "_answer", "_request", "_reusable", "idle_since", "closed")
+    __slots__ = ("_stream", "_h11", "_answer", "_request", "_reusable", "_heard", "idle_since", "closed")
 
     def __init__(self, stream: Stream) -> None:
         self._stream = stream
@@ -37,6 +41,7 @@ class Connection:
         self._answer: fastpath.Answer | None = None  # the exchange's, when the fast path reads it
         self._request: tuple = ()  # what was sent, to replay into h11 at a hand-off
         self._reusable = True  # the last fast-path exchange ended cleanly, keep-alive
+        self._heard = False  # a byte of the exchange's answer has arrived
         self.idle_since = 0.0
         self.closed = False
 
@@ -72,6 +77,7 @@ class Connection:
         self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes, deadline: float
     ) -> None:
         self._request = (method, target, headers, body)
+        self._heard = False
         data = fastpath.encode_request(method, target, headers, body)
         if data is not None:
             self._h11, self._answer, self._reusable = None, fastpath.Answer(MAX_HEAD_BYTES), False
@@ -107,9 +113,9 @@ class Connection:
             self._h11.receive_data(self._answer.raw())
             if eof:
                 self._h11.receive_data(b"")
-        except h11.RemoteProtocolError as e:
+        except h11.RemoteProtocolError:
             self.close()
-            raise errors.RemoteProtocolError(str(e)) from None
+            raise errors.RemoteProtocolError(NOT_HTTP) from None
         self._answer = None
 
     async def receive_head(self, deadline: float, timeout: Timeout) -> tuple[int, list[tuple[bytes, bytes]]]:
@@ -117,6 +123,7 @@ class Connection:
         while self._answer is not None:
             data = await self._read(deadline, timeout)
             if not data:
+                self._no_answer()
                 self._hand_off(eof=True)
                 break
             self._answer.feed(data)
@@ -177,25 +184,37 @@ class Connection:
         while True:
             try:
                 event = self._h11.next_event()
-            except h11.RemoteProtocolError as e:
+            except h11.RemoteProtocolError:
                 self.close()
-                raise errors.RemoteProtocolError(str(e)) from None
+                raise errors.RemoteProtocolError(NOT_HTTP) from None
             if event is not h11.NEED_DATA:
                 if event is h11.PAUSED:  # cannot happen for a client between requests
                     self.close()
                     raise errors.RemoteProtocolError("the provider sent data out of turn")
                 return event
             data = await self._read(deadline, timeout)
+            if not data:
+                self._no_answer()
             try:
                 self._h11.receive_data(data)
-            except h11.RemoteProtocolError as e:
+            except h11.RemoteProtocolError:
                 self.close()
-                raise errors.RemoteProtocolError(str(e)) from None
+                raise errors.RemoteProtocolError(NOT_HTTP) from None
+
+    def _no_answer(self) -> None:
+        """At the end of the stream: when not a byte of an answer came, the provider
+        closed instead of answering, which is a connection error like a reset (it may be
+        retried at once), not a protocol error."""
+        if not self._heard:
+            self.close()
+            raise errors.ReadError("the provider closed the connection without answering")
 
     async def _read(self, deadline: float, timeout: Timeout) -> bytes:
         """Received bytes, or b"" at the end (h11 decides whether that end is clean)."""
         try:
-            return await self._stream.receive(deadline)
+            data = await self._stream.receive(deadline)
+            self._heard = self._heard or bool(data)
+            return data
         except Deadline:
             self.close()
             raise timeout(_TIMEOUT_WORDS.get(timeout, "timed out")) from None

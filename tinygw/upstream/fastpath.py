@@ -275,6 +275,6 @@ class _TrailerReader:
             while (event := self._h11.next_event()) is not h11.NEED_DATA:
                 if isinstance(event, h11.EndOfMessage):
                     return self._h11.trailing_data[0]
-        except h11.RemoteProtocolError as e:
-            raise Malformed(str(e)) from None
+        except h11.RemoteProtocolError:  # h11's words name its internals
+            raise Malformed("malformed trailer") from None
         return None

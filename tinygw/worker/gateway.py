@@ -21,7 +21,7 @@ from tinygw.trust.auth import InboundAuth
 from tinygw.trust.evidence_queue import EvidenceQueue, RateLimitedWarning
 from tinygw.observe.board import Board
 from tinygw.resilience.breaker import Breakers, Circuit, Clock, State
-from tinygw.config.settings import Provider, Settings
+from tinygw.config.settings import Provider, Settings, plain
 from tinygw.protocol.routing import WILDCARD
 from tinygw.resilience.keys import KeyRing
 from tinygw.observe.metrics import Metrics
@@ -45,6 +45,11 @@ class Upstream(Struct, frozen=True):
     query: bytes = b""
     query_names: frozenset[bytes] = frozenset()
     key_header: bytes | None = None
+
+    def __repr__(self) -> str:  # its headers and query hold the provider's credentials
+        return f"Upstream({self.provider.name!r})"
+
+    __str__ = __repr__
 
     def target(self, path: bytes, client_query: bytes = b"") -> bytes:
         """`path` with the provider's query and the client's: the provider's parameters
@@ -113,6 +118,8 @@ class Gateway:
             if pem is None:
                 raise ValueError("the served certificate file holds no PEM certificate")
             self.tls_certificate, self.tls_spki_sha256 = pem.group().decode("ascii") + "\n", settings.served_spki_sha256
+            if settings.served_not_after is not None:
+                self.metrics.set_tls_certificate_expiry(settings.served_not_after)
         self.strategies = Strategies(settings)
         # provider -> upstream model ids of its last successful listing; absent while
         # its listing has not succeeded (tinygw.worker.discovery keeps it up to date)
@@ -129,11 +136,11 @@ class Gateway:
                     loop=self.loop,
                 ),
                 static_headers=[(b"accept-encoding", b"identity")]
-                + [(k.lower().encode(), v.encode()) for k, v in p.doc.headers.items()],
+                + [(k.lower().encode(), plain(v).encode()) for k, v in p.headers.items()],
                 auth_headers=_auth_headers(p),
                 keys=KeyRing(len(p.keys)),
-                query=encode_query(p.doc.query),
-                query_names=frozenset(k.encode() for k in p.doc.query),
+                query=encode_query({k: plain(v) for k, v in p.query.items()}),
+                query_names=frozenset(k.encode() for k in p.query),
                 key_header=p.doc.api_key_header.lower().encode() if p.doc.api_key_header else None,
             )
             for name, p in settings.providers.items()

@@ -1,0 +1,125 @@
+"""A gateway's processes die together, and a dead gateway leaves nothing serving or
+lying around (docs/design.md section 13): real `tinygw serve` processes, killed."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+import time
+
+from conftest import ROOT, call, wait_until
+
+CONFIG = {"providers": {"p": {"base_url": "http://127.0.0.1:9/v1", "api": "openai", "listing": False}},
+          "models": {"m": {"targets": ["p:x"]}}}
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live (not zombie) process under `pid`."""
+    parents: dict[int, int] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rpartition(b")")[2].split()
+        except (OSError, ValueError):
+            continue
+        if fields[0] != b"Z":
+            parents[int(entry)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def at_least(count: int, pids: set[int]) -> set[int] | None:
+    return pids if len(pids) >= count else None
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def assert_all_die_within_a_second(pids: set[int]) -> None:
+    deadline = time.monotonic() + 1.0
+    while any(alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, f"still alive a second later: {sorted(p for p in pids if alive(p))}"
+        time.sleep(0.01)
+
+
+def test_workers_die_with_a_killed_gateway_and_the_port_serves_again(start_gateway):
+    gateway = start_gateway(CONFIG, TINYGW_WORKERS="2")
+    workers = wait_until(lambda: at_least(2, descendants(gateway.process.pid)), 10, "both workers")
+    gateway.process.kill()
+    gateway.process.wait()
+    assert_all_die_within_a_second(workers)
+    again = start_gateway(CONFIG, port=gateway.port, TINYGW_WORKERS="2")
+    assert call("GET", f"{again.url}/healthz")[0] == 200
+
+
+# Stands in for the frozen binary's bootloader: a parent that runs the Python process
+# (build/entry.py, the frozen entry point) and waits for it.
+BOOTLOADER = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:sys.argv.index('#')]))"
+
+
+def test_the_gateway_dies_with_its_bootloader(start_gateway):
+    if os.environ.get("TINYGW_BINARY"):  # the real bootloader
+        gateway = start_gateway(CONFIG, TINYGW_WORKERS="2")
+    else:
+        prefix = [sys.executable, "-c", BOOTLOADER, sys.executable, str(ROOT / "build" / "entry.py"), "serve", "#"]
+        gateway = start_gateway(CONFIG, prefix=prefix, TINYGW_WORKERS="2")
+    assert "entry.py" in " ".join(gateway.process.args) or os.environ.get("TINYGW_BINARY")
+    below = wait_until(lambda: at_least(3, descendants(gateway.process.pid)), 10, "the gateway and both workers")
+    gateway.process.kill()
+    gateway.process.wait()
+    assert_all_die_within_a_second(below)
+
+
+def test_leftovers_of_dead_gateways_are_removed_at_start(start_gateway, tmp_path):
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    old = time.time() - 3600
+    made = {}
+    for name in ("tinygw-tls-dead", "tinygw-tls-alive", "tinygw-metrics-dead", "_MEIdead", "_MEIyoung",
+                 "_MEIsomeone-else", "unrelated"):
+        made[name] = temporary / name
+        made[name].mkdir()
+        (made[name] / "key.pem").write_text("x")
+    (made["_MEIdead"] / "granian").mkdir()
+    (made["_MEIyoung"] / "granian").mkdir()
+    for name, path in made.items():
+        if name != "_MEIyoung":
+            os.utime(path, (old, old))
+    # A live gateway holds a lock on its directory (here, this test does).
+    held = os.open(made["tinygw-tls-alive"], os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        gateway = start_gateway(CONFIG, TMPDIR=str(temporary))
+    finally:
+        os.close(held)
+    left = {path.name for path in temporary.iterdir()}
+    assert left == {"tinygw-tls-alive", "_MEIyoung", "_MEIsomeone-else", "unrelated"}
+    removed = {r["path"] for r in gateway.log_records() if r.get("msg") == "removed what a dead gateway left"}
+    assert {str(made[n]) for n in ("tinygw-tls-dead", "tinygw-metrics-dead", "_MEIdead")} <= removed
+
+
+def test_a_measured_gateway_removes_dead_launch_directories_beside_its_own(start_gateway, tmp_path):
+    # attest/launch points TMPDIR at its own directory (tinygw-launch.*), which holds the
+    # measured copy of the artifact; dead runs' copies lie beside it.
+    old = time.time() - 3600
+    tmp_path = tmp_path / "run"
+    tmp_path.mkdir()
+    own, dead, foreign = (tmp_path / name for name in ("tinygw-launch.own", "tinygw-launch.dead", "tinygw-launch.x"))
+    for path in (own, dead, foreign):
+        path.mkdir()
+        os.utime(path, (old, old))
+    (own / "tinygw").write_text("the running copy")
+    (dead / "tinygw").write_text("a dead run's copy")
+    os.utime(own, (old, old))
+    os.utime(dead, (old, old))
+    start_gateway(CONFIG, TMPDIR=str(own))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tinygw-launch.own", "tinygw-launch.x"]

@@ -1,0 +1,210 @@
+"""Configuration that cannot be misread (docs/design.md section 13), run as an operator
+would: a misspelled variable, a duplicate key, a plaintext upstream, a credential in a
+provider's headers or query. Each start that must not happen exits 2 with one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import call, free_port, run_tinygw
+from tinygw.config.environment import from_environ
+
+PROVIDER = {"base_url": "https://api.example.com/v1", "api": "openai", "api_key_env": "A_KEY"}
+GOOD = {"providers": {"a": PROVIDER}, "models": {"m": {"targets": ["a:up"]}}}
+
+
+def env(doc=GOOD, **extra: str) -> dict[str, str]:
+    return {"TINYGW_CONFIG": doc if isinstance(doc, str) else json.dumps(doc), "A_KEY": "secret-a", **extra}
+
+
+def refused(done, where: str) -> str:
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"tinygw: configuration error: {where}"), done.stderr
+    return lines[0]
+
+
+# ---- every TINYGW_* and PROVIDER_* variable is one the gateway reads --------------------
+
+
+@pytest.mark.parametrize("typo,meant", [("TINYGW_API_KEY", "TINYGW_API_KEYS"), ("TINYGW_TLS_NAME", "TINYGW_TLS_NAMES"),
+                                        ("TINYGW_WORKER", "TINYGW_WORKERS"),
+                                        ("PROVIDER_BREAKER_FAILURE", "PROVIDER_BREAKER_FAILURES")])
+@pytest.mark.parametrize("command", ["check", "serve"])
+def test_a_variable_the_gateway_does_not_read_exits_2_naming_the_closest(typo, meant, command):
+    done = run_tinygw([command], env(**{typo: "gw-key-typo", "TINYGW_PORT": str(free_port())}))
+    line = refused(done, f"{typo}: ")
+    assert f"did you mean {meant}?" in line and "gw-key-typo" not in line
+
+
+def test_key_variables_the_configuration_names_are_read(tmp_path):
+    key_file = tmp_path / "key"
+    key_file.write_text("secret-p\n")
+    doc = {"providers": {"a": {**PROVIDER, "api_key_env": "PROVIDER_A_KEY",
+                               "headers": {"x-team": {"env": "TINYGW_TEAM_TOKEN"}}}},
+           "models": GOOD["models"]}
+    done = run_tinygw(["check"], {"TINYGW_CONFIG": json.dumps(doc), "PROVIDER_A_KEY_FILE": str(key_file),
+                                  "TINYGW_TEAM_TOKEN": "team-secret"})
+    assert done.returncode == 0, done.stderr
+    # ... and only those: a variable named nowhere is refused.
+    done = run_tinygw(["check"], {"TINYGW_CONFIG": json.dumps(doc), "PROVIDER_A_KEY_FILE": str(key_file),
+                                  "TINYGW_TEAM_TOKEN": "team-secret", "PROVIDER_B_KEY": "x"})
+    assert "did you mean PROVIDER_A_KEY?" in refused(done, "PROVIDER_B_KEY: ")
+
+
+@pytest.mark.parametrize("host", ["localhost", "not_a_host", "256.1.1.1", "[::1]", "192.0.2.77"])
+@pytest.mark.parametrize("command", ["check", "serve"])
+def test_a_listen_address_that_cannot_be_bound_exits_2_naming_it(host, command):
+    # Granian binds an IP address of this machine; anything else was a traceback (exit 1).
+    done = run_tinygw([command], env(TINYGW_HOST=host, TINYGW_API_KEYS="gw-k", TINYGW_PORT=str(free_port())))
+    refused(done, "TINYGW_HOST: ")
+
+
+# ---- no JSON object names a key twice -------------------------------------------------------
+
+OTHER = json.dumps({**PROVIDER, "base_url": "https://other.example.com/v1"})
+DUPLICATES = [
+    ('{"providers": {"a": %s, "a": %s}, "models": {"m": {"targets": ["a:up"]}}}' % (json.dumps(PROVIDER), OTHER),
+     "$.providers.a"),
+    ('{"providers": {"a": %s}, "models": {"m": {"targets": ["a:up"], "targets": ["a:other"]}}}' % json.dumps(PROVIDER),
+     "$.models.m.targets"),
+    ('{"providers": {"a": {"base_url": "https://api.example.com/v1", "api": "openai", "api_key_env": "A_KEY",'
+     ' "headers": {"x-a": "1", "x-a": "2"}}}, "models": {}}', "$.providers.a.headers.x-a"),
+    ('{"routing": {"debug": false}, "routing": {"debug": true}}', "$.routing"),
+]
+
+
+@pytest.mark.parametrize("document,path", DUPLICATES)
+def test_a_duplicate_key_exits_2_naming_its_path(document, path, tmp_path):
+    refused(run_tinygw(["check"], env(document)), f"TINYGW_CONFIG {path}: ")
+    (tmp_path / "config.json").write_text(document)
+    done = run_tinygw(["serve"], {"TINYGW_CONFIG_FILE": str(tmp_path / "config.json"), "A_KEY": "secret-a",
+                                  "TINYGW_PORT": str(free_port())})
+    refused(done, f"TINYGW_CONFIG_FILE {path}: ")
+
+
+# ---- plaintext only to loopback, unless said -----------------------------------------------
+
+
+@pytest.mark.parametrize("url", ["http://10.1.2.3/v1", "http://api.example.com/v1", "http://[2001:db8::1]:8000/v1"])
+def test_plaintext_to_a_non_loopback_address_must_be_asked_for(url):
+    doc = {"providers": {"a": {**PROVIDER, "base_url": url}}, "models": GOOD["models"]}
+    assert "plaintext" in refused(run_tinygw(["check"], env(doc)), "TINYGW_CONFIG $.providers.a.base_url: ")
+    asked = {"providers": {"a": {**PROVIDER, "base_url": url, "plaintext": True}}, "models": GOOD["models"]}
+    done = run_tinygw(["check"], env(asked))
+    assert done.returncode == 0, done.stderr
+    assert '"plaintext": true' in done.stdout  # in the hash: a verifier sees it
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8000/v1", "http://127.8.9.10/v1", "http://[::1]:8000/v1",
+                                 "http://localhost:8000/v1", "https://10.1.2.3/v1"])
+def test_loopback_and_https_need_no_plaintext(url):
+    doc = {"providers": {"a": {**PROVIDER, "base_url": url}}, "models": GOOD["models"]}
+    assert run_tinygw(["check"], env(doc)).returncode == 0
+
+
+def test_the_header_policy_is_the_wires():
+    # proxy-authenticate is hop-by-hop: never forwarded from a client, so never configurable either.
+    doc = {"providers": {"a": {**PROVIDER, "headers": {"Proxy-Authenticate": "x"}}}, "models": GOOD["models"]}
+    refused(run_tinygw(["check"], env(doc)), "TINYGW_CONFIG $.providers.a.headers.Proxy-Authenticate: ")
+
+
+# ---- credentials in headers and query: {"env": NAME} ------------------------------------------
+
+TEAM_TOKEN = "team-token-5d1c"
+QUERY_KEY = "query-key-c0ffee"
+
+
+def credentials_config(url: str) -> dict:
+    return {"providers": {"p": {"base_url": url, "api": "openai", "listing": False,
+                                "headers": {"x-team-token": {"env": "TEAM_TOKEN"}, "x-plain": "visible"},
+                                "query": {"key": {"env": "QUERY_KEY"}, "api-version": "1"}}},
+            "models": {"m": {"targets": ["p:x"]}}}
+
+
+def test_credentials_in_headers_and_query_are_sent_and_shown_as_their_names(fake, start_gateway, tmp_path):
+    (tmp_path / "query-key").write_text(QUERY_KEY + "\n")
+    gateway = start_gateway(credentials_config(f"{fake.url}/v1"), TEAM_TOKEN=TEAM_TOKEN,
+                            QUERY_KEY_FILE=str(tmp_path / "query-key"))
+    assert call("POST", f"{gateway.url}/v1/chat/completions", {"model": "m"})[0] == 200
+    sent = fake.requests[-1]
+    assert sent.headers["x-team-token"] == TEAM_TOKEN and sent.headers["x-plain"] == "visible"
+    assert sent.path == f"/v1/chat/completions?key={QUERY_KEY}&api-version=1"
+    for page in ("/metrics", "/status", "/status.json"):
+        text = call("GET", f"{gateway.url}{page}")[2].decode()
+        assert TEAM_TOKEN not in text and QUERY_KEY not in text
+    assert TEAM_TOKEN not in gateway.logs() and QUERY_KEY not in gateway.logs()
+
+    done = run_tinygw(["check"], {"TINYGW_CONFIG": json.dumps(credentials_config("https://x.example/v1")),
+                                  "TEAM_TOKEN": TEAM_TOKEN, "QUERY_KEY": QUERY_KEY})
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout.rpartition("config_sha256")[0])["providers"]["p"]
+    assert shown["headers"] == {"x-team-token": {"env": "TEAM_TOKEN"}, "x-plain": "visible"}
+    assert shown["query"] == {"key": {"env": "QUERY_KEY"}, "api-version": "1"}
+    assert TEAM_TOKEN not in done.stdout + done.stderr and QUERY_KEY not in done.stdout + done.stderr
+
+
+def test_an_unset_credential_variable_exits_2_naming_it():
+    done = run_tinygw(["check"], {"TINYGW_CONFIG": json.dumps(credentials_config("https://x.example/v1")),
+                                  "QUERY_KEY": QUERY_KEY})
+    refused(done, "TEAM_TOKEN: ")
+
+
+# ---- no object's repr or str shows a key ------------------------------------------------------
+
+GATEWAY_KEY = "gw-inbound-key-31f4"
+PROVIDER_KEY = "sk-provider-key-8e2a"
+
+
+def reachable(root: object):
+    """Every object reachable from `root` through attributes, slots, Struct fields and
+    containers (modules, classes and functions excluded)."""
+    import msgspec
+
+    seen, stack = set(), [root]
+    while stack:
+        value = stack.pop()
+        if id(value) in seen or isinstance(value, (type, type(json), type(reachable), str, bytes, int, float)):
+            continue
+        seen.add(id(value))
+        yield value
+        if isinstance(value, dict):
+            stack += [*value.keys(), *value.values()]
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            stack += list(value)
+        if isinstance(value, msgspec.Struct):
+            stack += [getattr(value, f) for f in value.__struct_fields__]
+        stack += list(getattr(value, "__dict__", {}).values())
+        for name in getattr(type(value), "__slots__", ()):
+            if hasattr(value, name):
+                stack.append(getattr(value, name))
+
+
+def test_no_object_of_a_running_gateway_shows_a_key_in_its_repr_or_str(tmp_path):
+    import asyncio
+
+    from tinygw.worker.gateway import Gateway
+
+    doc = credentials_config("https://x.example/v1")
+    doc["providers"]["p"]["api_key_env"] = ["K1", "K2"]
+    doc["providers"]["an"] = {"base_url": "https://an.example", "api": "anthropic", "api_key_env": "K3"}
+    doc["providers"]["az"] = {"base_url": "https://az.example/v1", "api": "openai", "api_key_env": "K4",
+                              "api_key_header": "api-key"}
+    keys = {"K1": PROVIDER_KEY + "1", "K2": PROVIDER_KEY + "2", "K3": PROVIDER_KEY + "3", "K4": PROVIDER_KEY + "4",
+            "TEAM_TOKEN": TEAM_TOKEN, "QUERY_KEY": QUERY_KEY}
+    settings = from_environ({"TINYGW_CONFIG": json.dumps(doc), "TINYGW_API_KEYS": GATEWAY_KEY, **keys})
+
+    async def build() -> Gateway:
+        return Gateway(settings)
+
+    gateway = asyncio.run(build())
+    secrets = [GATEWAY_KEY, *keys.values()]
+    checked = 0
+    for value in reachable(gateway):
+        if type(value).__module__.startswith("tinygw"):
+            shown = repr(value) + str(value)
+            assert not [s for s in secrets if s in shown], f"{type(value).__name__} shows a key: {shown[:200]}"
+            checked += 1
+    assert checked > 10

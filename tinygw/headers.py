@@ -1,0 +1,28 @@
+"""Which request headers are the gateway's own: one policy, read by both the
+configuration (a provider's static `headers` may not set them) and the wire (a
+client's copy is never forwarded).
+
+Hop-by-hop headers (RFC 9110 section 7.6.1) belong to one connection; the others the
+gateway sets itself for each upstream request: the credentials (the provider's key
+goes in their place), `host` and `content-length` (framing), `accept-encoding` (the
+gateway asks for `identity`), `expect`, and `x-request-id` (the gateway sends its own).
+"""
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+CREDENTIALS = frozenset({"authorization", "x-api-key"})
+GATEWAY_SET = frozenset({"host", "content-length", "accept-encoding", "expect", "x-request-id"})
+
+# Never from a client, never in a provider's static `headers`.
+GATEWAY_HEADERS = HOP_BY_HOP | CREDENTIALS | GATEWAY_SET

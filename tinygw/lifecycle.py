@@ -1,0 +1,165 @@
+"""The gateway's processes live and die together, and a dead one leaves nothing behind
+(docs/design.md section 13).
+
+Every process under `tinygw serve` asks the kernel for SIGKILL when its parent dies
+(prctl's PR_SET_PDEATHSIG): the Granian workers (their parent is serve's process) and,
+frozen, serve's own process (its parent is the PyInstaller bootloader). A worker left
+running by a dead parent would keep serving the old key and configuration, and keep
+the port from the next gateway.
+
+A gateway killed without a chance to clean up leaves directories behind: its attested
+key's (`tinygw-tls-*`), its metrics' (`tinygw-metrics-*`), frozen, the bootloader's
+unpack directory (`_MEI*`) and, measured, attest/launch's (`tinygw-launch.*`: the copy
+of the artifact, and TMPDIR). `serve` removes those of dead gateways at start. Who is
+dead: serve holds a lock (flock) on each directory it makes for its whole life, and
+its workers share it (a fork keeps the open file); the unpack directory is the
+bootloader's and the launch directory the launcher's, which take no lock, but every
+process of the gateway maps its Python library from the one and its executable from the
+other, and workers map their metrics files. So a directory that no live
+process holds a lock on or maps a file from belongs to nobody alive. One modified
+within the last `GRACE_SECONDS` is left alone: a starting gateway may not have locked
+or mapped it yet.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import os
+import shutil
+import signal
+import stat
+import sys
+import time
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+# A directory younger than this may belong to a gateway that is starting right now.
+GRACE_SECONDS = 60.0
+
+UNPACK_PREFIX = "_MEI"
+LAUNCH_PREFIX = "tinygw-launch."  # attest/launch's directory: the artifact's measured copy, and TMPDIR
+PREFIXES = ("tinygw-tls-", "tinygw-metrics-", UNPACK_PREFIX, LAUNCH_PREFIX)
+# What a directory of each borrowed kind holds when it is ours: the unpacked Granian, the copy.
+_MARKS = {UNPACK_PREFIX: "granian", LAUNCH_PREFIX: "tinygw"}
+
+
+def _prctl(option: int, value: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+
+
+def die_with_parent(parent_pid: int | None = None) -> None:
+    """SIGKILL this process when its parent dies. With `parent_pid` (the parent it was
+    started by), exit at once when the parent died before the request was made."""
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def die_with_bootloader() -> None:
+    """Frozen: the Python process dies with the bootloader that unpacked and started it
+    (an executable of the same file: when the parent runs another, the bootloader died
+    before the request was made, and this process was handed to another parent)."""
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if getattr(sys, "frozen", False) and _exe(os.getppid()) != _exe(os.getpid()):
+        os._exit(1)
+
+
+def adopt_orphans() -> None:
+    """Become the parent of this process's orphaned descendants (PR_SET_CHILD_SUBREAPER):
+    the test suite's way to find what it left behind."""
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _exe(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+
+
+def hold(directory: str) -> int:
+    """Lock `directory` for the life of this process (and its workers): the file
+    descriptor that holds the lock, to close when the directory is removed."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def release(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
+def remove_leftovers(parents: list[str], keep: str, now: float | None = None) -> list[str]:
+    """Remove the directories of dead gateways owned by this user in `parents`, never
+    `keep` (this process's own TMPDIR) or one that holds it; the paths removed."""
+    now = time.time() if now is None else now  # compared with file times, which are wall clock
+    candidates = []
+    for parent in dict.fromkeys(p for p in parents if p):
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        candidates += [os.path.join(parent, n) for n in names if n.startswith(PREFIXES)]
+    keep = os.path.realpath(keep)
+    candidates = [path for path in candidates if _ours_and_settled(path, now)
+                  and not (keep + "/").startswith(os.path.realpath(path) + "/")]
+    if not candidates:
+        return []
+    mapped = _mapped_directories()
+    removed = []
+    for path in candidates:
+        mark = next((m for prefix, m in _MARKS.items() if os.path.basename(path).startswith(prefix)), None)
+        if mark and not os.path.exists(os.path.join(path, mark)):
+            continue  # another program's
+        if os.path.realpath(path) in mapped or _held(path):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
+            removed.append(path)
+    return removed
+
+
+def _ours_and_settled(path: str, now: float) -> bool:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and now - info.st_mtime > GRACE_SECONDS
+
+
+def _held(path: str) -> bool:
+    """Does a live process hold the lock of the gateway that made `path`?"""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return True  # cannot tell: leave it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def _mapped_directories() -> set[str]:
+    """The directories of ours (by their prefixes) that live processes map files from."""
+    directories: set[str] = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
+                paths = {line.partition("/")[2].rstrip("\n") for line in f if "/" in line}
+        except OSError:
+            continue  # gone, or another user's
+        for path in paths:
+            parts = path.split("/")
+            directories.update("/" + "/".join(parts[: i + 1])
+                               for i, part in enumerate(parts) if part.startswith(PREFIXES))
+    return directories
