@@ -318,6 +318,8 @@ def test_the_gateway_answers_as_an_snp_guest(tmp_path, start_gateway, fake, tls)
     assert report[0x50:0x90] == expected and answer["report_data"] == expected.hex()
     for name in ("vcek", "ask", "ark"):
         assert evidence[name] == platform.chain.pem(name).decode()
+    for name in ("platform", "report", "vcek", "ask", "ark"):  # also at the top of the answer
+        assert answer[name] == evidence[name], name
     checks = snp.verify_report(report, evidence["vcek"].encode(), evidence["ask"].encode(), report_data=expected,
                                simulated_ark=evidence["ark"].encode())
     assert verdicts(checks) == {**ALL_PASS, "certificate chain": "SKIP", "report_data": "PASS",
@@ -330,10 +332,13 @@ def test_without_the_hosts_certificates_the_evidence_has_none(tmp_path, start_ga
     try:
         gateway = start_gateway(gateway_config(fake.url), UP_KEY=SECRET, TINYGW_EVENT_LOG=str(tmp_path / "no-log"),
                                 **platform.env())
-        evidence = attest(gateway, bytes(32))["evidence"]
+        answer = attest(gateway, bytes(32))
     finally:
         platform.stop()
+    evidence = answer["evidence"]
     assert set(evidence) == {"provider", "platform", "outblob", "report"}
+    assert (answer["platform"], answer["report"]) == ("sev-snp", evidence["report"])
+    assert not {"vcek", "ask", "ark"} & set(answer)
 
 
 # ---- attest/verify ---------------------------------------------------------------------------

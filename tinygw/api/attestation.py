@@ -20,6 +20,7 @@ from tinygw.trust.evidence_queue import RETRY_AFTER_SECONDS
 
 _encode = msgspec.json.Encoder()
 _HEADERS = [*JSON_HEADERS, (b"cache-control", b"no-store")]
+_SNP_FIELDS = ("platform", "report", "vcek", "ask", "ark")
 _REFUSED_HEADERS = [*_HEADERS, (b"retry-after", b"%d" % RETRY_AFTER_SECONDS)]
 
 
@@ -54,6 +55,8 @@ async def attestation_page(gateway, scope, send) -> None:
         "event_log": events,
         "evidence": evidence,
     }
+    # SEV-SNP: the report and the host's certificates also at the top, where clients look for them.
+    answer.update({name: evidence[name] for name in _SNP_FIELDS if name in evidence})
     if gateway.tls_spki_sha256 is not None:
         answer["tls_spki_sha256"] = gateway.tls_spki_sha256
         answer["tls_certificate"] = gateway.tls_certificate
