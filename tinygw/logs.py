@@ -124,12 +124,8 @@ def request_line(scope: dict) -> dict[str, str | None]:
     query = scope.get("query_string")
     if query:
         path = f"{path}?{_redacted(query.decode('latin-1'))}"
-    agent = None
-    for name, value in scope["headers"]:
-        if name == b"user-agent":
-            agent = value[:MAX_USER_AGENT_BYTES].decode("latin-1")
-            break
-    return {"path": path, "user_agent": agent}
+    agent = dict(reversed(scope["headers"])).get(b"user-agent")  # reversed: the first one wins
+    return {"path": path, "user_agent": agent if agent is None else agent[:MAX_USER_AGENT_BYTES].decode("latin-1")}
 
 
 def _redacted(query: str) -> str:
@@ -149,7 +145,9 @@ def _redacted(query: str) -> str:
 def flush() -> None:
     """Write the access lines waiting for the loop's turn (tinygw.api.app calls it at
     shutdown too; log() before its own line, to keep the order)."""
-    if not _batch:
+    if len(_batch) < 2:  # one line (a quiet loop's turn), or none
+        if _batch:
+            _write(_batch.pop())
         return
     lines = _batch[:]
     _batch.clear()

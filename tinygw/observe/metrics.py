@@ -86,6 +86,12 @@ class Metrics:
             except OSError as e:
                 logs.log(logging.WARNING, "metrics kept per worker: the shared directory is unusable",
                          error=type(e).__name__)
+        self._in_flight = self.store.index(_IN_FLIGHT)
+        self._requests: dict[tuple[str, str, int], tuple[int, list]] = {}
+        self._histograms: dict[tuple[str, tuple[str, ...]], list] = {}
+        self._tokens: dict[tuple[str, str], list] = {}
+        self._attempts: dict[tuple[str, str, str], int] = {}
+        self._first_byte: dict[str, list] = {}
 
     def set_artifact_sha256(self, digest: str) -> None:
         """The frozen executable's sha256, once a worker has hashed it (tinygw.api.app)."""
@@ -96,29 +102,37 @@ class Metrics:
         self._tls_not_after = not_after
 
     # ---- the hot path -----------------------------------------------------------------
+    # A series' place in the store is looked up once, kept here by its label values, then
+    # added to there: a request's counts cost a dict lookup each, not a key's hash. A
+    # counter's place is taken at its first count (a series never counted is not shown).
 
     def count_request(self, route: str, model: str, status: int, seconds: float) -> None:
-        self.store.add(("tinygw_requests_total", (route, model, str(status)), ""))
-        self._observe("tinygw_request_duration_seconds", (route, model, _STATUS_CLASS.get(status // 100, "5xx")),
-                      seconds)
+        series = self._requests.get((route, model, status)) or self._request_series(route, model, status)
+        self._observe(series[1], seconds)
+        self.store.values[series[0]] += 1.0  # after _observe, which may replace the view
 
     def add_in_flight(self, change: int) -> None:
-        self.store.add(_IN_FLIGHT, change)
+        self.store.values[self._in_flight] += change
 
     def count_tokens(self, provider: str, model: str, prompt: int, completion: int) -> None:
+        places = self._tokens.get((provider, model)) or self._token_places(provider, model)
         if prompt:
-            self.store.add(("tinygw_tokens_total", (provider, model, "prompt"), ""), prompt)
+            self._add(places, 0, prompt)
         if completion:
-            self.store.add(("tinygw_tokens_total", (provider, model, "completion"), ""), completion)
+            self._add(places, 1, completion)
 
     def observe_first_token(self, model: str, seconds: float) -> None:
-        self._observe("tinygw_stream_first_token_seconds", (model,), seconds)
+        self._observe(self._histogram("tinygw_stream_first_token_seconds", (model,)), seconds)
 
     def count_attempt(self, provider: str, provider_model: str, outcome: str) -> None:
-        self.store.add(("tinygw_upstream_attempts_total", (provider, provider_model, outcome), ""))
+        labels = (provider, provider_model, outcome)
+        index = self._attempts.get(labels)
+        if index is None:
+            index = self._attempts[labels] = self.store.index(("tinygw_upstream_attempts_total", labels, ""))
+        self.store.values[index] += 1.0
 
     def observe_first_byte(self, provider: str, seconds: float) -> None:
-        self._observe("tinygw_upstream_first_byte_seconds", (provider,), seconds)
+        self._observe(self._first_byte.get(provider) or self._first_byte_series(provider), seconds)
 
     def count_retry(self, provider: str, provider_model: str, reason: str) -> None:
         self.store.add(("tinygw_provider_retries_total", (provider, provider_model, reason), ""))
@@ -135,9 +149,48 @@ class Metrics:
     def set_listing_up(self, provider: str, up: bool) -> None:
         self.store.set(("tinygw_listing_up", (provider,), ""), 1.0 if up else 0.0)
 
-    def _observe(self, name: str, labels: tuple[str, ...], seconds: float) -> None:
-        self.store.add((name, labels, _LE[bisect.bisect_left(DURATION_BUCKETS, seconds)]))
-        self.store.add((name, labels, "sum"), seconds)
+    def _observe(self, histogram: list, seconds: float) -> None:
+        """One observation: histogram is [each bucket's index or None, ..., the sum's]."""
+        bucket = bisect.bisect_left(DURATION_BUCKETS, seconds)
+        index = histogram[bucket]
+        if index is None:
+            index = histogram[bucket] = self.store.index((*histogram[-1], _LE[bucket]))
+        values = self.store.values  # after index(), which may replace the view
+        values[index] += 1.0
+        values[histogram[-2]] += seconds
+
+    # ---- each series' place, found at its first use -------------------------------------
+
+    def _add(self, places: list, which: int, amount: float) -> None:
+        index = places[which]
+        if index is None:
+            index = places[which] = self.store.index(places[-1][which])
+        self.store.values[index] += amount
+
+    def _histogram(self, name: str, labels: tuple[str, ...]) -> list:
+        """A histogram series' places: a bucket's is taken at its first observation, the
+        sum's now; its (name, labels) last, to name a bucket's key."""
+        histogram = self._histograms.get((name, labels))
+        if histogram is None:
+            histogram = [None] * len(_LE) + [self.store.index((name, labels, "sum")), (name, labels)]
+            self._histograms[(name, labels)] = histogram
+        return histogram
+
+    def _request_series(self, route: str, model: str, status: int) -> tuple[int, list]:
+        status_class = _STATUS_CLASS.get(status // 100, "5xx")
+        count = self.store.index(("tinygw_requests_total", (route, model, str(status)), ""))
+        series = (count, self._histogram("tinygw_request_duration_seconds", (route, model, status_class)))
+        self._requests[(route, model, status)] = series
+        return series
+
+    def _token_places(self, provider: str, model: str) -> list:
+        keys = tuple(("tinygw_tokens_total", (provider, model, kind), "") for kind in ("prompt", "completion"))
+        places = self._tokens[(provider, model)] = [None, None, keys]
+        return places
+
+    def _first_byte_series(self, provider: str) -> list:
+        histogram = self._first_byte[provider] = self._histogram("tinygw_upstream_first_byte_seconds", (provider,))
+        return histogram
 
     # ---- the scrape --------------------------------------------------------------------
 

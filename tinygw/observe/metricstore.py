@@ -52,25 +52,36 @@ def _as_key(value) -> Key:
 
 
 class MemoryStore:
-    """One process's values, in a dict: for a worker without a directory, and tests."""
+    """One process's values, in a list: for a worker without a directory, and tests."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.slot = 1
-        self._values: dict[Hashable, float] = {}
+        self.values: list[float] = []  # by index, as FileStore's
+        self._indexes: dict[Hashable, int] = {}
 
     def owns(self, pid: int) -> bool:
         return pid == self.pid
 
+    def index(self, key: Key) -> int:
+        """Where `key`'s value is in `values`: found once per series, then added to there."""
+        index = self._indexes.get(key)
+        if index is None:
+            index = self._indexes[key] = len(self.values)
+            self.values.append(0.0)
+        return index
+
     def add(self, key: Key, amount: float = 1.0) -> None:
-        self._values[key] = self._values.get(key, 0.0) + amount
+        index = self.index(key)
+        self.values[index] += amount
 
     def set(self, key: Key, value: float) -> None:
-        self._values[key] = value
+        index = self.index(key)
+        self.values[index] = value
 
     def snapshot(self) -> list[tuple[int, int, bool, dict[Key, float]]]:
         """(pid, slot, alive, values) of every worker."""
-        return [(self.pid, self.slot, True, dict(self._values))]
+        return [(self.pid, self.slot, True, {key: self.values[i] for key, i in self._indexes.items()})]
 
 
 class FileStore:
@@ -86,26 +97,26 @@ class FileStore:
         self._file.truncate(_INITIAL_BYTES)
         self._map = mmap.mmap(self._file.fileno(), _INITIAL_BYTES)
         # The map as doubles (values are 8-aligned): an increment is an index, not two
-        # struct calls.
-        self._doubles = _doubles(self._map)
+        # struct calls. Replaced when the map grows: read it at each use, never keep it.
+        self.values = _doubles(self._map)
         self._size = _INITIAL_BYTES
         self._used = _HEADER_BYTES
         _USED.pack_into(self._map, 0, self._used)
         self._indexes: dict[Key, int] = {}  # key -> its value's offset / 8
 
+    def index(self, key: Key) -> int:
+        """Where `key`'s value is in `values` (its offset / 8): found once per series
+        (tinygw.observe.metrics keeps it), then added to there."""
+        index = self._indexes.get(key)
+        return self._append(key) if index is None else index
+
     def add(self, key: Key, amount: float = 1.0) -> None:
-        try:
-            self._doubles[self._indexes[key]] += amount
-        except KeyError:
-            index = self._append(key)  # first: it may replace the view
-            self._doubles[index] += amount
+        index = self.index(key)  # first: it may replace the view
+        self.values[index] += amount
 
     def set(self, key: Key, value: float) -> None:
-        try:
-            self._doubles[self._indexes[key]] = value
-        except KeyError:
-            index = self._append(key)
-            self._doubles[index] = value
+        index = self.index(key)
+        self.values[index] = value
 
     def _append(self, key: Key) -> int:
         raw = msgspec.json.encode(key)
@@ -114,9 +125,9 @@ class FileStore:
         while self._used + len(entry) > self._size:
             self._size *= 2
             self._file.truncate(self._size)
-            self._doubles.release()  # a map with a view on it cannot be resized
+            self.values.release()  # a map with a view on it cannot be resized
             self._map.resize(self._size)
-            self._doubles = _doubles(self._map)
+            self.values = _doubles(self._map)
         start = self._used
         self._map[start : start + len(entry)] = entry
         self._used += len(entry)
@@ -151,7 +162,7 @@ class FileStore:
         return workers
 
     def close(self) -> None:
-        self._doubles.release()
+        self.values.release()
         self._map.close()
         self._file.close()
         self._slot_file.close()

@@ -12,6 +12,8 @@ import os
 import re
 import time
 from datetime import timezone
+from itertools import compress
+from operator import itemgetter, not_
 from email.utils import parsedate_to_datetime
 
 import msgspec
@@ -99,22 +101,33 @@ _RELAYED_PREFIXES = (b"x-ratelimit-", b"ratelimit", b"openai-", b"anthropic-")
 # The answer's `x-request-id` is the gateway's; the provider's own goes on under this name.
 UPSTREAM_REQUEST_ID = b"x-upstream-request-id"
 _RENAMED = {b"x-request-id": UPSTREAM_REQUEST_ID}
+# The names above as one pattern, for a C-speed filter: a name in _RELAYED, or one that
+# starts with one of _RELAYED_PREFIXES.
+_RELAYED_NAME = re.compile(
+    b"|".join([*map(re.escape, sorted(_RELAYED)), *(re.escape(prefix) + b".*" for prefix in _RELAYED_PREFIXES)]),
+    re.DOTALL)
 
 
 def _named_by_connection(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
     names = [v for k, v in headers if k == b"connection"]
-    return frozenset(n.strip().lower() for v in names for n in v.split(b",")) if names else frozenset()
+    return frozenset(n.strip().lower() for v in names for n in v.split(b","))
 
 
 def forward_headers(client_headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """The client's headers that go on to a provider: never its credentials."""
-    drop = _NOT_FORWARDED | _named_by_connection(client_headers)
-    return [(k, v) for k, v in client_headers if k not in drop]
+    names = list(map(itemgetter(0), client_headers))
+    drop = _NOT_FORWARDED | _named_by_connection(client_headers) if b"connection" in names else _NOT_FORWARDED
+    # Each header kept unless its name is in `drop`, in C (no Python step per header).
+    return list(compress(client_headers, map(not_, map(drop.__contains__, names))))
 
 
 def relay_headers(upstream_headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """The provider's headers that go back to the client: a fixed set."""
-    return [(_RENAMED.get(k, k), v) for k, v in upstream_headers if k in _RELAYED or k.startswith(_RELAYED_PREFIXES)]
+    names = list(map(itemgetter(0), upstream_headers))
+    relayed = list(compress(upstream_headers, map(_RELAYED_NAME.fullmatch, names)))
+    if b"x-request-id" in names:
+        return [(_RENAMED.get(k, k), v) for k, v in relayed]
+    return relayed
 
 
 # A client's own request id is kept when it is a plain token of at most 128 bytes;
@@ -136,10 +149,8 @@ def request_id(client_headers: list[tuple[bytes, bytes]]) -> bytes:
 
 
 def header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
-    for k, v in headers:
-        if k == name:
-            return v
-    return None
+    """The value of the first header called `name` (lower case, as ASGI gives names), or None."""
+    return dict(reversed(headers)).get(name)  # reversed: the first one wins, as a scan's would
 
 
 def retry_after_seconds(value: bytes | None, cap_seconds: float) -> float | None:
