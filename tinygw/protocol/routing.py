@@ -90,6 +90,32 @@ def resolve(settings: Settings, route: Route, model: str) -> Resolution | None:
     return Resolution(alias.name, targets, alias) if targets else None
 
 
+class Resolver:
+    """resolve() for one configuration, each configured name's answer on each API worked
+    out once (at its first request) and kept: the common request names an alias. Other
+    names (a pattern's match, `provider/model`) are resolved each time, and not kept: a
+    client's free-form names must not grow memory."""
+
+    __slots__ = ("_settings", "_known")
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._known: dict[tuple[str, str], Resolution | None] = {}
+
+    def resolve(self, route: Route, model: str) -> Resolution | None:
+        key = (route.api, model)
+        known = self._known.get(key, _UNKNOWN)
+        if known is not _UNKNOWN:
+            return known
+        resolution = resolve(self._settings, route, model)
+        if model in self._settings.models:
+            self._known[key] = resolution
+        return resolution
+
+
+_UNKNOWN = Resolution("", ())  # no name is resolved to this: not yet worked out
+
+
 def matching_pattern(models: dict[str, Model], model: str) -> Model | None:
     """The longest pattern alias (a name ending in `*`) that `model` starts with."""
     best = None
