@@ -4,8 +4,8 @@ Circuits are per worker (SPEC section 4), but the status page shows every live
 worker's in one view (SPEC section 7), whichever worker a reload reaches. So each
 worker writes its circuits' state into its own file of the shared metric store
 (tinygw.observe.metricstore), under names that /metrics does not export, and the page reads
-every live worker's. A value is written only when it changed: a request whose circuit
-stays as it was costs a tuple comparison.
+every live worker's. A circuit tells the board when it changed (the breakers'
+`on_change`), and a value is written only when it differs from the one published.
 
 Entries (family, labels, part):
 - ("status_worker", (), "started_at"): the worker's start, wall-clock seconds
@@ -54,7 +54,7 @@ class Board:
 
     def publish_circuit(self, circuit: Circuit) -> None:
         key = (circuit.provider, circuit.provider_model)
-        now = (circuit._state, circuit.failures, circuit.pause_seconds, circuit.opened_at, circuit.last_error)
+        now = circuit.snapshot()
         before = self._published.get(key)
         if now == before:
             return
