@@ -39,6 +39,14 @@ _FRAMING_NAMES = frozenset((b"content-length", b"transfer-encoding", b"connectio
 _CHUNK_HEADER = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;.*)?[ \t]*")
 _DIGITS = re.compile(rb"[0-9]+")
 
+# Where a chunked body's reading is (`Answer._state`): each read goes on from there.
+_SIZE = 0  # at a chunk-size line
+_DATA = 1  # inside a chunk's data (`_chunk_left` bytes to come)
+_FOOTER = 2  # at the CRLF after a chunk's data
+_TRAILER = 3  # after the last chunk: at the empty line that ends the body, or a trailer
+_FIELDS = 4  # in a trailer section with fields, which h11 reads (_TrailerReader)
+_END = 5  # the body has ended: what follows is past the answer
+
 
 class HandOff(Exception):
     """This answer is not one the fast path fully understands: h11 must read it."""
@@ -93,7 +101,7 @@ class Answer:
         self._remaining = 0  # content-length bytes still to come
         self._chunked = False
         self._chunk_left = 0  # bytes of the current chunk still to come
-        self._state = "size"  # chunked: "size" | "data" | "crlf" | "trailer" | "fields" | "end"
+        self._state = _SIZE  # chunked: where the body's reading is
         self._trailer: _TrailerReader | None = None
         self.keep_alive = True
         self.leftover = b""
@@ -102,7 +110,7 @@ class Answer:
     def feed(self, data: bytes) -> None:
         if self._head is not None:
             self._head += data
-        elif self._state == "fields":
+        elif self._state == _FIELDS:
             self._trailer.feed(data)
         else:
             self._buffer = self._buffer + data if self._buffer else data
@@ -112,25 +120,10 @@ class Answer:
 
     def head(self) -> tuple[int, list[tuple[bytes, bytes]]] | None:
         """(status, headers with lower-case names), or None until the head has arrived."""
-        buffer = self._head
-        start = self._scanned - 3 if self._scanned >= 3 else 0  # the end may straddle two reads
-        end = buffer.find(b"\r\n\r\n", start)
-        limit = end + 4 if end >= 0 else len(buffer)
-        # A bare LF or CR in the head: h11 has rules of its own for those. Only the new
-        # bytes are counted (from the CR before them, if any).
-        first = self._scanned - 1 if self._scanned and buffer[self._scanned - 1] == 13 else self._scanned
-        region = buffer[first:limit]
-        crlf = region.count(b"\r\n")
-        tail_cr = end < 0 and region.endswith(b"\r")  # may be the CR of a CRLF still coming
-        if region.count(b"\n") != crlf or region.count(b"\r") - tail_cr != crlf:
-            raise HandOff
-        self._scanned = limit - 1 if tail_cr else limit
-        if end < 0:
-            if len(buffer) > self._max_head_bytes:
-                raise HandOff
+        end = self._head_end()
+        if end is None:
             return None
-        if end + 4 > self._max_head_bytes:
-            raise HandOff
+        buffer = self._head
         head = bytes(buffer[: end + 2])  # the status line and each header line, with its CRLF
         line_end = head.find(b"\r\n")
         status = _STATUS_LINE.fullmatch(head, 0, line_end)
@@ -144,6 +137,38 @@ class Answer:
         if not _HEADER_LINES.fullmatch(head, line_end + 2):
             raise HandOff
         headers = [(name.lower(), value) for name, value in _HEADER_LINE.findall(head, line_end + 2)]
+        self._framing(headers)
+        self._buffer = bytes(buffer[end + 4 :])
+        self._head = None
+        return code, headers
+
+    def _head_end(self) -> int | None:
+        """Where the head's blank line is, once it has arrived (None until then). Only
+        the bytes fed since the last call are looked at. HandOff on a bare LF or CR
+        (h11 has rules of its own for those) or a head over the bound."""
+        buffer = self._head
+        start = self._scanned - 3 if self._scanned >= 3 else 0  # the end may straddle two reads
+        end = buffer.find(b"\r\n\r\n", start)
+        limit = end + 4 if end >= 0 else len(buffer)
+        # Counted from the CR before the new bytes, if any.
+        first = self._scanned - 1 if self._scanned and buffer[self._scanned - 1] == 13 else self._scanned
+        region = buffer[first:limit]
+        crlf = region.count(b"\r\n")
+        tail_cr = end < 0 and region.endswith(b"\r")  # may be the CR of a CRLF still coming
+        if region.count(b"\n") != crlf or region.count(b"\r") - tail_cr != crlf:
+            raise HandOff
+        self._scanned = limit - 1 if tail_cr else limit
+        if end < 0:
+            if len(buffer) > self._max_head_bytes:
+                raise HandOff
+            return None
+        if end + 4 > self._max_head_bytes:
+            raise HandOff
+        return end
+
+    def _framing(self, headers: list[tuple[bytes, bytes]]) -> None:
+        """How the body is delimited: one plain content-length, or chunked alone; and
+        whether the connection may be reused. Anything else goes to h11 (HandOff)."""
         lengths, encodings = [], []
         for name, value in headers:
             if name in _FRAMING_NAMES:
@@ -161,93 +186,95 @@ class Answer:
             self._remaining = int(lengths[0])
         else:
             raise HandOff  # no framing (read until close), several lengths, odd values
-        self._buffer = bytes(buffer[end + 4 :])
-        self._head = None
-        return code, headers
 
     def body(self) -> bytes | None:
         """The body bytes available now (b"" when more must be fed), None at its end."""
         if self.done:
             return None
-        if not self._chunked:
-            if self._remaining == 0:
-                return self._finish(self._buffer)
-            data = self._buffer[: self._remaining]
-            self._buffer = self._buffer[len(data) :]
-            self._remaining -= len(data)
-            return data
-        buffer, pos, out = self._buffer, 0, []
-        if self._state == "size":  # whole chunks, the usual read of a stream: one short step each
-            find, size_line, crlf_at = buffer.find, _CHUNK_HEADER.fullmatch, buffer.startswith
-            append, available = out.append, len(buffer) - 2
-            while (line_end := find(b"\r\n", pos)) >= 0:
-                if (match := size_line(buffer, pos, line_end)) is None:
-                    raise Malformed("illegal chunk header")
-                start = line_end + 2
-                end = start + int(match[1], 16)
-                if end == start or end > available:
-                    break  # the last chunk, or one still arriving: the steps below, from its size line
-                if not crlf_at(b"\r\n", end):
-                    raise Malformed("malformed chunk footer")
-                append(buffer[start:end])
-                pos = end + 2
+        if self._chunked:
+            return self._chunked_body()
+        if self._remaining == 0:
+            return self._finish(self._buffer)
+        data = self._buffer[: self._remaining]
+        self._buffer = self._buffer[len(data) :]
+        self._remaining -= len(data)
+        return data
+
+    def _chunked_body(self) -> bytes | None:
+        buffer, out = self._buffer, []
+        pos = self._chunks(buffer, out) if self._state < _TRAILER else 0
+        if self._state >= _TRAILER:
+            buffer, pos = self._after_last_chunk(buffer, pos)
+            if self._state == _END and not out:  # the end is returned by the call after the data
+                return self._finish(buffer[pos:])
+        self._buffer = buffer[pos:]
+        return b"".join(out)
+
+    def _chunks(self, buffer: bytes, out: list[bytes]) -> int:
+        """Take the chunks' data in `buffer` into `out`, up to the last chunk (then the
+        state is _TRAILER) or to where more must be fed; returns the position reached.
+        A whole chunk, the usual read of a stream, is one short step."""
+        find, size_line, crlf_at, append = buffer.find, _CHUNK_HEADER.fullmatch, buffer.startswith, out.append
+        pos, state = 0, self._state
         while True:
-            if self._state == "data":
-                data = buffer[pos : pos + self._chunk_left]
-                if data:
-                    out.append(data)
-                    pos += len(data)
-                    self._chunk_left -= len(data)
-                if self._chunk_left:
-                    break
-                self._state = "crlf"
-            if self._state == "crlf":
-                footer = buffer[pos : pos + 2]
-                if footer != b"\r\n"[: len(footer)]:
-                    raise Malformed("malformed chunk footer")
-                if len(footer) < 2:
-                    break
-                pos += 2
-                self._state = "size"
-            if self._state == "size":
-                line_end = buffer.find(b"\r\n", pos)
+            if state == _SIZE:
+                line_end = find(b"\r\n", pos)
                 if line_end < 0:
                     if len(buffer) - pos > self._max_head_bytes:  # h11's bound on a line
                         raise Malformed("a chunk-size line over the limit")
                     break
-                match = _CHUNK_HEADER.fullmatch(buffer, pos, line_end)
-                if match is None:
+                if (match := size_line(buffer, pos, line_end)) is None:
                     raise Malformed("illegal chunk header")
                 pos = line_end + 2
-                size = int(match.group(1), 16)
-                if size:
-                    self._chunk_left, self._state = size, "data"
-                    continue
-                self._state = "trailer"
-            if self._state == "trailer":
-                if len(buffer) - pos < 2:
+                size = int(match[1], 16)
+                if not size:
+                    state = _TRAILER
                     break
-                if buffer[pos : pos + 2] != b"\r\n":
-                    self._state = "fields"
-                    self._trailer = _TrailerReader()
-                    self._trailer.feed(buffer[pos:])
-                    pos = len(buffer)
+                end = pos + size
+                if crlf_at(b"\r\n", end):  # the whole chunk is here
+                    append(buffer[pos:end])
+                    pos = end + 2
                     continue
-                pos += 2
-                self._state = "end"
-            if self._state == "fields":
-                rest = self._trailer.end()
-                if rest is None:
+                self._chunk_left, state = size, _DATA
+            if state == _DATA:
+                data = buffer[pos : pos + self._chunk_left]
+                if data:
+                    append(data)
+                    pos += len(data)
+                    self._chunk_left -= len(data)
+                if self._chunk_left:
                     break
-                buffer, pos = rest, 0
-                self._state = "end"
-            if self._state == "end":
-                if out:  # the end is returned by the next call
-                    self._buffer = buffer[pos:]
-                    return b"".join(out)
-                return self._finish(buffer[pos:])
-        self._buffer = buffer[pos:]
-        return b"".join(out)
+                state = _FOOTER
+            footer = buffer[pos : pos + 2]  # _FOOTER
+            if footer != b"\r\n"[: len(footer)]:
+                raise Malformed("malformed chunk footer")
+            if len(footer) < 2:
+                break
+            pos += 2
+            state = _SIZE
+        self._state = state
+        return pos
+
+    def _after_last_chunk(self, buffer: bytes, pos: int) -> tuple[bytes, int]:
+        """After the last chunk: the empty line, or a trailer section that h11 reads.
+        Returns what is left to read and where (past the end once the state is _END)."""
+        if self._state == _TRAILER:
+            if len(buffer) - pos < 2:
+                return buffer, pos
+            if buffer[pos : pos + 2] == b"\r\n":
+                self._state = _END
+                return buffer, pos + 2
+            self._state = _FIELDS
+            self._trailer = _TrailerReader()
+            self._trailer.feed(buffer[pos:])
+            buffer, pos = b"", 0
+        if self._state == _FIELDS:
+            rest = self._trailer.end()
+            if rest is None:
+                return buffer, pos
+            self._state = _END
+            return rest, 0
+        return buffer, pos
 
     def _finish(self, rest: bytes) -> None:
         self.done = True
