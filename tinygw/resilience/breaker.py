@@ -51,6 +51,12 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
 }
 
 
+def pause_over(opened_at: float | None, pause_seconds: float, now: float) -> bool:
+    """Has an OPEN circuit's pause ended at `now`? The one rule by which OPEN turns
+    HALF_OPEN, for the circuit itself and for the readers of its snapshot."""
+    return opened_at is not None and now >= opened_at + pause_seconds
+
+
 class IllegalTransition(RuntimeError):
     """A move that TRANSITIONS has no row for: a bug in the caller."""
 
@@ -116,7 +122,7 @@ class Circuit:
 
     def state(self) -> State:
         """The state now: an OPEN circuit whose pause has ended becomes HALF_OPEN here."""
-        if self._state is State.OPEN and self._clock() >= self.opened_at + self.pause_seconds:
+        if self._state is State.OPEN and pause_over(self.opened_at, self.pause_seconds, self._clock()):
             self._move(Event.PAUSE_OVER)
         return self._state
 
@@ -142,7 +148,7 @@ class Circuit:
         """(state, failures, pause_seconds, opened_at, last_error), for the status page.
         The state is the one last moved to, without reading the clock: an OPEN circuit
         whose pause is over reads OPEN until `state()` is next called (its reader
-        compares opened_at + pause_seconds with its own clock)."""
+        applies `pause_over` with its own clock)."""
         return self._state, self.failures, self.pause_seconds, self.opened_at, self.last_error
 
     def retry_after_header(self) -> int:
