@@ -245,21 +245,22 @@ class _ClientWatch:
 def _account(gateway: Gateway, route, record: Record, loop: asyncio.AbstractEventLoop) -> None:
     """The request's metrics and access-log line, from its record."""
     duration = loop.time() - record.started_at
+    model, status, target, tokens = record.model, record.status, record.target, record.tokens
     metrics = gateway.metrics
     metrics.add_in_flight(-1)
-    metrics.count_request(route.path, record.model, record.status, duration)
-    if record.tokens is not None and record.target is not None:
-        metrics.count_tokens(record.target.provider, record.model, record.tokens.prompt, record.tokens.completion)
+    metrics.count_request(route.path, model, status, duration)
+    if tokens is not None and target is not None:
+        metrics.count_tokens(target.provider, model, tokens.prompt, tokens.completion)
     if record.first_output_at is not None:
-        metrics.observe_first_token(record.model, record.first_output_at - record.started_at)
+        metrics.observe_first_token(model, record.first_output_at - record.started_at)
     logs.access(
         loop,
         route=route.path,
-        model=record.model,
-        status=record.status,
+        model=model,
+        status=status,
         worker=gateway.pid,
         request_id=record.request_id.decode(),
-        target=str(record.target) if record.target else None,
+        target=str(target) if target else None,
         attempts=",".join(record.attempts),
         cut=record.cut,
         duration_ms=round(duration * 1000, 1),

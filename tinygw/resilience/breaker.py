@@ -172,6 +172,11 @@ class Circuit:
     def _done(self, ticket: Ticket, outcome: Outcome, error: str | None) -> None:
         if ticket.generation != self.generation:
             return  # admitted before the last transition: it cannot move the new state
+        if outcome is Outcome.SUCCESS and self._state is State.CLOSED:  # the usual verdict
+            if self.failures:
+                self.failures = 0
+                self._changed()
+            return
         if outcome is Outcome.FAILURE and error:
             self.last_error = error
         failures = self.failures

@@ -17,6 +17,7 @@ chunk header is allowed; a trailer section with fields is read by h11 itself.
 
 from __future__ import annotations
 
+import operator
 import re
 
 import h11
@@ -25,6 +26,8 @@ import h11
 # leading or trailing space (a stricter subset of what h11 accepts).
 _TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9a-zA-Z]+")
 _TARGET = re.compile(rb"[\x21-\x7e]+")
+_LINE = b"%s: %s\r\n"
+_NAME_OF = operator.itemgetter(0)
 
 # What the fast path reads: HTTP/1.1, a 3-digit status of 200 and up, a reason of
 # visible ASCII and spaces; header lines `name: value` with optional spaces or tabs
@@ -61,8 +64,8 @@ def encode_request(method: bytes, target: bytes, headers: list[tuple[bytes, byte
     encodes it, and judges it). The caller has put `content-length` in `headers`."""
     if not _TARGET.fullmatch(target):
         return None
-    lines = b"".join([b"%s: %s\r\n" % header for header in headers])
-    names = [name for name, _ in headers]
+    lines = b"".join(map(_LINE.__mod__, headers))  # map: no Python step per header
+    names = list(map(_NAME_OF, headers))
     # Each header is one line (no LF of its own; the pattern takes CR only before an
     # LF), its name all token bytes (so that its line splits at its own colon), and
     # every line `name: value`: checked for all the headers at once.
@@ -201,7 +204,10 @@ class Answer:
         return data
 
     def _chunked_body(self) -> bytes | None:
-        buffer, out = self._buffer, []
+        buffer = self._buffer
+        if not buffer and self._state < _TRAILER:  # all was taken: more must be fed
+            return b""
+        out: list[bytes] = []
         pos = self._chunks(buffer, out) if self._state < _TRAILER else 0
         if self._state >= _TRAILER:
             buffer, pos = self._after_last_chunk(buffer, pos)

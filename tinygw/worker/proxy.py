@@ -74,10 +74,14 @@ class Retry(enum.Enum):
 
 
 def _ordered_targets(gateway: Gateway, resolution: Resolution) -> list[Target]:
-    if resolution.alias is None:
+    alias = resolution.alias
+    if alias is None:
         return list(resolution.targets)
+    order = gateway.strategies.order(alias)
+    if len(resolution.targets) == len(alias.targets):  # every target is usable on this route
+        return order
     usable = set(resolution.targets)
-    return [t for t in gateway.strategies.order(resolution.alias) if t in usable]
+    return [t for t in order if t in usable]
 
 
 def _admit(breakers: Breakers, targets: list[Target], start: int, skipped: list[Circuit] | None = None):
@@ -120,8 +124,8 @@ async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, se
         if not attempt.committed:
             await _send_final(send, record, attempt)
     finally:  # whatever ended the request, no provider answer is left half-read
-        if attempt is not None:
-            await attempt.discard()
+        if attempt is not None and attempt.answer is not None:
+            await attempt.answer.discard()
 
 
 async def _next_attempt(
@@ -229,7 +233,8 @@ async def _attempt(
     if response.status == 429:
         _rest_key(gateway, upstream, key_index, attempt, response)
     elif attempt.verdict.outcome is Outcome.SUCCESS:
-        record.counted(reported)
+        if reported is not None:
+            record.counted(reported)
         await _commit(send, record, attempt, f"{target.provider}:{response.status}")
     return attempt
 

@@ -59,11 +59,10 @@ class Record(Struct):
         self.tokens = tokens
         self.first_output_at = at
 
-    def counted(self, reported: usage.Usage | None) -> None:
-        """A held answer was sent, reporting `reported` (if anything)."""
-        if reported is not None:
-            self.tokens = usage.Tokens()
-            self.tokens.add(reported)
+    def counted(self, reported: usage.Usage) -> None:
+        """A held answer that reports `reported` is sent."""
+        self.tokens = usage.Tokens()
+        self.tokens.add(reported)
 
     def was_cut(self) -> None:
         self.cut = True
