@@ -8,10 +8,10 @@ import json
 import os
 
 import pytest
+from conftest import wait_until
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from conftest import wait_until
 from tinygw.fake.upstream import Reply
 from tinygw.protocol import sse
 

@@ -135,7 +135,8 @@ async def _proxy(gateway: Gateway, route, scope, receive, send, request_id: byte
     try:
         admitted = await _admit(gateway, route, scope, receive, send, record, loop)
         if admitted is not None:
-            await _forward(gateway, *admitted, receive, send, record, loop)
+            inbound, resolution = admitted
+            await _forward(gateway, inbound, resolution, receive, send, record, loop)
     except BadBody as e:  # read_head, or wire.rewrite_model for an attempt
         await _refuse(send, record, 400, str(e), "invalid_request_error", "invalid_body")
     except Exception:
@@ -164,7 +165,6 @@ async def _admit(gateway: Gateway, route, scope, receive, send, record: Record, 
         return await _refuse(send, record, 401, message, "authentication_error", "invalid_api_key")
     try:
         body = await _read_body(receive, headers, settings.max_body_bytes, settings.client_timeout_seconds, loop)
-        head = read_head(body) if body is not None else None
     except ClientLeft:
         # Granian reports a malformed chunked body the same way as a client that left:
         # answer 400 (a client that really left will not read it), and count it as a
@@ -177,10 +177,11 @@ async def _admit(gateway: Gateway, route, scope, receive, send, record: Record, 
         limit = settings.client_timeout_seconds
         return await _refuse(send, record, 408, f"no byte of the request body for {limit:g} s",
                              "invalid_request_error", "request_timeout")
-    if head is None:
+    if body is None:
         limit = settings.max_body_bytes
         return await _refuse(send, record, 413, f"request body over {limit} bytes", "invalid_request_error",
                              "request_too_large")
+    head = read_head(body)  # BadBody: _proxy answers 400
     resolution = resolve(settings, route, head.model)
     if resolution is None:
         message = f"the model {head.model!r} does not exist on {route.path}"

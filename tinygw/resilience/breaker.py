@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from tinygw.config.settings import Breaker as BreakerSettings
 
@@ -243,7 +243,7 @@ class Breakers:
         settings: BreakerSettings,
         clock: Clock,
         on_transition: OnTransition | None = None,
-        configured: list[tuple[str, str]] = (),
+        configured: Iterable[tuple[str, str]] = (),
         on_change: OnChange | None = None,
     ) -> None:
         """`on_transition` is told of every move, `on_change` of every circuit made and

@@ -93,11 +93,12 @@ class Answer:
     and nothing is held beyond h11's own bounds (a head or a chunk-size line of at
     most `max_head_bytes`)."""
 
-    __slots__ = ("_head", "_scanned", "_buffer", "_max_head_bytes", "_remaining", "_chunked", "_chunk_left",
+    __slots__ = ("_head", "_in_head", "_scanned", "_buffer", "_max_head_bytes", "_remaining", "_chunked", "_chunk_left",
                  "_state", "_trailer", "keep_alive", "leftover", "done")
 
     def __init__(self, max_head_bytes: int) -> None:
-        self._head: bytearray | None = bytearray()  # until the head is taken
+        self._head = bytearray()  # the head's bytes so far
+        self._in_head = True  # until the head is taken
         self._scanned = 0  # bytes of _head already checked for bare CR/LF and the head's end
         self._buffer = b""  # the body's bytes not yet consumed
         self._max_head_bytes = max_head_bytes
@@ -111,9 +112,9 @@ class Answer:
         self.done = False
 
     def feed(self, data: bytes) -> None:
-        if self._head is not None:
+        if self._in_head:
             self._head += data
-        elif self._state == _FIELDS:
+        elif self._state == _FIELDS and self._trailer is not None:
             self._trailer.feed(data)
         else:
             self._buffer = self._buffer + data if self._buffer else data
@@ -142,7 +143,7 @@ class Answer:
         headers = [(name.lower(), value) for name, value in _HEADER_LINE.findall(head, line_end + 2)]
         self._framing(headers)
         self._buffer = bytes(buffer[end + 4 :])
-        self._head = None
+        self._head, self._in_head = bytearray(), False
         return code, headers
 
     def _head_end(self) -> int | None:
@@ -197,7 +198,8 @@ class Answer:
         if self._chunked:
             return self._chunked_body()
         if self._remaining == 0:
-            return self._finish(self._buffer)
+            self._finish(self._buffer)
+            return None
         data = self._buffer[: self._remaining]
         self._buffer = self._buffer[len(data) :]
         self._remaining -= len(data)
@@ -212,7 +214,8 @@ class Answer:
         if self._state >= _TRAILER:
             buffer, pos = self._after_last_chunk(buffer, pos)
             if self._state == _END and not out:  # the end is returned by the call after the data
-                return self._finish(buffer[pos:])
+                self._finish(buffer[pos:])
+                return None
         self._buffer = buffer[pos:]
         return b"".join(out)
 
@@ -274,7 +277,7 @@ class Answer:
             self._trailer = _TrailerReader()
             self._trailer.feed(buffer[pos:])
             buffer, pos = b"", 0
-        if self._state == _FIELDS:
+        if self._state == _FIELDS and self._trailer is not None:
             rest = self._trailer.end()
             if rest is None:
                 return buffer, pos

@@ -122,7 +122,7 @@ async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, se
             _count_retry(gateway, targets[index], ticket.circuit, retry, attempt.label)
             attempt = await _make_attempt(gateway, inbound, targets[index], ticket, send, record)
         if not attempt.committed:
-            await _send_final(send, record, attempt)
+            await _send_final(send, record, attempt, targets[index])
     finally:  # whatever ended the request, no provider answer is left half-read
         if attempt is not None and attempt.answer is not None:
             await attempt.answer.discard()
@@ -180,7 +180,7 @@ async def _make_attempt(
         raise
     verdict = attempt.verdict.outcome
     ticket.done(verdict, attempt.label if verdict is Outcome.FAILURE else None)
-    record.attempt_ended(attempt.label)
+    record.attempt_ended(target, attempt.label)
     gateway.metrics.count_attempt(circuit.provider, circuit.provider_model, attempt.label)
     return attempt
 
@@ -215,7 +215,7 @@ async def _attempt(
     content_type = header(response.headers, b"content-type") or b""
     if inbound.stream and response.status == 200 and content_type.startswith(b"text/event-stream"):
         try:
-            return await Relay(response, send, record, gateway.loop or asyncio.get_running_loop()).run()
+            return await Relay(response, send, record, target, gateway.loop or asyncio.get_running_loop()).run()
         finally:
             await response.aclose()
     try:  # a response read to its end is done; one read in part is kept open as the answer's rest
@@ -235,7 +235,7 @@ async def _attempt(
     elif attempt.verdict.outcome is Outcome.SUCCESS:
         if reported is not None:
             record.counted(reported)
-        await _commit(send, record, attempt, f"{target.provider}:{response.status}")
+        await _commit(send, record, attempt, answer, f"{target.provider}:{response.status}")
     return attempt
 
 
@@ -247,18 +247,18 @@ def _rest_key(gateway: Gateway, upstream: Upstream, key_index: int, attempt: Att
     attempt.other_key = upstream.keys.has_other(key_index, now)
 
 
-async def _commit(send: Send, record: Record, attempt: Attempt, current: str) -> None:
+async def _commit(send: Send, record: Record, attempt: Attempt, answer: Answer, current: str) -> None:
     """Send a successful attempt's answer: it is final. An answer cut short is a failure."""
     attempt.committed = True
     try:
-        sent = await _send_answer(send, record, attempt.answer, current)
+        sent = await _send_answer(send, record, answer, current)
     except BaseException:  # the client left (or send failed) while a large answer was relayed
-        await attempt.answer.discard()
+        await answer.discard()
         raise
     if not sent:
         record.was_cut()
         attempt.verdict = _CUT
-        attempt.label = f"{attempt.answer.status}+cut"
+        attempt.label = f"{answer.status}+cut"
 
 
 async def _send_answer(send: Send, record: Record, answer: Answer, current: str | None = None) -> bool:
@@ -283,13 +283,14 @@ async def _send_answer(send: Send, record: Record, answer: Answer, current: str 
         await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
 
-async def _send_final(send: Send, record: Record, last: Attempt) -> None:
+async def _send_final(send: Send, record: Record, last: Attempt, target: Target) -> None:
     """The last attempt failed: pass its answer through, or say why there is none."""
     if last.answer is not None:
         if not await _send_answer(send, record, last.answer):
             record.was_cut()
         return
-    e, target = last.error, record.target
+    e = last.error
+    assert e is not None  # an attempt ends with an answer or an error
     body = error_body(
         f"provider {target.provider} failed: {e}",
         "provider_unavailable",

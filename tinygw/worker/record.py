@@ -47,8 +47,8 @@ class Record(Struct):
         """An attempt at `target` begins (or, when every circuit is open, the one named in the 503)."""
         self.target = target
 
-    def attempt_ended(self, label: str) -> None:
-        self.attempts.append(f"{self.target.provider}:{label}")
+    def attempt_ended(self, target: Target, label: str) -> None:
+        self.attempts.append(f"{target.provider}:{label}")
 
     def answered(self, status: int) -> None:
         """The gateway answered the client itself (a refusal, a failure of its own)."""
@@ -76,16 +76,16 @@ class Record(Struct):
         self.status = status
         headers = [*headers, (b"x-request-id", self.request_id)]
         if self.debug is not None:
-            headers += self._debug_headers(current)
+            headers += self._debug_headers(self.debug, current)
         return {"type": "http.response.start", "status": status, "headers": headers}
 
-    def _debug_headers(self, current: str | None) -> list[tuple[bytes, bytes]]:
+    def _debug_headers(self, breakers: Breakers, current: str | None) -> list[tuple[bytes, bytes]]:
         """docs/design.md section 7's x-tinygw-* headers. The circuit's state is the one
         when the answer started (a probe's verdict comes after)."""
         attempts = [*self.attempts, *([current] if current else [])]
         headers = [(b"x-tinygw-attempts", _header_value(",".join(attempts)))]
         if self.target is not None:
-            circuit = self.debug.circuit(self.target.provider, self.target.upstream_model)
+            circuit = breakers.circuit(self.target.provider, self.target.upstream_model)
             headers += [
                 (b"x-tinygw-provider", _header_value(self.target.provider)),
                 (b"x-tinygw-provider-model", _header_value(self.target.upstream_model)),

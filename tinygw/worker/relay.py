@@ -23,6 +23,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from tinygw import errors, logs
+from tinygw.config.settings import Target
 from tinygw.protocol import sse, usage
 from tinygw.protocol.wire import relay_headers, sse_error_event
 from tinygw.resilience import outcome
@@ -48,14 +49,17 @@ class State(enum.Enum):
 class Relay:
     """One streamed answer on its way to the client; `run()` relays it to its end."""
 
-    __slots__ = ("state", "_response", "_send", "_record", "_loop", "_pending", "_held", "_held_bytes", "_tokens",
-                 "_finished", "_failed")
+    __slots__ = ("state", "_response", "_send", "_record", "_target", "_loop", "_pending", "_held", "_held_bytes",
+                 "_tokens", "_finished", "_failed")
 
-    def __init__(self, response: Response, send: Send, record: Record, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, response: Response, send: Send, record: Record, target: Target, loop: asyncio.AbstractEventLoop
+    ) -> None:
         self.state = State.HOLDING
         self._response = response
         self._send = send
         self._record = record
+        self._target = target
         self._loop = loop
         self._pending = sse.Pending()  # bytes after the last complete event
         self._held: list[bytes] = []  # HOLDING: the events held back
@@ -118,7 +122,7 @@ class Relay:
         self.state = State.RELAYING
         record = self._record
         self._scan(later)
-        await self._send(record.head(200, relay_headers(self._response.headers), f"{record.target.provider}:200"))
+        await self._send(record.head(200, relay_headers(self._response.headers), f"{self._target.provider}:200"))
         body = b"".join([*self._held, later, self._pending.peek()])
         self._held = []
         await self._send({"type": "http.response.body", "body": body, "more_body": True})
@@ -158,7 +162,7 @@ class Relay:
             await self._send({"type": "http.response.body", "body": b""})  # the provider's error event was relayed
             return Attempt(_CUT, "200+error_event", committed=True)
         if not self._finished:
-            target = self._record.target
+            target = self._target
             logs.log(logging.WARNING, "stream cut", provider=target.provider, provider_model=target.upstream_model)
             return await self._end_with_error("the provider ended the stream without a finish", "cut")
         await self._send({"type": "http.response.body", "body": b""})
