@@ -129,8 +129,7 @@ async def _proxy(gateway: Gateway, route, scope, receive, send, request_id: byte
     """A request to a proxied route: admitted (auth, body, model), then forwarded;
     counted and logged from its record, whatever ended it."""
     loop = gateway.loop or asyncio.get_running_loop()
-    debug = gateway.breakers if gateway.settings.routing.debug else None
-    record = Record(request_id or wire.new_request_id(), loop.time(), debug)
+    record = Record(request_id or wire.new_request_id(), loop.time())
     gateway.metrics.add_in_flight(1)
     try:
         admitted = await _admit(gateway, route, scope, receive, send, record, loop)
@@ -143,17 +142,25 @@ async def _proxy(gateway: Gateway, route, scope, receive, send, request_id: byte
         logs.log_exception("request failed inside the gateway", route=route.path)
         if not record.status:  # else the client sees its response end early
             await _refuse(send, record, 500, "internal gateway error", "internal_error", "internal_error")
-        record.answered(500)
+        record.failed()
     except BaseException:  # cancelled, not by the client: the server is stopping
-        record.answered(500)
+        record.failed()
         raise
     finally:
         _account(gateway, route, record, loop)
 
 
 async def _refuse(send, record: Record, status: int, message: str, type_: str, code: str) -> None:
-    """Answer the client with an error of the gateway's own (no attempt was made)."""
-    record.answered(await send_error(_with_request_id(send, record.request_id), status, message, type_, code))
+    """Answer the client with an error of the gateway's own, whose head the record
+    makes, as a proxied answer's (x-request-id, and the debug headers once forwarding
+    began)."""
+
+    async def send_with_head(message) -> None:
+        if message["type"] == "http.response.start":
+            message = record.head(message["status"], message["headers"])
+        await send(message)
+
+    await send_error(send_with_head, status, message, type_, code)
 
 
 async def _admit(gateway: Gateway, route, scope, receive, send, record: Record, loop):
@@ -195,6 +202,8 @@ async def _admit(gateway: Gateway, route, scope, receive, send, record: Record, 
 async def _forward(gateway: Gateway, inbound, resolution, receive, send, record: Record, loop) -> None:
     """proxy.forward, cancelled when the client leaves: its attempt's upstream
     connection is then closed at once."""
+    if gateway.settings.routing.debug:
+        record.forwarding(gateway.breakers)
     watch = _ClientWatch(receive, loop)
     try:
         await proxy.forward(gateway, inbound, resolution, send, record)

@@ -26,8 +26,9 @@ CLIENT_CLOSED = 499
 
 
 class Record(Struct):
-    """How a request went. `debug` is the worker's breakers when `routing.debug` is on:
-    the answer's head then says which attempts were made and the circuit's state."""
+    """How a request went. `debug` is the worker's breakers once forwarding began with
+    `routing.debug` on: the answer's head then says which attempts were made and the
+    circuit's state."""
 
     request_id: bytes
     started_at: float  # the loop's time when the request came
@@ -43,6 +44,11 @@ class Record(Struct):
     def resolved(self, model: str) -> None:
         self.model = model
 
+    def forwarding(self, debug: Breakers) -> None:
+        """Forwarding begins with `routing.debug` on: from now on, the answer's head
+        carries the x-tinygw-* headers."""
+        self.debug = debug
+
     def aimed_at(self, target: Target) -> None:
         """An attempt at `target` begins (or, when every circuit is open, the one named in the 503)."""
         self.target = target
@@ -50,9 +56,9 @@ class Record(Struct):
     def attempt_ended(self, target: Target, label: str) -> None:
         self.attempts.append(f"{target.provider}:{label}")
 
-    def answered(self, status: int) -> None:
-        """The gateway answered the client itself (a refusal, a failure of its own)."""
-        self.status = status
+    def failed(self) -> None:
+        """The gateway failed the request itself (whatever was sent): logged as 500."""
+        self.status = 500
 
     def output(self, tokens: usage.Tokens, at: float) -> None:
         """A stream's first output went out: its tokens count from now on."""
