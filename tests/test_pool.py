@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import anyio
@@ -107,6 +108,42 @@ async def test_a_slot_that_never_frees_is_a_pool_timeout(fake):
     with pytest.raises(errors.TotalTimeout):
         await first.read()
     gate.set()
+
+
+async def test_slots_go_to_the_waiters_in_order_and_one_that_gave_up_takes_none():
+    pool = pool_for(closed_port(), max_connections=1)
+    loop = asyncio.get_running_loop()
+    pool._free_slots = 0  # a request holds the one slot
+    order = []
+
+    async def wait(name: str) -> None:
+        await pool._wait_for_slot(loop.time() + 5, loop)
+        order.append(name)
+
+    first, leaving, second = (loop.create_task(wait(n)) for n in ("first", "leaving", "second"))
+    await anyio.wait_all_tasks_blocked()
+    leaving.cancel()
+    pool._release_slot()  # the holder is done: the first in line gets the slot, not the count
+    await first
+    assert order == ["first"] and pool._free_slots == 0
+    pool._release_slot()  # skips the one that left
+    await second
+    assert order == ["first", "second"] and leaving.cancelled()
+    pool._release_slot()
+    assert pool._free_slots == 1  # no slot lost, none made up
+
+
+async def test_a_slot_handed_to_a_waiter_that_is_cancelled_at_once_is_passed_on():
+    pool = pool_for(closed_port(), max_connections=1)
+    loop = asyncio.get_running_loop()
+    pool._free_slots = 0
+    waiter = loop.create_task(pool._wait_for_slot(loop.time() + 5, loop))
+    await anyio.wait_all_tasks_blocked()
+    pool._release_slot()  # handed over...
+    waiter.cancel()  # ...and cancelled before it ran
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert pool._free_slots == 1
 
 
 async def test_refused_is_a_connect_error():

@@ -68,7 +68,10 @@ class Pool:
         host = f"[{origin.host}]" if ":" in origin.host else origin.host
         self._host_header = (host if origin.port == default_port else f"{host}:{origin.port}").encode()
         self.max_connections = max_connections
-        self._slots = asyncio.Semaphore(max_connections)
+        # Connection slots: a count, and the requests waiting for one, first come first
+        # served (asyncio.Semaphore's rules, without its Python code on the common path).
+        self._free_slots = max_connections
+        self._waiting: deque[asyncio.Future] = deque()
         self._idle: deque[Connection] = deque()
 
     def _take_idle(self, now: float) -> tuple[Connection | None, list[Connection]]:
@@ -91,14 +94,10 @@ class Pool:
         t = self.timeouts
         loop = self._loop or asyncio.get_running_loop()
         deadline = loop.time() + t.total_seconds
-        if self._slots.locked():
-            try:
-                async with asyncio.timeout_at(deadline):
-                    await self._slots.acquire()
-            except TimeoutError:
-                raise errors.PoolTimeout(f"all {self.max_connections} connections stayed busy") from None
+        if self._free_slots:
+            self._free_slots -= 1
         else:
-            await self._slots.acquire()  # returns at once
+            await self._wait_for_slot(deadline, loop)
         connection = None
         try:
             now = loop.time()
@@ -119,7 +118,7 @@ class Pool:
         except BaseException:
             if connection is not None:
                 connection.close()
-            self._slots.release()
+            self._release_slot()
             raise
         response = Response(self, connection, status, response_headers, deadline)
         try:
@@ -135,7 +134,32 @@ class Pool:
             self._idle.append(connection)
         else:
             connection.close()
-        self._slots.release()
+        self._release_slot()
+
+    async def _wait_for_slot(self, deadline: float, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait in line for a slot until `deadline` (PoolTimeout then). A slot given back
+        goes straight to the first in line (_release_slot)."""
+        waiter = loop.create_future()
+        self._waiting.append(waiter)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await waiter
+        except BaseException as e:
+            if waiter.done() and not waiter.cancelled():  # handed a slot as it gave up: passed on
+                self._release_slot()
+            else:
+                waiter.cancel()  # _release_slot skips it
+            if isinstance(e, TimeoutError):
+                raise errors.PoolTimeout(f"all {self.max_connections} connections stayed busy") from None
+            raise
+
+    def _release_slot(self) -> None:
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._free_slots += 1
 
     async def aclose(self) -> None:
         while self._idle:
