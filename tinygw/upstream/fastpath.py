@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import operator
 import re
+from itertools import compress
 
 import h11
 
@@ -32,13 +33,17 @@ _NAME_OF = operator.itemgetter(0)
 # What the fast path reads: HTTP/1.1, a 3-digit status of 200 and up, a reason of
 # visible ASCII and spaces; header lines `name: value` with optional spaces or tabs
 # around a visible-ASCII value; CRLF everywhere.
-_STATUS_LINE = re.compile(rb"HTTP/1\.1 ([2-5][0-9]{2})(?: [\x20-\x7e]*)?")
 _NAME = rb"[-!#$%&'*+.^_`|~0-9a-zA-Z]+"
 _FIELD_VALUE = rb"(?:[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?)?"
 _HEADER_LINE = re.compile(rb"(" + _NAME + rb"):[ \t]*(" + _FIELD_VALUE + rb")[ \t]*\r\n")
-_HEADER_LINES = re.compile(rb"(?:" + _NAME + rb":[ \t]*" + _FIELD_VALUE + rb"[ \t]*\r\n)*")
+# A whole head but its last CRLF: the status line, then the header lines (group 2). A
+# match also says that no CR or LF stands alone in it.
+_HEAD = re.compile(rb"HTTP/1\.1 ([2-5][0-9]{2})(?: [\x20-\x7e]*)?\r\n((?:" + _NAME + rb":[ \t]*" + _FIELD_VALUE
+                   + rb"[ \t]*\r\n)*)")
+_VALUE_OF = operator.itemgetter(1)
+# A `connection` header's token `close`, among others.
+_CLOSE = re.compile(rb"(?:^|,)[ \t]*close[ \t]*(?:,|$)", re.IGNORECASE)
 _REQUEST_LINES = re.compile(rb"(?:" + _NAME + rb": " + _FIELD_VALUE + rb"\r\n)*")
-_FRAMING_NAMES = frozenset((b"content-length", b"transfer-encoding", b"connection"))
 _CHUNK_HEADER = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;.*)?[ \t]*")
 _DIGITS = re.compile(rb"[0-9]+")
 
@@ -124,70 +129,56 @@ class Answer:
 
     def head(self) -> tuple[int, list[tuple[bytes, bytes]]] | None:
         """(status, headers with lower-case names), or None until the head has arrived."""
-        end = self._head_end()
-        if end is None:
-            return None
         buffer = self._head
-        head = bytes(buffer[: end + 2])  # the status line and each header line, with its CRLF
-        line_end = head.find(b"\r\n")
-        status = _STATUS_LINE.fullmatch(head, 0, line_end)
-        if status is None:
-            raise HandOff
-        code = int(status.group(1))
-        if code in (204, 304):
-            raise HandOff
-        # Every header line checked in one match, then taken apart in one findall:
-        # with no CR or LF inside a line (checked above), both see the same lines.
-        if not _HEADER_LINES.fullmatch(head, line_end + 2):
-            raise HandOff
-        headers = [(name.lower(), value) for name, value in _HEADER_LINE.findall(head, line_end + 2)]
-        self._framing(headers)
-        self._buffer = bytes(buffer[end + 4 :])
-        self._head, self._in_head = bytearray(), False
-        return code, headers
-
-    def _head_end(self) -> int | None:
-        """Where the head's blank line is, once it has arrived (None until then). Only
-        the bytes fed since the last call are looked at. HandOff on a bare LF or CR
-        (h11 has rules of its own for those) or a head over the bound."""
-        buffer = self._head
-        start = self._scanned - 3 if self._scanned >= 3 else 0  # the end may straddle two reads
-        end = buffer.find(b"\r\n\r\n", start)
-        limit = end + 4 if end >= 0 else len(buffer)
-        # Counted from the CR before the new bytes, if any.
-        first = self._scanned - 1 if self._scanned and buffer[self._scanned - 1] == 13 else self._scanned
-        region = buffer[first:limit]
-        crlf = region.count(b"\r\n")
-        tail_cr = end < 0 and region.endswith(b"\r")  # may be the CR of a CRLF still coming
-        if region.count(b"\n") != crlf or region.count(b"\r") - tail_cr != crlf:
-            raise HandOff
-        self._scanned = limit - 1 if tail_cr else limit
+        end = buffer.find(b"\r\n\r\n", self._scanned - 3 if self._scanned >= 3 else 0)  # it may straddle reads
         if end < 0:
-            if len(buffer) > self._max_head_bytes:
-                raise HandOff
+            self._check_partial_head()
             return None
         if end + 4 > self._max_head_bytes:
             raise HandOff
-        return end
+        head = bytes(buffer[: end + 2])  # the status line and each header line, with its CRLF
+        match = _HEAD.fullmatch(head)
+        if match is None or match[1] in (b"204", b"304"):
+            raise HandOff
+        # Taken apart in one findall, names lowered in C: no Python step per header.
+        fields = _HEADER_LINE.findall(head, match.start(2))
+        headers = list(zip(map(bytes.lower, map(_NAME_OF, fields)), map(_VALUE_OF, fields)))
+        self._framing(headers)
+        self._buffer = bytes(buffer[end + 4 :])
+        self._head, self._in_head = bytearray(), False
+        return int(match[1]), headers
+
+    def _check_partial_head(self) -> None:
+        """The head has not ended yet. HandOff on a bare LF or CR in the bytes fed since
+        the last call (h11 has rules of its own for those: it may see a head's end there)
+        or a head over the bound."""
+        buffer = self._head
+        scanned = self._scanned
+        # Counted from the CR before the new bytes, if any.
+        region = buffer[scanned - 1 if scanned and buffer[scanned - 1] == 13 else scanned :]
+        crlf = region.count(b"\r\n")
+        tail_cr = region.endswith(b"\r")  # may be the CR of a CRLF still coming
+        if region.count(b"\n") != crlf or region.count(b"\r") - tail_cr != crlf:
+            raise HandOff
+        self._scanned = len(buffer) - 1 if tail_cr else len(buffer)
+        if len(buffer) > self._max_head_bytes:
+            raise HandOff
 
     def _framing(self, headers: list[tuple[bytes, bytes]]) -> None:
         """How the body is delimited: one plain content-length, or chunked alone; and
         whether the connection may be reused. Anything else goes to h11 (HandOff)."""
-        lengths, encodings = [], []
-        for name, value in headers:
-            if name in _FRAMING_NAMES:
-                if name == b"content-length":
-                    lengths.append(value)
-                elif name == b"transfer-encoding":
-                    encodings.append(value)
-                elif b"close" in (t.strip().lower() for t in value.split(b",")):
-                    self.keep_alive = False
-        if encodings:
-            if lengths or encodings != [b"chunked"]:
+        names = list(map(_NAME_OF, headers))
+        fields = dict(headers)
+        if b"connection" in fields:  # every one of its values, picked in C
+            values = compress(map(_VALUE_OF, headers), map(b"connection".__eq__, names))
+            self.keep_alive = _CLOSE.search(b",".join(values)) is None
+        lengths = names.count(b"content-length")
+        if b"transfer-encoding" in fields:
+            if lengths or names.count(b"transfer-encoding") != 1 or fields[b"transfer-encoding"] != b"chunked":
                 raise HandOff
             self._chunked = True
-        elif len(lengths) == 1 and _DIGITS.fullmatch(lengths[0]) and len(lengths[0]) <= 18:
-            self._remaining = int(lengths[0])
+        elif lengths == 1 and _DIGITS.fullmatch(length := fields[b"content-length"]) and len(length) <= 18:
+            self._remaining = int(length)
         else:
             raise HandOff  # no framing (read until close), several lengths, odd values
 
