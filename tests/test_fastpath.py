@@ -170,6 +170,10 @@ def mutate(raw: bytes, data) -> bytes:
 @example(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + b"0" * 21 + b"1\r\nx\r\n", [], False)
 @example(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n2\r\nokXX1\r\nx\r\n0\r\n\r\n", [], False)
 @example(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n2\r\nok\r\n1\r\nx\r0\r\n\r\n", [], False)
+@example(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1;a\rb\r\nx\r\n1\t\r\ny\r\n0\r\n\r\n", [], False)
+@example(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + b"0" * 19 + b"1\r\nx\r\n000\r\n\r\n", [], False)
+@example(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1 x\r\nx\r\n0\r\n\r\n", [], False)
+@example(b"HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\nconnection: x\r\ncontent-length: 0\r\n\r\n", [], False)
 def test_well_formed_and_odd_responses_agree(raw, cuts, eof):
     agree(raw, cuts, eof)
 

@@ -27,7 +27,7 @@ from tinygw.trust.attestation import artifact_digests
 from tinygw.errors import ConfigError, EvidenceUnavailable
 from tinygw.worker.gateway import Gateway
 from tinygw.worker.record import Record
-from tinygw.protocol.routing import Endpoint, Route, api_endpoint, page_endpoint, resolve
+from tinygw.protocol.routing import Endpoint, Route, api_endpoint, page_endpoint
 from tinygw.api.status import status_json, status_page
 from tinygw.api.models import MODEL_PREFIX
 from tinygw.api.pages import healthz, metrics, root
@@ -203,7 +203,7 @@ async def _admit(gateway: Gateway, route, scope, receive, send, record: Record, 
         return await _refuse(send, record, 413, f"request body over {limit} bytes", "invalid_request_error",
                              "request_too_large")
     head = read_head(body)  # BadBody: _proxy answers 400
-    resolution = resolve(settings, route, head.model)
+    resolution = gateway.resolver.resolve(route, head.model)
     if resolution is None:
         message = f"the model {head.model!r} does not exist on {route.path}"
         return await _refuse(send, record, 404, message, "invalid_request_error", "model_not_found")

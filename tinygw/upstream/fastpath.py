@@ -45,6 +45,10 @@ _VALUE_OF = operator.itemgetter(1)
 _CLOSE = re.compile(rb"(?:^|,)[ \t]*close[ \t]*(?:,|$)", re.IGNORECASE)
 _REQUEST_LINES = re.compile(rb"(?:" + _NAME + rb": " + _FIELD_VALUE + rb"\r\n)*")
 _CHUNK_HEADER = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;.*)?[ \t]*")
+# A chunk-size line of a chunk that is not the last (its size, leading zeros aside, in
+# group 1; 1 to 20 hex digits in all), with its CRLF: where it matches, _CHUNK_HEADER
+# matches the same line. Where it does not, the chunk is read step by step.
+_WHOLE_CHUNK_LINE = re.compile(rb"(?=[0-9A-Fa-f]{1,20}[; \t\r])0*([1-9A-Fa-f][0-9A-Fa-f]*)(?:;[^\r\n]*)?[ \t]*\r\n")
 _DIGITS = re.compile(rb"[0-9]+")
 
 # Where a chunked body's reading is (`Answer._state`): each read goes on from there.
@@ -216,6 +220,14 @@ class Answer:
         A whole chunk, the usual read of a stream, is one short step."""
         find, size_line, crlf_at, append = buffer.find, _CHUNK_HEADER.fullmatch, buffer.startswith, out.append
         pos, state = 0, self._state
+        if state == _SIZE:  # the usual read: whole chunks, each taken in one short step
+            while (match := _WHOLE_CHUNK_LINE.match(buffer, pos)) is not None:
+                start = match.end()
+                end = start + int(match[1], 16)
+                if not crlf_at(b"\r\n", end):  # not all of it is here: the steps below take it
+                    break
+                append(buffer[start:end])
+                pos = end + 2
         while True:
             if state == _SIZE:
                 line_end = find(b"\r\n", pos)

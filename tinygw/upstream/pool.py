@@ -13,6 +13,7 @@ import asyncio
 import ssl
 import zlib
 from collections import deque
+from operator import itemgetter
 
 import certifi
 from msgspec import Struct
@@ -35,6 +36,8 @@ MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 # A compressed answer is decoded in pieces of at most this many bytes, so that a small
 # compressed chunk cannot expand into a large one in memory (a "zip bomb").
 DECODED_PIECE_BYTES = 64 * 1024
+
+_NAME_OF = itemgetter(0)
 
 
 class Timeouts(Struct, frozen=True):
@@ -213,6 +216,8 @@ class Decoder:
 def decoder_for(headers: list[tuple[bytes, bytes]]) -> Decoder | None:
     """The decoder that an answer's `content-encoding` needs, or None for identity;
     raises RemoteProtocolError for a coding the gateway cannot undo."""
+    if b"content-encoding" not in map(_NAME_OF, headers):  # the usual answer: looked for in C
+        return None
     codings = [c.strip().lower() for k, v in headers if k == b"content-encoding" for c in v.split(b",") if c.strip()]
     codings = [c for c in codings if c != b"identity"]
     if not codings:

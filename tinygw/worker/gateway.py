@@ -22,7 +22,7 @@ from tinygw.trust.evidence_queue import EvidenceQueue, RateLimitedWarning
 from tinygw.observe.board import Board
 from tinygw.resilience.breaker import Breakers, Circuit, Clock, State
 from tinygw.config.settings import Provider, Settings, plain
-from tinygw.protocol.routing import WILDCARD
+from tinygw.protocol.routing import WILDCARD, Resolver
 from tinygw.resilience.keys import KeyRing
 from tinygw.observe.metrics import Metrics
 from tinygw.upstream.pool import Pool, Timeouts, tls_context
@@ -119,6 +119,7 @@ class Gateway:
             if settings.served_not_after is not None:
                 self.metrics.set_tls_certificate_expiry(settings.served_not_after)
         self.strategies = Strategies(settings)
+        self.resolver = Resolver(settings)  # a request's route and model to its targets
         # provider -> upstream model ids of its last successful listing; absent while
         # its listing has not succeeded (tinygw.worker.discovery keeps it up to date)
         self.listings: dict[str, list[str]] = {}
