@@ -25,6 +25,8 @@ class KeyRing:
 
     def pick(self, now: float) -> int:
         """The next key in turn that is not resting; if all rest, the one free soonest."""
+        if self.size == 1:  # resting or not, the one key
+            return 0
         index = self.peek(now)
         if self._rest_until[index] <= now:
             self._next = (index + 1) % self.size

@@ -149,8 +149,21 @@ class Connection:
 
     async def receive_data(self, deadline: float, timeout: Timeout) -> bytes | None:
         """The next piece of the response body (all that has arrived), or None at its end."""
-        if self._answer is not None:
-            return await self._receive_fast(deadline, timeout)
+        answer = self._answer
+        if answer is not None:  # the fast path's: what it has, else read more
+            while True:
+                try:
+                    data = answer.body()
+                except fastpath.Malformed as e:
+                    self.close()
+                    raise errors.RemoteProtocolError(str(e)) from None
+                if data:
+                    return data
+                if data is None:
+                    self._reusable = answer.keep_alive and not answer.leftover
+                    self._answer = None
+                    return None
+                await self._read_more(answer, deadline, timeout)
         event = await self._next_event(deadline, timeout)
         if isinstance(event, h11.Data):
             return bytes(event.data)
@@ -160,25 +173,12 @@ class Connection:
         self.close()
         raise errors.RemoteProtocolError(f"unexpected {type(event).__name__} in a response body")
 
-    async def _receive_fast(self, deadline: float, timeout: Timeout) -> bytes | None:
-        answer = self._answer
-        while True:
-            try:
-                data = answer.body()
-            except fastpath.Malformed as e:
-                self.close()
-                raise errors.RemoteProtocolError(str(e)) from None
-            if data is None:
-                self._reusable = answer.keep_alive and not answer.leftover
-                self._answer = None
-                return None
-            if data:
-                return data
-            more = await self._read(deadline, timeout)
-            if not more:
-                self.close()
-                raise errors.RemoteProtocolError("peer closed connection without sending complete message body")
-            answer.feed(more)
+    async def _read_more(self, answer: fastpath.Answer, deadline: float, timeout: Timeout) -> None:
+        more = await self._read(deadline, timeout)
+        if not more:
+            self.close()
+            raise errors.RemoteProtocolError("peer closed connection without sending complete message body")
+        answer.feed(more)
 
     async def _next_event(self, deadline: float, timeout: Timeout) -> h11.Event:
         while True:

@@ -102,23 +102,23 @@ class Answer:
     and nothing is held beyond h11's own bounds (a head or a chunk-size line of at
     most `max_head_bytes`)."""
 
-    __slots__ = ("_head", "_in_head", "_scanned", "_buffer", "_max_head_bytes", "_remaining", "_chunked", "_chunk_left",
-                 "_state", "_trailer", "keep_alive", "leftover", "done")
+    # Where an answer starts; each is set on the answer itself when it changes (one per
+    # request: class-level defaults save setting each one).
+    _in_head = True  # until the head is taken
+    _scanned = 0  # bytes of _head already checked for bare CR/LF and the head's end
+    _buffer = b""  # the body's bytes not yet consumed
+    _remaining = 0  # content-length bytes still to come
+    _chunked = False
+    _chunk_left = 0  # bytes of the current chunk still to come
+    _state = _SIZE  # chunked: where the body's reading is
+    _trailer: _TrailerReader | None = None
+    keep_alive = True
+    leftover = b""
+    done = False
 
     def __init__(self, max_head_bytes: int) -> None:
         self._head = bytearray()  # the head's bytes so far
-        self._in_head = True  # until the head is taken
-        self._scanned = 0  # bytes of _head already checked for bare CR/LF and the head's end
-        self._buffer = b""  # the body's bytes not yet consumed
         self._max_head_bytes = max_head_bytes
-        self._remaining = 0  # content-length bytes still to come
-        self._chunked = False
-        self._chunk_left = 0  # bytes of the current chunk still to come
-        self._state = _SIZE  # chunked: where the body's reading is
-        self._trailer: _TrailerReader | None = None
-        self.keep_alive = True
-        self.leftover = b""
-        self.done = False
 
     def feed(self, data: bytes) -> None:
         if self._in_head:

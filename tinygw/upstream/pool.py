@@ -249,15 +249,16 @@ class Response:
         """The next piece of the body as it arrives, or None once it has ended."""
         if self._done:
             return None
+        decoder = self._decoder
         try:
-            if self._decoder is not None and (piece := self._decoder.pending()):
+            if decoder is not None and (piece := decoder.pending()):
                 return piece
             data = await self._connection.receive_data(self._deadline, errors.TotalTimeout)
-            if self._decoder is not None:
+            if decoder is not None:
                 if data is None:
-                    self._decoder.finish()
+                    decoder.finish()
                 else:
-                    data = self._decoder.feed(data)
+                    data = decoder.feed(data)
         except BaseException:
             await self.aclose()
             raise
