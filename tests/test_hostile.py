@@ -380,7 +380,7 @@ def test_a_client_that_leaves_during_a_large_answer_frees_its_connection_slot():
                      "headers": [(b"content-type", b"application/json")], "query_string": b""}
             route = app.ROUTES["/v1/chat/completions"].route
             await asyncio.wait_for(app._proxy(gateway, route, scope, receive, send), 10)
-            free.append(pool._slots._value)
+            free.append(pool._free_slots)
         server.close()
         return free
 

@@ -147,12 +147,13 @@ async def _proxy(gateway: Gateway, route, scope, receive, send, request_id: byte
     model), then forwarded; counted and logged from its record, whatever ended it."""
     loop = gateway.loop or asyncio.get_running_loop()
     record = Record(request_id or wire.new_request_id(), loop.time())
+    task = asyncio.current_task(loop)  # this request's, looked up once
     gateway.metrics.add_in_flight(1)
     try:
-        admitted = await _admit(gateway, route, scope, receive, send, record, loop)
+        admitted = await _admit(gateway, route, scope, receive, send, record, task)
         if admitted is not None:
             inbound, resolution = admitted
-            await _forward(gateway, inbound, resolution, receive, send, record, loop)
+            await _forward(gateway, inbound, resolution, receive, send, record, task)
     except BadBody as e:  # read_head, or wire.rewrite_model for an attempt
         await _refuse(send, record, 400, str(e), "invalid_request_error", "invalid_body")
     except Exception:
@@ -180,12 +181,12 @@ async def _refuse(send, record: Record, status: int, message: str, type_: str, c
     await send_error(send_with_head, status, message, type_, code)
 
 
-async def _admit(gateway: Gateway, route, scope, receive, send, record: Record, loop):
+async def _admit(gateway: Gateway, route, scope, receive, send, record: Record, task: asyncio.Task):
     """(inbound, resolution) of a request the gateway forwards; None when it was refused."""
     headers = scope["headers"]
     settings = gateway.settings
     try:
-        body = await _read_body(receive, headers, settings.max_body_bytes, settings.client_timeout_seconds, loop)
+        body = await _read_body(receive, headers, settings.max_body_bytes, settings.client_timeout_seconds, task)
     except ClientLeft:
         # Granian reports a malformed chunked body the same way as a client that left:
         # answer 400 (a client that really left will not read it), and count it as a
@@ -213,12 +214,12 @@ async def _admit(gateway: Gateway, route, scope, receive, send, record: Record, 
     return inbound, resolution
 
 
-async def _forward(gateway: Gateway, inbound, resolution, receive, send, record: Record, loop) -> None:
+async def _forward(gateway: Gateway, inbound, resolution, receive, send, record: Record, task: asyncio.Task) -> None:
     """proxy.forward, cancelled when the client leaves: its attempt's upstream
     connection is then closed at once."""
     if gateway.settings.routing.debug:
         record.forwarding(gateway.breakers)
-    watch = _ClientWatch(receive, loop)
+    watch = _ClientWatch(receive, task)
     try:
         await proxy.forward(gateway, inbound, resolution, send, record)
     except asyncio.CancelledError:
@@ -236,9 +237,10 @@ class _ClientWatch:
 
     __slots__ = ("_receive", "_task", "_timer", "_watcher", "_left")
 
-    def __init__(self, receive, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, receive, task: asyncio.Task) -> None:
         self._receive = receive
-        self._task = asyncio.current_task(loop)
+        self._task = task
+        loop = task.get_loop()
         self._watcher: asyncio.Task | None = None
         self._left = False
         self._timer = loop.call_later(WATCH_AFTER_SECONDS, self._start, loop)
@@ -292,18 +294,17 @@ def _account(gateway: Gateway, route, scope, record: Record, loop: asyncio.Abstr
     )
 
 
-async def _receive_within(receive, timeout_seconds: float, loop: asyncio.AbstractEventLoop):
-    """`await receive()`, or TimeoutError after `timeout_seconds`. asyncio.timeout's
-    work with the loop at hand: asyncio's own looks the loop up twice (two getpid(2)
+async def _receive_within(receive, timeout_seconds: float, task: asyncio.Task):
+    """`await receive()` in `task`, or TimeoutError after `timeout_seconds`. asyncio.timeout's
+    work with the task at hand: asyncio's own looks the loop up twice (two getpid(2)
     on Python 3.11), for each request."""
-    task = asyncio.current_task(loop)
     expired = []
 
     def expire() -> None:
         expired.append(True)
         task.cancel()
 
-    timer = loop.call_later(timeout_seconds, expire)
+    timer = task.get_loop().call_later(timeout_seconds, expire)
     try:
         message = await receive()
         if expired:  # the timer fired as the message came: as asyncio.timeout, take the cancel back
@@ -317,27 +318,32 @@ async def _receive_within(receive, timeout_seconds: float, loop: asyncio.Abstrac
         timer.cancel()
 
 
-async def _read_body(receive, headers, limit: int, timeout_seconds: float,
-                     loop: asyncio.AbstractEventLoop) -> bytes | None:
+async def _read_body(receive, headers, limit: int, timeout_seconds: float, task: asyncio.Task) -> bytes | None:
     """The whole request body, or None when it is over `limit` bytes. Raises
     TimeoutError when `timeout_seconds` pass without a byte of it (SPEC section 10)."""
     declared = header(headers, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         return None
+    message = await _receive_within(receive, timeout_seconds, task)
+    if message["type"] == "http.disconnect":
+        raise ClientLeft
+    body = message.get("body", b"")
+    if not message.get("more_body") and len(body) <= limit:
+        return body  # the usual request: all of its body in one message
     parts = []
     size = 0
     while True:
-        message = await _receive_within(receive, timeout_seconds, loop)
-        if message["type"] == "http.disconnect":
-            raise ClientLeft
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            await _discard_body(receive, message, timeout_seconds, loop)
+            await _discard_body(receive, message, timeout_seconds, task)
             return None
         parts.append(chunk)
         if not message.get("more_body"):
-            return b"".join(parts) if len(parts) != 1 else parts[0]
+            return b"".join(parts)
+        message = await _receive_within(receive, timeout_seconds, task)
+        if message["type"] == "http.disconnect":
+            raise ClientLeft
 
 
 # After a body goes over the limit, up to this much more of it is read and dropped
@@ -345,11 +351,11 @@ async def _read_body(receive, headers, limit: int, timeout_seconds: float,
 DISCARD_BYTES = 1024 * 1024
 
 
-async def _discard_body(receive, message, timeout_seconds: float, loop: asyncio.AbstractEventLoop) -> None:
+async def _discard_body(receive, message, timeout_seconds: float, task: asyncio.Task) -> None:
     discarded = 0
     while message.get("more_body") and discarded < DISCARD_BYTES:
         try:
-            message = await _receive_within(receive, timeout_seconds, loop)
+            message = await _receive_within(receive, timeout_seconds, task)
         except TimeoutError:
             return
         if message["type"] == "http.disconnect":
