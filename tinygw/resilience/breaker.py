@@ -113,10 +113,7 @@ class Circuit:
         self.probes_in_flight = 0
         self.probe_successes = 0
         self.last_error: str | None = None
-
-    @property
-    def enabled(self) -> bool:
-        return self.settings.failures > 0
+        self.enabled = settings.failures > 0  # 0 failures turns breakers off
 
     # ---- reading ------------------------------------------------------------------------
 
@@ -159,7 +156,7 @@ class Circuit:
 
     def allow(self) -> Ticket | None:
         """A ticket for one attempt, or None: skip this target as if it were open."""
-        if not self.enabled:
+        if self._state is State.CLOSED or not self.enabled:  # the usual answer, without the clock
             return Ticket(self, self.generation, probe=False)
         state = self.state()
         if state is State.CLOSED:

@@ -92,10 +92,12 @@ class Stream(asyncio.Protocol):
 
         Raises Deadline, or errors.ReadError when the connection broke."""
         if not self._chunks and not self._eof:
-            self._read_waiter = self._loop.create_future()
+            self._read_waiter = waiter = self._loop.create_future()
+            timer = self._loop.call_at(deadline, _expire, waiter)
             try:
-                await self._wait(self._read_waiter, deadline)
+                await waiter
             finally:
+                timer.cancel()
                 self._read_waiter = None
         if self._chunks:
             data = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
