@@ -218,3 +218,37 @@ def test_a_request_is_written_as_h11_writes_it_or_left_to_h11(headers, body):
     if fast is not None:
         # h11 lower-cases nothing it sends: the same bytes, byte for byte
         assert fast == expected
+
+
+def whole_and_stepwise(raw: bytes, limit: int) -> tuple:
+    """whole_body(limit) on one answer, body() step by step on another: what each ended with."""
+    whole, stepwise = Answer(MAX_HEAD), Answer(MAX_HEAD)
+    try:
+        for answer in (whole, stepwise):
+            answer.feed(raw)
+            if answer.head() is None:
+                return ()
+    except (HandOff, Malformed):
+        return ()
+    data = whole.whole_body(limit)
+    if data is None:
+        return ()
+    parts = []
+    while (part := stepwise.body()) is not None:
+        if part == b"":
+            return ("stepwise wanted more",)
+        parts.append(part)
+    return (data, whole.done, whole.leftover, whole.keep_alive), (b"".join(parts), stepwise.done, stepwise.leftover,
+                                                                   stepwise.keep_alive)
+
+
+@MANY
+@given(responses(), st.integers(0, 400))
+@example(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokEXTRA", 2)
+@example(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", 0)
+def test_a_whole_body_taken_at_once_is_what_the_steps_give(raw, limit):
+    """Response.read_upto's shortcut: an answer taken whole ends as read step by step."""
+    result = whole_and_stepwise(raw, limit)
+    if result:
+        whole, stepwise = result
+        assert whole == stepwise and len(whole[0]) <= limit

@@ -173,6 +173,16 @@ class Connection:
         self.close()
         raise errors.RemoteProtocolError(f"unexpected {type(event).__name__} in a response body")
 
+    def whole_body(self, limit: int) -> bytes | None:
+        """The response body at once, when the fast path has all of it already and it is
+        at most `limit` bytes (the exchange then ends here); else None."""
+        answer = self._answer
+        data = answer.whole_body(limit) if answer is not None else None
+        if data is not None:
+            self._reusable = answer.keep_alive and not answer.leftover
+            self._answer = None
+        return data
+
     async def _read_more(self, answer: fastpath.Answer, deadline: float, timeout: Timeout) -> None:
         more = await self._read(deadline, timeout)
         if not more:

@@ -200,6 +200,16 @@ class Answer:
         self._remaining -= len(data)
         return data
 
+    def whole_body(self, limit: int) -> bytes | None:
+        """The whole body, which ends the answer, when it is a content-length body of at
+        most `limit` bytes that has all arrived; else None, and nothing is taken."""
+        remaining = self._remaining
+        if self._chunked or self.done or remaining > limit or len(self._buffer) < remaining:
+            return None
+        data = self._buffer[:remaining]
+        self._finish(self._buffer[remaining:])
+        return data
+
     def _chunked_body(self) -> bytes | None:
         buffer = self._buffer
         if not buffer and self._state < _TRAILER:  # all was taken: more must be fed

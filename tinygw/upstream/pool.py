@@ -270,6 +270,12 @@ class Response:
     async def read_upto(self, limit: int) -> tuple[bytes, bool]:
         """The body's first bytes, until its end or until more than `limit` bytes
         arrived; and whether the body has ended. The rest is read with next_chunk."""
+        if self._decoder is None and not self._done:  # the usual answer: all of it came with its head
+            data = self._connection.whole_body(limit)
+            if data is not None:
+                self._done = True
+                self._pool._give_back(self._connection, reusable=True)
+                return data, True
         parts = []
         size = 0
         while size <= limit:
