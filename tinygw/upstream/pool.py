@@ -77,18 +77,18 @@ class Pool:
         self._waiting: deque[asyncio.Future] = deque()
         self._idle: deque[Connection] = deque()
 
-    def _take_idle(self, now: float) -> tuple[Connection | None, list[Connection]]:
-        """The most recently used connection that may still carry a request, and the
-        idle ones found expired or closed by the provider on the way (to be closed)."""
-        stale = []
-        while self._idle and now - self._idle[0].idle_since > IDLE_SECONDS:
-            stale.append(self._idle.popleft())
-        while self._idle:
-            connection = self._idle.pop()
+    def _take_idle(self, now: float) -> Connection | None:
+        """The most recently used connection that may still carry a request; the idle
+        ones found expired or closed by the provider on the way are closed."""
+        idle = self._idle
+        while idle and now - idle[0].idle_since > IDLE_SECONDS:
+            idle.popleft().close()
+        while idle:
+            connection = idle.pop()
             if connection.is_idle():
-                return connection, stale
-            stale.append(connection)
-        return None, stale
+                return connection
+            connection.close()
+        return None
 
     async def request(
         self, method: bytes, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes
@@ -96,17 +96,16 @@ class Pool:
         """Send one request and wait for the response head; the body is read later."""
         t = self.timeouts
         loop = self._loop or asyncio.get_running_loop()
-        deadline = loop.time() + t.total_seconds
+        now = loop.time()
+        deadline = now + t.total_seconds
         if self._free_slots:
             self._free_slots -= 1
         else:
             await self._wait_for_slot(deadline, loop)
+            now = loop.time()
         connection = None
         try:
-            now = loop.time()
-            connection, stale = self._take_idle(now)
-            for old in stale:
-                old.close()
+            connection = self._take_idle(now)
             if connection is None:
                 connection = await open_connection(
                     self.origin.host, self.origin.port, self._ssl, min(t.connect_seconds, deadline - now)
