@@ -173,7 +173,8 @@ class Answer:
         whether the connection may be reused. Anything else goes to h11 (HandOff)."""
         names = list(map(_NAME_OF, headers))
         fields = dict(headers)
-        if b"connection" in fields:  # every one of its values, picked in C
+        connection = fields.get(b"connection", b"keep-alive")
+        if connection != b"keep-alive" or names.count(b"connection") > 1:  # every one of its values, picked in C
             values = compress(map(_VALUE_OF, headers), map(b"connection".__eq__, names))
             self.keep_alive = _CLOSE.search(b",".join(values)) is None
         lengths = names.count(b"content-length")

@@ -203,9 +203,9 @@ async def _attempt(
 ) -> Attempt:
     """Send the request and take the answer: a stream is relayed (tinygw.worker.relay),
     any other answer is held and judged, and sent when it is a success."""
-    key_index = upstream.keys.pick(gateway.clock())
-    path, headers, body = _upstream_request(upstream, inbound, target, key_index)
     started = gateway.clock()
+    key_index = upstream.keys.pick(started)
+    path, headers, body = _upstream_request(upstream, inbound, target, key_index)
     try:
         response = await upstream.pool.request(b"POST", path, headers, body)
     except errors.UpstreamError as e:
