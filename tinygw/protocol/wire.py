@@ -12,9 +12,9 @@ import os
 import re
 import time
 from datetime import timezone
+from email.utils import parsedate_to_datetime
 from itertools import compress
 from operator import itemgetter, not_
-from email.utils import parsedate_to_datetime
 
 import msgspec
 

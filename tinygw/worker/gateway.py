@@ -97,8 +97,7 @@ class Gateway:
         for provider, provider_model in configured:  # a series per circuit from the start
             self.metrics.set_circuit_open_until(provider, provider_model, 0.0)
         self.pid = os.getpid()
-        # The worker's loop, looked up once: on Python 3.11 every lookup is a getpid(2)
-        # (fork detection), which cost about a tenth of a worker's CPU per request.
+        # The worker's loop, looked up once: each lookup is a getpid(2) on Python 3.11 (~1/10 of a request's CPU)
         try:
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:  # built outside a loop (tests): looked up where needed
@@ -120,8 +119,7 @@ class Gateway:
                 self.metrics.set_tls_certificate_expiry(settings.served_not_after)
         self.strategies = Strategies(settings)
         self.resolver = Resolver(settings)  # a request's route and model to its targets
-        # provider -> upstream model ids of its last successful listing; absent while
-        # its listing has not succeeded (tinygw.worker.discovery keeps it up to date)
+        # provider -> model ids of its last successful listing, absent before one (tinygw.worker.discovery)
         self.listings: dict[str, list[str]] = {}
         context = tls_context() if any(p.origin.scheme == "https" for p in settings.providers.values()) else None
         self.upstreams = {
