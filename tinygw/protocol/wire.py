@@ -108,6 +108,9 @@ _RELAYED_NAME = re.compile(
     re.DOTALL)
 
 
+_NAME_OF = itemgetter(0)  # a header's name
+
+
 def _named_by_connection(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
     names = [v for k, v in headers if k == b"connection"]
     return frozenset(n.strip().lower() for v in names for n in v.split(b","))
@@ -115,7 +118,7 @@ def _named_by_connection(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]
 
 def forward_headers(client_headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """The client's headers that go on to a provider: never its credentials."""
-    names = list(map(itemgetter(0), client_headers))
+    names = list(map(_NAME_OF, client_headers))
     drop = _NOT_FORWARDED | _named_by_connection(client_headers) if b"connection" in names else _NOT_FORWARDED
     # Each header kept unless its name is in `drop`, in C (no Python step per header).
     return list(compress(client_headers, map(not_, map(drop.__contains__, names))))
@@ -123,7 +126,7 @@ def forward_headers(client_headers: list[tuple[bytes, bytes]]) -> list[tuple[byt
 
 def relay_headers(upstream_headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """The provider's headers that go back to the client: a fixed set."""
-    names = list(map(itemgetter(0), upstream_headers))
+    names = list(map(_NAME_OF, upstream_headers))
     relayed = list(compress(upstream_headers, map(_RELAYED_NAME.fullmatch, names)))
     if b"x-request-id" in names:
         return [(_RENAMED.get(k, k), v) for k, v in relayed]
