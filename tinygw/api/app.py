@@ -14,7 +14,6 @@ import asyncio
 import logging
 import os
 import sys
-from urllib.parse import quote
 
 
 from tinygw import logs
@@ -27,16 +26,12 @@ from tinygw.api.attestation import attestation_page
 from tinygw.trust.attestation import artifact_digests
 from tinygw.errors import ConfigError, EvidenceUnavailable
 from tinygw.worker.gateway import Gateway
+from tinygw.worker.record import Record
 from tinygw.protocol.routing import Endpoint, Route, api_endpoint, page_endpoint, resolve
 from tinygw.api.status import status_json, status_page
 from tinygw.api.models import MODEL_PREFIX
 from tinygw.api.pages import healthz, metrics, root
 from tinygw.protocol.wire import BadBody, header, read_head, send_error
-
-# The status logged and counted for a request whose client left before its answer
-# (nginx's convention; never sent, there is nobody to send it to).
-CLIENT_CLOSED = 499
-
 
 # A proxied request starts watching for its client leaving this long after its body
 # was read (a task waiting in receive() costs about a tenth of a quick request's CPU).
@@ -138,7 +133,7 @@ async def _refuse(gateway: Gateway, route: Route | None, scope, send, request_id
 
 def _with_request_id(send, request_id: bytes):
     """`send`, with `x-request-id` added to the answer's head (pages and refusals; a
-    proxied request's answer gets it in _proxy's own wrapper)."""
+    proxied answer gets it from its record, tinygw.worker.record)."""
     async def send_with_id(message) -> None:
         if message["type"] == "http.response.start":
             message["headers"] = [*message["headers"], (b"x-request-id", request_id)]
@@ -148,148 +143,153 @@ def _with_request_id(send, request_id: bytes):
 
 
 async def _proxy(gateway: Gateway, route, scope, receive, send, request_id: bytes = b"") -> None:
-    request_id = request_id or wire.new_request_id()
+    """A request to a proxied route: admitted (auth, body, model), then forwarded;
+    counted and logged from its record, whatever ended it."""
     loop = gateway.loop or asyncio.get_running_loop()
-    started = loop.time()
-    headers = scope["headers"]
-    model = "unknown"
-    status = 500
-    result = proxy.Result(status=0)
-    response_started = False
-    forwarding = False  # debug headers describe attempts: only once there may be some
-    id_header = (b"x-request-id", request_id)
-
-    async def send_tracked(message) -> None:
-        nonlocal response_started
-        if message["type"] == "http.response.start":
-            response_started = True
-            if forwarding and gateway.settings.routing.debug:
-                message["headers"] = [*message["headers"], id_header, *_debug_headers(gateway, result)]
-            else:
-                message["headers"] = [*message["headers"], id_header]
-        await send(message)
-
+    record = Record(request_id or wire.new_request_id(), loop.time())
     gateway.metrics.add_in_flight(1)
     try:
-        try:
-            body = await _read_body(receive, headers, gateway.settings.max_body_bytes,
-                                    gateway.settings.client_timeout_seconds, loop)
-        except ClientLeft:
-            # Granian reports a malformed chunked body the same way as a client that
-            # left: answer 400 (a client that really left will not read it), and count
-            # it as a client that left, which is what it most often is.
-            await send_error(send_tracked, 400, "the request body is incomplete or its chunked framing is malformed",
-                         "invalid_request_error", "invalid_body")
-            status = CLIENT_CLOSED
-            return
-        except TimeoutError:
-            limit = gateway.settings.client_timeout_seconds
-            status = await send_error(send_tracked, 408, f"no byte of the request body for {limit:g} s",
-                                  "invalid_request_error", "request_timeout")
-            return
-        if body is None:
-            limit = gateway.settings.max_body_bytes
-            status = await send_error(
-                send_tracked, 413, f"request body over {limit} bytes", "invalid_request_error", "request_too_large"
-            )
-            return
-        head = read_head(body)
-        resolution = resolve(gateway.settings, route, head.model)
-        if resolution is None:
-            message = f"the model {head.model!r} does not exist on {route.path}"
-            status = await send_error(send_tracked, 404, message, "invalid_request_error", "model_not_found")
-            return
-        model = resolution.model
-        inbound = proxy.Inbound(
-            route=route,
-            model=head.model,
-            stream=bool(head.stream),
-            body=body,
-            headers=headers,
-            query=scope.get("query_string", b""),
-            request_id=request_id,
-        )
-        # The client leaving cancels this task, and with it the attempt: its upstream
-        # connection is closed at once. Watched from WATCH_AFTER_SECONDS in: a quick
-        # answer does without the watching task and its pending receive() in Granian.
-        task = asyncio.current_task(loop)
-        client_left: list[bool] = []
-        watchers: list[asyncio.Task] = []
-
-        def watch() -> None:
-            watchers.append(loop.create_task(_cancel_when_client_leaves(receive, task, client_left)))
-
-        timer = loop.call_later(WATCH_AFTER_SECONDS, watch)
-        forwarding = True
-        try:
-            await proxy.forward(gateway, inbound, resolution, send_tracked, result)
-            status = result.status
-        except asyncio.CancelledError:
-            if not client_left or task.cancelling() > 1:  # also cancelled from elsewhere
-                raise
-            task.uncancel()
-            status = CLIENT_CLOSED
-        finally:
-            timer.cancel()
-            if watchers:
-                watchers[0].cancel()
-    except BadBody as e:
-        status = await send_error(send_tracked, 400, str(e), "invalid_request_error", "invalid_body")
-    except ClientLeft:
-        status = CLIENT_CLOSED
+        admitted = await _admit(gateway, route, scope, receive, send, record, loop)
+        if admitted is not None:
+            inbound, resolution = admitted
+            await _forward(gateway, inbound, resolution, receive, send, record, loop)
+    except BadBody as e:  # read_head, or wire.rewrite_model for an attempt
+        await _answer_error(send, record, 400, str(e), "invalid_request_error", "invalid_body")
     except Exception:
         logs.log_exception("request failed inside the gateway", route=route.path)
-        if not response_started:  # else the client sees its response end early
-            status = await send_error(send_tracked, 500, "internal gateway error", "internal_error", "internal_error")
+        if not record.status:  # else the client sees its response end early
+            await _answer_error(send, record, 500, "internal gateway error", "internal_error", "internal_error")
+        record.failed()
+    except BaseException:  # cancelled, not by the client: the server is stopping
+        record.failed()
+        raise
     finally:
-        metrics = gateway.metrics
-        metrics.add_in_flight(-1)
-        metrics.count_request(route.path, model, status, loop.time() - started)
-        if result.tokens is not None and result.target is not None:
-            metrics.count_tokens(result.target.provider, model, result.tokens.prompt, result.tokens.completion)
-        if result.first_output_at is not None:
-            metrics.observe_first_token(model, result.first_output_at - started)
-        logs.access(
-            loop,
-            route=route.path,
-            model=model,
-            status=status,
-            worker=gateway.pid,
-            request_id=request_id.decode(),
-            target=str(result.target) if result.target else None,
-            attempts=",".join(result.attempts),
-            cut=result.cut,
-            duration_ms=round((loop.time() - started) * 1000, 1),
-            **logs.request_line(scope),
-        )
+        _account(gateway, route, scope, record, loop)
 
 
-def _debug_headers(gateway: Gateway, result: proxy.Result) -> list[tuple[bytes, bytes]]:
-    """SPEC section 7's x-tinygw-* headers, only with `routing.debug` on. The circuit's
-    state is the one when the answer started (a probe's verdict comes after)."""
-    attempts = [*result.attempts, *([result.current] if result.current else [])]
-    headers = [(b"x-tinygw-attempts", _header_value(",".join(attempts)))]
-    if result.target is not None:
-        circuit = gateway.breakers.circuit(result.target.provider, result.target.upstream_model)
-        headers += [
-            (b"x-tinygw-provider", _header_value(result.target.provider)),
-            (b"x-tinygw-provider-model", _header_value(result.target.upstream_model)),
-            (b"x-tinygw-circuit", circuit.state().value.encode()),
-        ]
-    return headers
+async def _answer_error(send, record: Record, status: int, message: str, type_: str, code: str) -> None:
+    """Answer the client with an error of the gateway's own, whose head the record
+    makes, as a proxied answer's (x-request-id, and the debug headers once forwarding
+    began)."""
+
+    async def send_with_head(message) -> None:
+        if message["type"] == "http.response.start":
+            message = record.head(message["status"], message["headers"])
+        await send(message)
+
+    await send_error(send_with_head, status, message, type_, code)
 
 
-def _header_value(text: str) -> bytes:
-    """Visible ASCII as is, anything else percent-encoded: a provider-qualified model
-    is the client's own text, and a line break in a header would break the response."""
-    return quote(text, safe="".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")).encode()
+async def _admit(gateway: Gateway, route, scope, receive, send, record: Record, loop):
+    """(inbound, resolution) of a request the gateway forwards; None when it was refused."""
+    headers = scope["headers"]
+    settings = gateway.settings
+    try:
+        body = await _read_body(receive, headers, settings.max_body_bytes, settings.client_timeout_seconds, loop)
+    except ClientLeft:
+        # Granian reports a malformed chunked body the same way as a client that left:
+        # answer 400 (a client that really left will not read it), and count it as a
+        # client that left, which is what it most often is.
+        await _answer_error(send, record, 400, "the request body is incomplete or its chunked framing is malformed",
+                      "invalid_request_error", "invalid_body")
+        record.client_left()
+        return None
+    except TimeoutError:
+        limit = settings.client_timeout_seconds
+        return await _answer_error(send, record, 408, f"no byte of the request body for {limit:g} s",
+                             "invalid_request_error", "request_timeout")
+    if body is None:
+        limit = settings.max_body_bytes
+        return await _answer_error(send, record, 413, f"request body over {limit} bytes", "invalid_request_error",
+                             "request_too_large")
+    head = read_head(body)  # BadBody: _proxy answers 400
+    resolution = resolve(settings, route, head.model)
+    if resolution is None:
+        message = f"the model {head.model!r} does not exist on {route.path}"
+        return await _answer_error(send, record, 404, message, "invalid_request_error", "model_not_found")
+    record.resolved(resolution.model)
+    inbound = proxy.Inbound(route=route, model=head.model, stream=bool(head.stream), body=body, headers=headers,
+                            query=scope.get("query_string", b""), request_id=record.request_id)
+    return inbound, resolution
 
 
-async def _cancel_when_client_leaves(receive, task: asyncio.Task, client_left: list[bool]) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    client_left.append(True)
-    task.cancel()
+async def _forward(gateway: Gateway, inbound, resolution, receive, send, record: Record, loop) -> None:
+    """proxy.forward, cancelled when the client leaves: its attempt's upstream
+    connection is then closed at once."""
+    if gateway.settings.routing.debug:
+        record.forwarding(gateway.breakers)
+    watch = _ClientWatch(receive, loop)
+    try:
+        await proxy.forward(gateway, inbound, resolution, send, record)
+    except asyncio.CancelledError:
+        if not watch.took_back():
+            raise
+        record.client_left()
+    finally:
+        watch.stop()
+
+
+class _ClientWatch:
+    """Cancels the request's task when its client leaves. Watched from
+    WATCH_AFTER_SECONDS in: a quick answer does without the watching task and its
+    pending receive() in Granian."""
+
+    __slots__ = ("_receive", "_task", "_timer", "_watcher", "_left")
+
+    def __init__(self, receive, loop: asyncio.AbstractEventLoop) -> None:
+        self._receive = receive
+        self._task = asyncio.current_task(loop)
+        self._watcher: asyncio.Task | None = None
+        self._left = False
+        self._timer = loop.call_later(WATCH_AFTER_SECONDS, self._start, loop)
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._watcher = loop.create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        self._left = True
+        self._task.cancel()
+
+    def took_back(self) -> bool:
+        """Called with the task cancelled: True when the client's leaving did it (the
+        cancellation is then taken back), False when it came (also) from elsewhere."""
+        if not self._left or self._task.cancelling() > 1:
+            return False
+        self._task.uncancel()
+        return True
+
+    def stop(self) -> None:
+        self._timer.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()
+
+
+def _account(gateway: Gateway, route, scope, record: Record, loop: asyncio.AbstractEventLoop) -> None:
+    """The request's metrics and access-log line, from its record."""
+    duration = loop.time() - record.started_at
+    model, status, target, tokens = record.model, record.status, record.target, record.tokens
+    metrics = gateway.metrics
+    metrics.add_in_flight(-1)
+    metrics.count_request(route.path, model, status, duration)
+    if tokens is not None and target is not None:
+        metrics.count_tokens(target.provider, model, tokens.prompt, tokens.completion)
+    if record.first_output_at is not None:
+        metrics.observe_first_token(model, record.first_output_at - record.started_at)
+    logs.access(
+        loop,
+        route=route.path,
+        model=model,
+        status=status,
+        worker=gateway.pid,
+        request_id=record.request_id.decode(),
+        target=str(target) if target else None,
+        attempts=",".join(record.attempts),
+        cut=record.cut,
+        duration_ms=round(duration * 1000, 1),
+        **logs.request_line(scope),
+    )
 
 
 async def _receive_within(receive, timeout_seconds: float, loop: asyncio.AbstractEventLoop):

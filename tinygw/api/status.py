@@ -56,10 +56,8 @@ def _iso(wall_seconds: float | None) -> str | None:
 
 
 def _circuit(c: board.CircuitView, slot: int, now: float, wall: float) -> dict:
-    state = c.state
-    if state is State.OPEN and c.opened_at is not None and now >= c.opened_at + c.pause_seconds:
-        state = State.HALF_OPEN  # its pause is over: the worker turns it half-open when it next looks
-    next_probe = max(0.0, c.opened_at + c.pause_seconds - now) if state is State.OPEN and c.opened_at else None
+    state = c.state_at(now)
+    next_probe = c.next_probe_seconds(now)
     return {
         "worker": slot,
         "provider_model": c.provider_model,

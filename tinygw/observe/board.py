@@ -4,8 +4,8 @@ Circuits are per worker (SPEC section 4), but the status page shows every live
 worker's in one view (SPEC section 7), whichever worker a reload reaches. So each
 worker writes its circuits' state into its own file of the shared metric store
 (tinygw.observe.metricstore), under names that /metrics does not export, and the page reads
-every live worker's. A value is written only when it changed: a request whose circuit
-stays as it was costs a tuple comparison.
+every live worker's. A circuit tells the board when it changed (the breakers'
+`on_change`), and a value is written only when it differs from the one published.
 
 Entries (family, labels, part):
 - ("status_worker", (), "started_at"): the worker's start, wall-clock seconds
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from msgspec import Struct
 
-from tinygw.resilience.breaker import Circuit, State
+from tinygw.resilience.breaker import Circuit, State, pause_over
 
 _STATE_CODE = {State.CLOSED: 0.0, State.OPEN: 1.0, State.HALF_OPEN: 2.0}
 STATES = {0: State.CLOSED, 1: State.OPEN, 2: State.HALF_OPEN}
@@ -35,6 +35,19 @@ class CircuitView(Struct):
     pause_seconds: float
     opened_at: float | None  # monotonic
     last_error: str | None
+
+    def state_at(self, now: float) -> State:
+        """The state at `now`: an OPEN circuit whose pause is over is HALF_OPEN (its
+        worker turns it so when it next looks)."""
+        if self.state is State.OPEN and pause_over(self.opened_at, self.pause_seconds, now):
+            return State.HALF_OPEN
+        return self.state
+
+    def next_probe_seconds(self, now: float) -> float | None:
+        """Seconds until an OPEN circuit's pause ends; None when it is not OPEN at `now`."""
+        if self.state_at(now) is not State.OPEN or not self.opened_at:
+            return None
+        return max(0.0, self.opened_at + self.pause_seconds - now)
 
 
 class WorkerView(Struct):
@@ -54,7 +67,7 @@ class Board:
 
     def publish_circuit(self, circuit: Circuit) -> None:
         key = (circuit.provider, circuit.provider_model)
-        now = (circuit._state, circuit.failures, circuit.pause_seconds, circuit.opened_at, circuit.last_error)
+        now = circuit.snapshot()
         before = self._published.get(key)
         if now == before:
             return

@@ -113,6 +113,68 @@ def _event_start(buffer: bytes, pos: int) -> int:
     return start
 
 
+class Pending:
+    """A stream's bytes since its last complete event, as they come: `feed` returns the
+    events each piece completes. Only a piece's own bytes (and the 3 held before them,
+    where an event end may begin) are looked at for an end, and held pieces are joined
+    once, when an event ends: a stream costs time in proportion to its bytes, however
+    small the pieces a provider sends it in. What `feed` returns, joined, is what
+    `split` of everything fed returns as events."""
+
+    __slots__ = ("_parts", "size", "_tail")
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+        self.size = 0  # bytes held
+        self._tail = b""  # the last (up to 3) bytes held: an event end may begin there
+
+    def feed(self, piece: bytes) -> bytes:
+        """The complete events that `piece` ends, in one block (b"" when none); the
+        bytes after them are held."""
+        if not self._parts:
+            if piece[-2:] == b"\n\n" and piece[-3:-2] not in b"\r\n":  # the usual read: whole events
+                return piece
+            data = piece
+        elif _has_end(self._tail + piece[:3]) or _has_end(piece):
+            self._parts.append(piece)
+            data = b"".join(self._parts)
+            self._parts.clear()
+            self.size = 0
+        else:
+            self._hold(piece)
+            return b""
+        end = last_end(data)
+        if end == len(data):
+            return data
+        self._tail = b""
+        self._hold(data[end:] if end else data)
+        return data[:end]
+
+    def _hold(self, piece: bytes) -> None:
+        self._parts.append(piece)
+        self.size += len(piece)
+        self._tail = (self._tail + piece[-3:])[-3:]
+
+    def peek(self) -> bytes:
+        """The bytes held, left held."""
+        if len(self._parts) > 1:
+            self._parts[:] = [b"".join(self._parts)]
+        return self._parts[0] if self._parts else b""
+
+    def take(self) -> bytes:
+        """The bytes held, no longer held: an event end that begins in them is no longer looked for."""
+        data = self.peek()
+        self._parts.clear()
+        self.size = 0
+        self._tail = b""
+        return data
+
+
+def _has_end(data: bytes) -> bool:
+    """Does `data` hold an event end (or the bytes of one, which `split` may see otherwise)?"""
+    return b"\n\n" in data or (b"\r" in data and (b"\r\r" in data or b"\r\n\r\n" in data))
+
+
 class Kind(enum.Enum):
     PREAMBLE = "preamble"  # carries no output: role-only chunks, message_start, ping
     OUTPUT = "output"

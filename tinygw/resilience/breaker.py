@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from tinygw.config.settings import Breaker as BreakerSettings
 
@@ -51,6 +51,12 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
 }
 
 
+def pause_over(opened_at: float | None, pause_seconds: float, now: float) -> bool:
+    """Has an OPEN circuit's pause ended at `now`? The one rule by which OPEN turns
+    HALF_OPEN, for the circuit itself and for the readers of its snapshot."""
+    return opened_at is not None and now >= opened_at + pause_seconds
+
+
 class IllegalTransition(RuntimeError):
     """A move that TRANSITIONS has no row for: a bug in the caller."""
 
@@ -63,15 +69,16 @@ MAX_CIRCUITS_PER_PROVIDER = 256
 
 Clock = Callable[[], float]
 OnTransition = Callable[["Circuit", State, State], None]
+OnChange = Callable[["Circuit"], None]
 
 
 class Ticket:
-    """Permission for one attempt. `done()` reports its verdict once; later calls are ignored."""
+    """Permission for one attempt at `circuit`. `done()` reports its verdict once; later calls are ignored."""
 
-    __slots__ = ("_circuit", "generation", "probe", "_open")
+    __slots__ = ("circuit", "generation", "probe", "_open")
 
     def __init__(self, circuit: Circuit, generation: int, probe: bool) -> None:
-        self._circuit = circuit
+        self.circuit = circuit
         self.generation = generation
         self.probe = probe
         self._open = True
@@ -79,7 +86,7 @@ class Ticket:
     def done(self, outcome: Outcome, error: str | None = None) -> None:
         if self._open:
             self._open = False
-            self._circuit._done(self, outcome, error)
+            self.circuit._done(self, outcome, error)
 
 
 class Circuit:
@@ -90,12 +97,14 @@ class Circuit:
         settings: BreakerSettings,
         clock: Clock,
         on_transition: OnTransition | None = None,
+        on_change: OnChange | None = None,
     ) -> None:
         self.provider = provider
         self.provider_model = provider_model
         self.settings = settings
         self._clock = clock
         self._on_transition = on_transition
+        self._on_change = on_change  # called whenever what `snapshot()` returns may have changed
         self._state = State.CLOSED
         self.generation = 0
         self.failures = 0  # consecutive failures while CLOSED
@@ -113,26 +122,34 @@ class Circuit:
 
     def state(self) -> State:
         """The state now: an OPEN circuit whose pause has ended becomes HALF_OPEN here."""
-        if self._state is State.OPEN and self._clock() >= self.opened_at + self.pause_seconds:
+        if self._state is State.OPEN and pause_over(self.opened_at, self.pause_seconds, self._clock()):
             self._move(Event.PAUSE_OVER)
         return self._state
+
+    def _probe_free(self) -> bool:
+        """HALF_OPEN: may one more probe go?"""
+        return self.probes_in_flight + self.probe_successes < self.settings.half_open_probes
 
     def available(self) -> bool:
         """Would `allow()` admit an attempt now? (Takes no slot.)"""
         state = self.state()
-        if state is State.CLOSED:
-            return True
-        if state is State.HALF_OPEN:
-            return self.probes_in_flight + self.probe_successes < self.settings.half_open_probes
-        return False
+        return state is State.CLOSED or (state is State.HALF_OPEN and self._probe_free())
 
     def retry_after(self) -> float | None:
         """Seconds until the next probe may be let through; None while it is available."""
-        if self.available():
+        state = self.state()
+        if state is State.CLOSED or (state is State.HALF_OPEN and self._probe_free()):
             return None
-        if self._state is State.OPEN:
+        if state is State.OPEN:
             return max(0.0, self.opened_at + self.pause_seconds - self._clock())
         return 0.0  # HALF_OPEN with every probe slot taken: a verdict is due any moment
+
+    def snapshot(self) -> tuple[State, int, float, float | None, str | None]:
+        """(state, failures, pause_seconds, opened_at, last_error), for the status page.
+        The state is the one last moved to, without reading the clock: an OPEN circuit
+        whose pause is over reads OPEN until `state()` is next called (its reader
+        applies `pause_over` with its own clock)."""
+        return self._state, self.failures, self.pause_seconds, self.opened_at, self.last_error
 
     def retry_after_header(self) -> int:
         """SPEC's Retry-After: whole seconds until the next probe, at least 1."""
@@ -147,7 +164,7 @@ class Circuit:
         state = self.state()
         if state is State.CLOSED:
             return Ticket(self, self.generation, probe=False)
-        if state is State.HALF_OPEN and self.available():
+        if state is State.HALF_OPEN and self._probe_free():
             self.probes_in_flight += 1
             return Ticket(self, self.generation, probe=True)
         return None
@@ -155,10 +172,22 @@ class Circuit:
     def _done(self, ticket: Ticket, outcome: Outcome, error: str | None) -> None:
         if ticket.generation != self.generation:
             return  # admitted before the last transition: it cannot move the new state
+        if outcome is Outcome.SUCCESS and self._state is State.CLOSED:  # the usual verdict
+            if self.failures:
+                self.failures = 0
+                self._changed()
+            return
         if outcome is Outcome.FAILURE and error:
             self.last_error = error
-        if not self.enabled:
-            return
+        failures = self.failures
+        if self.enabled:
+            self._count(ticket, outcome)
+        # A move has told on_change already; else a failure (its count, its error) or a
+        # success that reset the count is news, and the common success is not.
+        if self.generation == ticket.generation and (outcome is Outcome.FAILURE or self.failures != failures):
+            self._changed()
+
+    def _count(self, ticket: Ticket, outcome: Outcome) -> None:
         if self._state is State.CLOSED:
             if outcome is Outcome.SUCCESS:
                 self.failures = 0
@@ -177,6 +206,10 @@ class Circuit:
                     self.pause_seconds = self.settings.open_seconds
                     self._move(Event.PROBES_PASSED)
             # NEUTRAL: the slot is given back, nothing else changes
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change(self)
 
     def health_ok(self) -> None:
         """A health check of the provider succeeded: an OPEN circuit may probe now."""
@@ -199,6 +232,7 @@ class Circuit:
             self.opened_at = None
         if self._on_transition is not None:
             self._on_transition(self, old, new)
+        self._changed()
 
 
 class Breakers:
@@ -209,11 +243,15 @@ class Breakers:
         settings: BreakerSettings,
         clock: Clock,
         on_transition: OnTransition | None = None,
-        configured: list[tuple[str, str]] = (),
+        configured: Iterable[tuple[str, str]] = (),
+        on_change: OnChange | None = None,
     ) -> None:
+        """`on_transition` is told of every move, `on_change` of every circuit made and
+        of every change to what its `snapshot()` returns."""
         self.settings = settings
         self._clock = clock
         self._on_transition = on_transition
+        self._on_change = on_change
         self._circuits: dict[tuple[str, str], Circuit] = {}
         self._per_provider: dict[str, int] = {}  # circuits made on demand, per provider
         # The configured targets' circuits exist from the start and never share one.
@@ -221,7 +259,9 @@ class Breakers:
             self._circuits[(provider, provider_model)] = self._make(provider, provider_model)
 
     def _make(self, provider: str, provider_model: str) -> Circuit:
-        return Circuit(provider, provider_model, self.settings, self._clock, self._on_transition)
+        circuit = Circuit(provider, provider_model, self.settings, self._clock, self._on_transition, self._on_change)
+        circuit._changed()
+        return circuit
 
     def circuit(self, provider: str, provider_model: str = "") -> Circuit:
         """The circuit of (provider, upstream model); "" is the provider's own breaker,

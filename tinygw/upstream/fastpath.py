@@ -17,6 +17,7 @@ chunk header is allowed; a trailer section with fields is read by h11 itself.
 
 from __future__ import annotations
 
+import operator
 import re
 
 import h11
@@ -25,6 +26,8 @@ import h11
 # leading or trailing space (a stricter subset of what h11 accepts).
 _TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9a-zA-Z]+")
 _TARGET = re.compile(rb"[\x21-\x7e]+")
+_LINE = b"%s: %s\r\n"
+_NAME_OF = operator.itemgetter(0)
 
 # What the fast path reads: HTTP/1.1, a 3-digit status of 200 and up, a reason of
 # visible ASCII and spaces; header lines `name: value` with optional spaces or tabs
@@ -38,6 +41,14 @@ _REQUEST_LINES = re.compile(rb"(?:" + _NAME + rb": " + _FIELD_VALUE + rb"\r\n)*"
 _FRAMING_NAMES = frozenset((b"content-length", b"transfer-encoding", b"connection"))
 _CHUNK_HEADER = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;.*)?[ \t]*")
 _DIGITS = re.compile(rb"[0-9]+")
+
+# Where a chunked body's reading is (`Answer._state`): each read goes on from there.
+_SIZE = 0  # at a chunk-size line
+_DATA = 1  # inside a chunk's data (`_chunk_left` bytes to come)
+_FOOTER = 2  # at the CRLF after a chunk's data
+_TRAILER = 3  # after the last chunk: at the empty line that ends the body, or a trailer
+_FIELDS = 4  # in a trailer section with fields, which h11 reads (_TrailerReader)
+_END = 5  # the body has ended: what follows is past the answer
 
 
 class HandOff(Exception):
@@ -53,8 +64,8 @@ def encode_request(method: bytes, target: bytes, headers: list[tuple[bytes, byte
     encodes it, and judges it). The caller has put `content-length` in `headers`."""
     if not _TARGET.fullmatch(target):
         return None
-    lines = b"".join([b"%s: %s\r\n" % header for header in headers])
-    names = [name for name, _ in headers]
+    lines = b"".join(map(_LINE.__mod__, headers))  # map: no Python step per header
+    names = list(map(_NAME_OF, headers))
     # Each header is one line (no LF of its own; the pattern takes CR only before an
     # LF), its name all token bytes (so that its line splits at its own colon), and
     # every line `name: value`: checked for all the headers at once.
@@ -82,27 +93,28 @@ class Answer:
     and nothing is held beyond h11's own bounds (a head or a chunk-size line of at
     most `max_head_bytes`)."""
 
-    __slots__ = ("_head", "_scanned", "_buffer", "_max_head_bytes", "_remaining", "_chunked", "_chunk_left",
+    __slots__ = ("_head", "_in_head", "_scanned", "_buffer", "_max_head_bytes", "_remaining", "_chunked", "_chunk_left",
                  "_state", "_trailer", "keep_alive", "leftover", "done")
 
     def __init__(self, max_head_bytes: int) -> None:
-        self._head: bytearray | None = bytearray()  # until the head is taken
+        self._head = bytearray()  # the head's bytes so far
+        self._in_head = True  # until the head is taken
         self._scanned = 0  # bytes of _head already checked for bare CR/LF and the head's end
         self._buffer = b""  # the body's bytes not yet consumed
         self._max_head_bytes = max_head_bytes
         self._remaining = 0  # content-length bytes still to come
         self._chunked = False
         self._chunk_left = 0  # bytes of the current chunk still to come
-        self._state = "size"  # chunked: "size" | "data" | "crlf" | "trailer" | "fields" | "end"
+        self._state = _SIZE  # chunked: where the body's reading is
         self._trailer: _TrailerReader | None = None
         self.keep_alive = True
         self.leftover = b""
         self.done = False
 
     def feed(self, data: bytes) -> None:
-        if self._head is not None:
+        if self._in_head:
             self._head += data
-        elif self._state == "fields":
+        elif self._state == _FIELDS and self._trailer is not None:
             self._trailer.feed(data)
         else:
             self._buffer = self._buffer + data if self._buffer else data
@@ -112,25 +124,10 @@ class Answer:
 
     def head(self) -> tuple[int, list[tuple[bytes, bytes]]] | None:
         """(status, headers with lower-case names), or None until the head has arrived."""
-        buffer = self._head
-        start = self._scanned - 3 if self._scanned >= 3 else 0  # the end may straddle two reads
-        end = buffer.find(b"\r\n\r\n", start)
-        limit = end + 4 if end >= 0 else len(buffer)
-        # A bare LF or CR in the head: h11 has rules of its own for those. Only the new
-        # bytes are counted (from the CR before them, if any).
-        first = self._scanned - 1 if self._scanned and buffer[self._scanned - 1] == 13 else self._scanned
-        region = buffer[first:limit]
-        crlf = region.count(b"\r\n")
-        tail_cr = end < 0 and region.endswith(b"\r")  # may be the CR of a CRLF still coming
-        if region.count(b"\n") != crlf or region.count(b"\r") - tail_cr != crlf:
-            raise HandOff
-        self._scanned = limit - 1 if tail_cr else limit
-        if end < 0:
-            if len(buffer) > self._max_head_bytes:
-                raise HandOff
+        end = self._head_end()
+        if end is None:
             return None
-        if end + 4 > self._max_head_bytes:
-            raise HandOff
+        buffer = self._head
         head = bytes(buffer[: end + 2])  # the status line and each header line, with its CRLF
         line_end = head.find(b"\r\n")
         status = _STATUS_LINE.fullmatch(head, 0, line_end)
@@ -144,6 +141,38 @@ class Answer:
         if not _HEADER_LINES.fullmatch(head, line_end + 2):
             raise HandOff
         headers = [(name.lower(), value) for name, value in _HEADER_LINE.findall(head, line_end + 2)]
+        self._framing(headers)
+        self._buffer = bytes(buffer[end + 4 :])
+        self._head, self._in_head = bytearray(), False
+        return code, headers
+
+    def _head_end(self) -> int | None:
+        """Where the head's blank line is, once it has arrived (None until then). Only
+        the bytes fed since the last call are looked at. HandOff on a bare LF or CR
+        (h11 has rules of its own for those) or a head over the bound."""
+        buffer = self._head
+        start = self._scanned - 3 if self._scanned >= 3 else 0  # the end may straddle two reads
+        end = buffer.find(b"\r\n\r\n", start)
+        limit = end + 4 if end >= 0 else len(buffer)
+        # Counted from the CR before the new bytes, if any.
+        first = self._scanned - 1 if self._scanned and buffer[self._scanned - 1] == 13 else self._scanned
+        region = buffer[first:limit]
+        crlf = region.count(b"\r\n")
+        tail_cr = end < 0 and region.endswith(b"\r")  # may be the CR of a CRLF still coming
+        if region.count(b"\n") != crlf or region.count(b"\r") - tail_cr != crlf:
+            raise HandOff
+        self._scanned = limit - 1 if tail_cr else limit
+        if end < 0:
+            if len(buffer) > self._max_head_bytes:
+                raise HandOff
+            return None
+        if end + 4 > self._max_head_bytes:
+            raise HandOff
+        return end
+
+    def _framing(self, headers: list[tuple[bytes, bytes]]) -> None:
+        """How the body is delimited: one plain content-length, or chunked alone; and
+        whether the connection may be reused. Anything else goes to h11 (HandOff)."""
         lengths, encodings = [], []
         for name, value in headers:
             if name in _FRAMING_NAMES:
@@ -161,93 +190,100 @@ class Answer:
             self._remaining = int(lengths[0])
         else:
             raise HandOff  # no framing (read until close), several lengths, odd values
-        self._buffer = bytes(buffer[end + 4 :])
-        self._head = None
-        return code, headers
 
     def body(self) -> bytes | None:
         """The body bytes available now (b"" when more must be fed), None at its end."""
         if self.done:
             return None
-        if not self._chunked:
-            if self._remaining == 0:
-                return self._finish(self._buffer)
-            data = self._buffer[: self._remaining]
-            self._buffer = self._buffer[len(data) :]
-            self._remaining -= len(data)
-            return data
-        buffer, pos, out = self._buffer, 0, []
-        if self._state == "size":  # whole chunks, the usual read of a stream: one short step each
-            find, size_line, crlf_at = buffer.find, _CHUNK_HEADER.fullmatch, buffer.startswith
-            append, available = out.append, len(buffer) - 2
-            while (line_end := find(b"\r\n", pos)) >= 0:
-                if (match := size_line(buffer, pos, line_end)) is None:
-                    raise Malformed("illegal chunk header")
-                start = line_end + 2
-                end = start + int(match[1], 16)
-                if end == start or end > available:
-                    break  # the last chunk, or one still arriving: the steps below, from its size line
-                if not crlf_at(b"\r\n", end):
-                    raise Malformed("malformed chunk footer")
-                append(buffer[start:end])
-                pos = end + 2
+        if self._chunked:
+            return self._chunked_body()
+        if self._remaining == 0:
+            self._finish(self._buffer)
+            return None
+        data = self._buffer[: self._remaining]
+        self._buffer = self._buffer[len(data) :]
+        self._remaining -= len(data)
+        return data
+
+    def _chunked_body(self) -> bytes | None:
+        buffer = self._buffer
+        if not buffer and self._state < _TRAILER:  # all was taken: more must be fed
+            return b""
+        out: list[bytes] = []
+        pos = self._chunks(buffer, out) if self._state < _TRAILER else 0
+        if self._state >= _TRAILER:
+            buffer, pos = self._after_last_chunk(buffer, pos)
+            if self._state == _END and not out:  # the end is returned by the call after the data
+                self._finish(buffer[pos:])
+                return None
+        self._buffer = buffer[pos:]
+        return b"".join(out)
+
+    def _chunks(self, buffer: bytes, out: list[bytes]) -> int:
+        """Take the chunks' data in `buffer` into `out`, up to the last chunk (then the
+        state is _TRAILER) or to where more must be fed; returns the position reached.
+        A whole chunk, the usual read of a stream, is one short step."""
+        find, size_line, crlf_at, append = buffer.find, _CHUNK_HEADER.fullmatch, buffer.startswith, out.append
+        pos, state = 0, self._state
         while True:
-            if self._state == "data":
-                data = buffer[pos : pos + self._chunk_left]
-                if data:
-                    out.append(data)
-                    pos += len(data)
-                    self._chunk_left -= len(data)
-                if self._chunk_left:
-                    break
-                self._state = "crlf"
-            if self._state == "crlf":
-                footer = buffer[pos : pos + 2]
-                if footer != b"\r\n"[: len(footer)]:
-                    raise Malformed("malformed chunk footer")
-                if len(footer) < 2:
-                    break
-                pos += 2
-                self._state = "size"
-            if self._state == "size":
-                line_end = buffer.find(b"\r\n", pos)
+            if state == _SIZE:
+                line_end = find(b"\r\n", pos)
                 if line_end < 0:
                     if len(buffer) - pos > self._max_head_bytes:  # h11's bound on a line
                         raise Malformed("a chunk-size line over the limit")
                     break
-                match = _CHUNK_HEADER.fullmatch(buffer, pos, line_end)
-                if match is None:
+                if (match := size_line(buffer, pos, line_end)) is None:
                     raise Malformed("illegal chunk header")
                 pos = line_end + 2
-                size = int(match.group(1), 16)
-                if size:
-                    self._chunk_left, self._state = size, "data"
-                    continue
-                self._state = "trailer"
-            if self._state == "trailer":
-                if len(buffer) - pos < 2:
+                size = int(match[1], 16)
+                if not size:
+                    state = _TRAILER
                     break
-                if buffer[pos : pos + 2] != b"\r\n":
-                    self._state = "fields"
-                    self._trailer = _TrailerReader()
-                    self._trailer.feed(buffer[pos:])
-                    pos = len(buffer)
+                end = pos + size
+                if crlf_at(b"\r\n", end):  # the whole chunk is here
+                    append(buffer[pos:end])
+                    pos = end + 2
                     continue
-                pos += 2
-                self._state = "end"
-            if self._state == "fields":
-                rest = self._trailer.end()
-                if rest is None:
+                self._chunk_left, state = size, _DATA
+            if state == _DATA:
+                data = buffer[pos : pos + self._chunk_left]
+                if data:
+                    append(data)
+                    pos += len(data)
+                    self._chunk_left -= len(data)
+                if self._chunk_left:
                     break
-                buffer, pos = rest, 0
-                self._state = "end"
-            if self._state == "end":
-                if out:  # the end is returned by the next call
-                    self._buffer = buffer[pos:]
-                    return b"".join(out)
-                return self._finish(buffer[pos:])
-        self._buffer = buffer[pos:]
-        return b"".join(out)
+                state = _FOOTER
+            footer = buffer[pos : pos + 2]  # _FOOTER
+            if footer != b"\r\n"[: len(footer)]:
+                raise Malformed("malformed chunk footer")
+            if len(footer) < 2:
+                break
+            pos += 2
+            state = _SIZE
+        self._state = state
+        return pos
+
+    def _after_last_chunk(self, buffer: bytes, pos: int) -> tuple[bytes, int]:
+        """After the last chunk: the empty line, or a trailer section that h11 reads.
+        Returns what is left to read and where (past the end once the state is _END)."""
+        if self._state == _TRAILER:
+            if len(buffer) - pos < 2:
+                return buffer, pos
+            if buffer[pos : pos + 2] == b"\r\n":
+                self._state = _END
+                return buffer, pos + 2
+            self._state = _FIELDS
+            self._trailer = _TrailerReader()
+            self._trailer.feed(buffer[pos:])
+            buffer, pos = b"", 0
+        if self._state == _FIELDS and self._trailer is not None:
+            rest = self._trailer.end()
+            if rest is None:
+                return buffer, pos
+            self._state = _END
+            return rest, 0
+        return buffer, pos
 
     def _finish(self, rest: bytes) -> None:
         self.done = True

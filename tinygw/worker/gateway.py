@@ -81,23 +81,26 @@ def encode_query(query: dict[str, str]) -> bytes:
     return "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in query.items()).encode()
 
 
+def _configured_circuits(settings: Settings) -> list[tuple[str, str]]:
+    """(provider, upstream model) of every configured target. A target of `*` has a circuit
+    per name as sent, made by the first attempt: none up front."""
+    return sorted({(t.provider, t.upstream_model) for m in settings.models.values() for t in m.targets
+                   if t.upstream_model != WILDCARD})
+
+
 class Gateway:
     def __init__(self, settings: Settings, *, artifact_sha256: str = "", clock: Clock = time.monotonic) -> None:
         self.settings = settings
         self.clock = clock
         self.auth = InboundAuth(settings.api_keys)
         self.metrics = Metrics(__version__, artifact_sha256, settings.metrics_dir)
-        # A target of `*` has a circuit per name as sent, made by the first attempt: none up front.
-        configured = sorted({(t.provider, t.upstream_model) for m in settings.models.values() for t in m.targets
-                             if t.upstream_model != WILDCARD})
-        self.breakers = Breakers(settings.breaker, clock, self._on_transition, configured)
-        for provider, provider_model in configured:  # a series per circuit from the start
-            self.metrics.set_circuit_open_until(provider, provider_model, 0.0)
+        configured = _configured_circuits(settings)
         # What the status page shows of this worker, in the shared store; wall clock for display only.
         self.started_at = time.time()
         self.board = Board(self.metrics.store, self.started_at)
-        for circuit in self.breakers.all():
-            self.board.publish_circuit(circuit)
+        self.breakers = Breakers(settings.breaker, clock, self._on_transition, configured, self.board.publish_circuit)
+        for provider, provider_model in configured:  # a series per circuit from the start
+            self.metrics.set_circuit_open_until(provider, provider_model, 0.0)
         self.pid = os.getpid()
         # The worker's loop, looked up once: on Python 3.11 every lookup is a getpid(2)
         # (fork detection), which cost about a tenth of a worker's CPU per request.
@@ -147,8 +150,6 @@ class Gateway:
         }
 
     def _on_transition(self, circuit: Circuit, old: State, new: State) -> None:
-        if hasattr(self, "board"):  # not while the configured circuits are being made
-            self.board.publish_circuit(circuit)
         self.metrics.count_transition(circuit.provider, circuit.provider_model, new.value)
         open_until = circuit.opened_at + circuit.pause_seconds if new is State.OPEN else 0.0
         self.metrics.set_circuit_open_until(circuit.provider, circuit.provider_model, open_until)

@@ -1,0 +1,140 @@
+"""The values of one proxied request: its record, a provider's answer, an attempt's ending.
+
+`Record` is what the access log and the metrics say of a request. Its fields are
+written here only, by the methods named after the moments of a request (an attempt
+begins or ends, the answer starts, output arrives, the stream is cut, the client
+leaves), and read once, when the request is over. It also builds the answer's head,
+the one place that adds `x-request-id` and the debug headers to a proxied answer.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from msgspec import Struct
+
+from tinygw import errors
+from tinygw.config.settings import Target
+from tinygw.protocol import usage
+from tinygw.resilience.breaker import Breakers
+from tinygw.resilience.outcome import Verdict
+from tinygw.upstream.pool import Response
+
+# The status logged and counted for a request whose client left before its answer
+# (nginx's convention; never sent, there is nobody to send it to).
+CLIENT_CLOSED = 499
+
+
+class Record(Struct):
+    """How a request went. `debug` is the worker's breakers once forwarding began with
+    `routing.debug` on: the answer's head then says which attempts were made and the
+    circuit's state."""
+
+    request_id: bytes
+    started_at: float  # the loop's time when the request came
+    debug: Breakers | None = None
+    model: str = "unknown"
+    status: int = 0  # the status sent (0 while none was), or the one logged
+    target: Target | None = None
+    attempts: list[str] = []  # "provider:status or cause", one per attempt that ended
+    cut: bool = False  # a stream that ended without a finish, or with an error after output
+    tokens: usage.Tokens | None = None  # what the sent answer's `usage` reported
+    first_output_at: float | None = None  # the loop's time when a stream's first output was sent
+
+    def resolved(self, model: str) -> None:
+        self.model = model
+
+    def forwarding(self, debug: Breakers) -> None:
+        """Forwarding begins with `routing.debug` on: from now on, the answer's head
+        carries the x-tinygw-* headers."""
+        self.debug = debug
+
+    def aimed_at(self, target: Target) -> None:
+        """An attempt at `target` begins (or, when every circuit is open, the one named in the 503)."""
+        self.target = target
+
+    def attempt_ended(self, target: Target, label: str) -> None:
+        self.attempts.append(f"{target.provider}:{label}")
+
+    def failed(self) -> None:
+        """The gateway failed the request itself (whatever was sent): logged as 500."""
+        self.status = 500
+
+    def output(self, tokens: usage.Tokens, at: float) -> None:
+        """A stream's first output went out: its tokens count from now on."""
+        self.tokens = tokens
+        self.first_output_at = at
+
+    def counted(self, reported: usage.Usage) -> None:
+        """A held answer that reports `reported` is sent."""
+        self.tokens = usage.Tokens()
+        self.tokens.add(reported)
+
+    def was_cut(self) -> None:
+        self.cut = True
+
+    def client_left(self) -> None:
+        self.status = CLIENT_CLOSED
+
+    def head(self, status: int, headers: list[tuple[bytes, bytes]], current: str | None = None) -> dict:
+        """The `http.response.start` message of the answer, which is now sent; `current`
+        labels the attempt whose answer it is, while that attempt has not ended."""
+        self.status = status
+        headers = [*headers, (b"x-request-id", self.request_id)]
+        if self.debug is not None:
+            headers += self._debug_headers(self.debug, current)
+        return {"type": "http.response.start", "status": status, "headers": headers}
+
+    def _debug_headers(self, breakers: Breakers, current: str | None) -> list[tuple[bytes, bytes]]:
+        """docs/design.md section 7's x-tinygw-* headers. The circuit's state is the one
+        when the answer started (a probe's verdict comes after)."""
+        attempts = [*self.attempts, *([current] if current else [])]
+        headers = [(b"x-tinygw-attempts", _header_value(",".join(attempts)))]
+        if self.target is not None:
+            circuit = breakers.circuit(self.target.provider, self.target.upstream_model)
+            headers += [
+                (b"x-tinygw-provider", _header_value(self.target.provider)),
+                (b"x-tinygw-provider-model", _header_value(self.target.upstream_model)),
+                (b"x-tinygw-circuit", circuit.state().value.encode()),
+            ]
+        return headers
+
+
+def _header_value(text: str) -> bytes:
+    """Visible ASCII as is, anything else percent-encoded: a provider-qualified model
+    is the client's own text, and a line break in a header would break the response."""
+    return quote(text, safe=_VISIBLE).encode()
+
+
+_VISIBLE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
+
+
+class Answer(Struct):
+    """A provider's answer, not yet sent: it is sent if no later attempt is made.
+    `rest` is the provider's response still being read when the answer was too large
+    to hold (`body` is then its beginning); it must be relayed or closed."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    rest: Response | None = None
+
+    async def discard(self) -> None:
+        if self.rest is not None:
+            await self.rest.aclose()
+
+
+class Attempt(Struct):
+    """How one attempt ended."""
+
+    verdict: Verdict
+    label: str  # for x-tinygw-attempts and the access log: a status or a cause
+    committed: bool = False  # the client already has the answer (or its start)
+    answer: Answer | None = None
+    error: errors.UpstreamError | None = None
+    other_key: bool = False  # a 429, and another of the provider's keys is free
+
+    async def discard(self) -> None:
+        """Another attempt follows: this one's answer will not be sent."""
+        if self.answer is not None:
+            await self.answer.discard()

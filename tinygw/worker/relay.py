@@ -1,0 +1,175 @@
+"""Relaying a streamed answer (text/event-stream): first hold, then pass on.
+
+Two states (docs/design.md section 4). HOLDING: the stream's leading events are held
+back until one carries output, so that an error that comes first may still fall back;
+an error event, a broken connection or an end without output is then a failure that
+may fall back (the held events become a 502 answer, sent only if no other attempt is
+made). RELAYING, from the first output on: every byte is passed on as it arrives, and
+only the events that may end or fail the answer or report usage are read
+(`sse.suspects`). Nothing is switched after output: a failure, an error event or an
+end without a finish reason is a failure, and the client's stream ends with an SSE
+error event, never as a clean end.
+
+A piece is scanned for event ends only where it is new (`sse.Pending`): a provider
+that sends a large event in tiny pieces costs the worker time in proportion to its
+bytes, not to their square.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Awaitable, Callable
+
+from tinygw import errors, logs
+from tinygw.config.settings import Target
+from tinygw.protocol import sse, usage
+from tinygw.protocol.wire import relay_headers, sse_error_event
+from tinygw.resilience import outcome
+from tinygw.resilience.breaker import Outcome
+from tinygw.resilience.outcome import Verdict
+from tinygw.upstream.pool import Response
+from tinygw.worker.record import Answer, Attempt, Record
+
+Send = Callable[[dict], Awaitable[None]]
+
+# Leading events held back before output are bounded: past this, they are sent on. An
+# event without an end in sight is looked at (as an event) once it is this large.
+MAX_HELD_BYTES = 1024 * 1024
+
+_CUT = Verdict(Outcome.FAILURE, may_fall_back=False)
+
+
+class State(enum.Enum):
+    HOLDING = "holding"  # nothing sent yet: the events so far are held
+    RELAYING = "relaying"  # output was sent: the answer is the client's
+
+
+class Relay:
+    """One streamed answer on its way to the client; `run()` relays it to its end."""
+
+    __slots__ = ("state", "_response", "_send", "_record", "_target", "_loop", "_pending", "_held", "_held_bytes",
+                 "_tokens", "_finished", "_failed")
+
+    def __init__(
+        self, response: Response, send: Send, record: Record, target: Target, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self.state = State.HOLDING
+        self._response = response
+        self._send = send
+        self._record = record
+        self._target = target
+        self._loop = loop
+        self._pending = sse.Pending()  # bytes after the last complete event
+        self._held: list[bytes] = []  # HOLDING: the events held back
+        self._held_bytes = 0
+        self._tokens = usage.Tokens()
+        self._finished = False  # an event marked the answer's end
+        self._failed = False  # RELAYING: an error event was relayed
+
+    async def run(self) -> Attempt:
+        """Relay the stream to its end: HOLDING until output, then RELAYING."""
+        try:
+            failure = await self._holding()
+            if failure is not None:
+                return failure
+            await self._relaying()
+        except errors.UpstreamError as e:
+            if self.state is State.HOLDING:
+                return Attempt(outcome.of_error(e), e.cause, error=e)
+            return await self._end_with_error(f"the provider failed mid-stream: {e}", e.cause)
+        return await self._end()
+
+    # ---- HOLDING -----------------------------------------------------------------------
+
+    async def _holding(self) -> Attempt | None:
+        """None once output went out (the state is then RELAYING), else the failure
+        that ended the stream before output."""
+        next_chunk = self._response.next_chunk
+        while (chunk := await next_chunk()) is not None:
+            if (failure := await self._hold(chunk)) is not None:
+                return failure
+            if self.state is State.RELAYING:
+                return None
+        answer = Answer(502, relay_headers(self._response.headers), b"".join(self._held) + self._pending.take())
+        return Attempt(outcome.ERROR_EVENT, "200+no_output", answer=answer)
+
+    async def _hold(self, chunk: bytes) -> Attempt | None:
+        """Hold the events `chunk` completes, until one carries output (then the held
+        events go out: RELAYING); an Attempt when one is an error."""
+        block = self._pending.feed(chunk)
+        events = sse.split(block)[0] if block else []
+        if self._pending.size > MAX_HELD_BYTES:  # no event end in sight: stop looking
+            events.append(self._pending.take())
+        for i, event in enumerate(events):
+            kind, done = sse.kind(event)
+            if kind is sse.Kind.ERROR:
+                answer = Answer(502, relay_headers(self._response.headers), b"".join(self._held) + event)
+                return Attempt(outcome.ERROR_EVENT, "200+error_event", answer=answer)
+            self._held.append(event)
+            self._held_bytes += len(event)
+            self._finished |= done
+            self._tokens.add(usage.of_event(event))
+            if kind is sse.Kind.OUTPUT or self._held_bytes > MAX_HELD_BYTES:
+                await self._commit(b"".join(events[i + 1 :]))
+                break
+        return None
+
+    async def _commit(self, later: bytes) -> None:
+        """Output arrived: the held events, the `later` ones of the same read and the
+        bytes after them go out, and the answer is the client's."""
+        self.state = State.RELAYING
+        record = self._record
+        self._scan(later)
+        await self._send(record.head(200, relay_headers(self._response.headers), f"{self._target.provider}:200"))
+        body = b"".join([*self._held, later, self._pending.peek()])
+        self._held = []
+        await self._send({"type": "http.response.body", "body": body, "more_body": True})
+        record.output(self._tokens, self._loop.time())  # counted from here on
+
+    # ---- RELAYING ----------------------------------------------------------------------
+
+    async def _relaying(self) -> None:
+        next_chunk, send, pending = self._response.next_chunk, self._send, self._pending
+        while (chunk := await next_chunk()) is not None:
+            block = pending.feed(chunk)
+            if block:
+                self._scan(block)
+            if pending.size > MAX_HELD_BYTES:  # no event end in sight: stop looking
+                self._read(pending.take())
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})  # all that came, at once
+
+    def _scan(self, block: bytes) -> None:
+        """Read the events of `block` (complete events, sent on) that may end or fail
+        the answer or report usage: one look at the bytes finds them (sse.suspects)."""
+        for event in sse.suspects(block, len(block)):
+            self._read(event)
+
+    def _read(self, event: bytes) -> None:
+        if sse.may_end_or_fail(event):
+            kind, done = sse.kind(event)
+            self._finished |= done
+            self._failed |= kind is sse.Kind.ERROR
+        self._tokens.add(usage.of_event(event))
+
+    # ---- the end -----------------------------------------------------------------------
+
+    async def _end(self) -> Attempt:
+        """The provider ended the stream after output."""
+        if self._failed:
+            self._record.was_cut()
+            await self._send({"type": "http.response.body", "body": b""})  # the provider's error event was relayed
+            return Attempt(_CUT, "200+error_event", committed=True)
+        if not self._finished:
+            target = self._target
+            logs.log(logging.WARNING, "stream cut", provider=target.provider, provider_model=target.upstream_model)
+            return await self._end_with_error("the provider ended the stream without a finish", "cut")
+        await self._send({"type": "http.response.body", "body": b""})
+        return Attempt(outcome.SUCCESS, "200", committed=True)
+
+    async def _end_with_error(self, message: str, cause: str) -> Attempt:
+        self._record.was_cut()
+        event = sse_error_event(message, "provider_unavailable", cause=cause)
+        await self._send({"type": "http.response.body", "body": event})
+        return Attempt(_CUT, f"200+{cause}", committed=True)
