@@ -102,6 +102,9 @@ def test_leftovers_of_dead_gateways_are_removed_at_start(start_gateway, tmp_path
     finally:
         os.close(held)
     left = {path.name for path in temporary.iterdir()}
+    if os.environ.get("TINYGW_BINARY"):  # the frozen gateway unpacks itself into its TMPDIR: that one lives
+        (own,) = {name for name in left - set(made) if name.startswith("_MEI")}
+        left.discard(own)
     assert left == {"tinygw-tls-alive", "_MEIyoung", "_MEIsomeone-else", "unrelated"}
     removed = {r["path"] for r in gateway.log_records() if r.get("msg") == "removed what a dead gateway left"}
     assert {str(made[n]) for n in ("tinygw-tls-dead", "tinygw-metrics-dead", "_MEIdead")} <= removed
