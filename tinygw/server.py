@@ -114,10 +114,10 @@ def _tls(settings: Settings):
         served = tls.served_files(settings.tls_cert_file, settings.tls_key_file)
         warn_of_expiry(served.not_after, datetime.datetime.now(datetime.timezone.utc).timestamp())
         return served
-    served = tls.write_attested(settings.tls_names, list(settings.tls_key_dirs),
-                                datetime.datetime.now(datetime.timezone.utc))
-    logs.log(logging.INFO, "attested TLS key made", names=list(settings.tls_names),
-             tls_spki_sha256=served.spki_sha256)
+    served = tls.write_attested(
+        settings.tls_names, list(settings.tls_key_dirs), datetime.datetime.now(datetime.timezone.utc)
+    )
+    logs.log(logging.INFO, "attested TLS key made", names=list(settings.tls_names), tls_spki_sha256=served.spki_sha256)
     return served
 
 
@@ -130,11 +130,19 @@ def warn_of_expiry(not_after: float, now: float) -> None:
     """Say at start when the served certificate has expired, or soon will."""
     when = datetime.datetime.fromtimestamp(not_after, datetime.timezone.utc).isoformat()
     if not_after <= now:
-        logs.log(logging.ERROR, "the served TLS certificate has EXPIRED: clients will refuse it",
-                 not_after=when, expired_days_ago=round((now - not_after) / 86400, 1))
+        logs.log(
+            logging.ERROR,
+            "the served TLS certificate has EXPIRED: clients will refuse it",
+            not_after=when,
+            expired_days_ago=round((now - not_after) / 86400, 1),
+        )
     elif not_after - now < EXPIRY_WARNING_DAYS * 86400:
-        logs.log(logging.WARNING, "the served TLS certificate expires soon", not_after=when,
-                 days_left=round((not_after - now) / 86400, 1))
+        logs.log(
+            logging.WARNING,
+            "the served TLS certificate expires soon",
+            not_after=when,
+            days_left=round((not_after - now) / 86400, 1),
+        )
 
 
 def refuse_taken_port(host: str, port: int) -> None:
@@ -152,8 +160,9 @@ def refuse_taken_port(host: str, port: int) -> None:
         try:
             probe.bind(address)
         except OSError as e:
-            raise ConfigError("TINYGW_PORT", f"{host}:{port} is taken ({os.strerror(e.errno)}): is a gateway "
-                                             "already serving there?") from None
+            raise ConfigError(
+                "TINYGW_PORT", f"{host}:{port} is taken ({os.strerror(e.errno)}): is a gateway already serving there?"
+            ) from None
 
 
 def raise_open_file_limit() -> int:
@@ -185,8 +194,12 @@ def _metrics_dir(workers: int) -> str | None:
         try:
             path = tempfile.mkdtemp(prefix="tinygw-metrics-", dir=parent)
         except OSError as e:
-            logs.log(logging.WARNING, "cannot make the metrics directory", parent=parent or tempfile.gettempdir(),
-                     error=os.strerror(e.errno) if e.errno else type(e).__name__)
+            logs.log(
+                logging.WARNING,
+                "cannot make the metrics directory",
+                parent=parent or tempfile.gettempdir(),
+                error=os.strerror(e.errno) if e.errno else type(e).__name__,
+            )
             continue
         if parent is None:
             logs.log(logging.WARNING, "metrics directory is not in /dev/shm", path=path)

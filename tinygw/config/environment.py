@@ -139,7 +139,9 @@ def _config_document(env: Mapping[str, str]) -> tuple[str, bytes]:
         return "TINYGW_CONFIG_FILE", read_file("TINYGW_CONFIG_FILE", file_path).encode()
     if inline is not None:
         return "TINYGW_CONFIG", inline.encode()
-    raise ConfigError("TINYGW_CONFIG", "unset: give the JSON configuration in TINYGW_CONFIG or a path in TINYGW_CONFIG_FILE")
+    raise ConfigError(
+        "TINYGW_CONFIG", "unset: give the JSON configuration in TINYGW_CONFIG or a path in TINYGW_CONFIG_FILE"
+    )
 
 
 def _decode(where: str, raw: bytes, kind: type, prefix: str = "$"):
@@ -170,8 +172,11 @@ def parse_base_url(where: str, url: str) -> Origin:
     if parts.query or parts.fragment or parts.username or parts.password or "?" in url or "#" in url:
         raise ConfigError(where, "must not carry a query, fragment or credentials")
     host = parts.hostname
-    if not (_HOST_NAME.fullmatch(host) and len(host) <= 253 and all(0 < len(label) <= 63 for label in
-                                                                     host.rstrip(".").split("."))):
+    if not (
+        _HOST_NAME.fullmatch(host)
+        and len(host) <= 253
+        and all(0 < len(label) <= 63 for label in host.rstrip(".").split("."))
+    ):
         try:
             ipaddress.ip_address(host)
         except ValueError:
@@ -195,9 +200,12 @@ def _provider(env: Mapping[str, str], where: str, name: str, doc: ProviderDoc) -
         raise ConfigError(path, "a provider name must be non-empty and hold no '/' or ':'")
     origin = parse_base_url(f"{path}.base_url", doc.base_url)
     if origin.scheme == "http" and not _is_loopback(origin.host) and not doc.plaintext:
-        raise ConfigError(f"{path}.base_url", "http:// to an address that is not loopback: the network (inside a "
-                                              "confidential VM, its host) reads every byte; use https, or say "
-                                              '"plaintext": true')
+        raise ConfigError(
+            f"{path}.base_url",
+            "http:// to an address that is not loopback: the network (inside a "
+            "confidential VM, its host) reads every byte; use https, or say "
+            '"plaintext": true',
+        )
     names = [doc.api_key_env] if isinstance(doc.api_key_env, str) else list(doc.api_key_env or [])
     for key_name in names:
         if not key_name or not key_name.replace("_", "a").isalnum():

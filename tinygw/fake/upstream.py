@@ -27,8 +27,9 @@ from tinygw.fake.replies import REASONS, FakeRequest, Reply, json_reply, sse_rep
 class FakeUpstream:
     """An HTTP/1.1 server on 127.0.0.1. `script` may be replaced at any time."""
 
-    def __init__(self, script: Callable[[FakeRequest], Reply] | None = None, port: int = 0,
-                 record: bool = True) -> None:
+    def __init__(
+        self, script: Callable[[FakeRequest], Reply] | None = None, port: int = 0, record: bool = True
+    ) -> None:
         self.script = script or well_behaved()
         self.requests: list[FakeRequest] = []
         self.record = record
