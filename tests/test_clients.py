@@ -9,8 +9,8 @@ import json
 
 import anthropic
 import pytest
-from conftest import Gateway, call, closed_port, metric_value, module_fake, wait_until
 
+from conftest import Gateway, call, closed_port, metric_value, module_fake, wait_until
 from tinygw.config import environment
 from tinygw.errors import ConfigError
 from tinygw.fake.upstream import Reply, anthropic_stream_events, json_reply

@@ -12,8 +12,8 @@ import pytest
 
 from conftest import ROOT, free_port, run_tinygw
 from tinygw.config.environment import from_environ
-from tinygw.secret import Secret
 from tinygw.errors import ConfigError
+from tinygw.secret import Secret
 
 PROVIDERS = {"a": {"base_url": "https://api.example.com/v1", "api": "openai", "api_key_env": "A_KEY"}}
 GOOD = {"providers": PROVIDERS, "models": {"m": {"targets": ["a:up"]}}}

@@ -9,6 +9,7 @@ import json
 import anthropic
 import openai
 import pytest
+
 from conftest import Gateway, module_fake
 
 GATEWAY_KEY = "gw-key-fake"

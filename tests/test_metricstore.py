@@ -7,12 +7,11 @@ import subprocess
 import sys
 
 import pytest
-
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ROOT
-from tinygw.observe.metrics import Metrics
 from tinygw.observe import metricstore
+from tinygw.observe.metrics import Metrics
 from tinygw.observe.metricstore import FileStore, MemoryStore
 
 

@@ -28,8 +28,8 @@ from granian.log import LogLevels
 
 from tinygw import lifecycle, logs
 from tinygw.config import environment
-from tinygw.errors import ConfigError
 from tinygw.config.settings import Settings
+from tinygw.errors import ConfigError
 
 APP_TARGET = "tinygw.api.app:app"
 
@@ -112,11 +112,9 @@ def _tls(settings: Settings):
 
     if settings.tls_mode == "files":
         served = tls.served_files(settings.tls_cert_file, settings.tls_key_file)
-        warn_of_expiry(served.not_after, datetime.datetime.now(datetime.timezone.utc).timestamp())
+        warn_of_expiry(served.not_after, datetime.datetime.now(datetime.UTC).timestamp())
         return served
-    served = tls.write_attested(
-        settings.tls_names, list(settings.tls_key_dirs), datetime.datetime.now(datetime.timezone.utc)
-    )
+    served = tls.write_attested(settings.tls_names, list(settings.tls_key_dirs), datetime.datetime.now(datetime.UTC))
     logs.log(logging.INFO, "attested TLS key made", names=list(settings.tls_names), tls_spki_sha256=served.spki_sha256)
     return served
 
@@ -128,7 +126,7 @@ EXPIRY_WARNING_DAYS = 14
 
 def warn_of_expiry(not_after: float, now: float) -> None:
     """Say at start when the served certificate has expired, or soon will."""
-    when = datetime.datetime.fromtimestamp(not_after, datetime.timezone.utc).isoformat()
+    when = datetime.datetime.fromtimestamp(not_after, datetime.UTC).isoformat()
     if not_after <= now:
         logs.log(
             logging.ERROR,

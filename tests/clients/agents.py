@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import ROOT, Gateway, wait_until
 
 HERE = Path(__file__).resolve().parent

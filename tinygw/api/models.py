@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs
 
-from tinygw.worker.gateway import Gateway
 from tinygw.protocol.wire import header, send_error, send_json
+from tinygw.worker.gateway import Gateway
 
 MODEL_PREFIX = "/v1/models/"
 

@@ -24,18 +24,18 @@ import asyncio
 import math
 import os
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from html import escape
 
 import msgspec
 
 from tinygw import __version__
-from tinygw.observe import board
-from tinygw.trust.attestation import artifact_digests
-from tinygw.resilience.breaker import State
 from tinygw.errors import EvidenceUnavailable
-from tinygw.worker.gateway import Gateway
+from tinygw.observe import board
 from tinygw.protocol.wire import JSON_HEADERS
+from tinygw.resilience.breaker import State
+from tinygw.trust.attestation import artifact_digests
+from tinygw.worker.gateway import Gateway
 
 STATE_WORDS = {
     State.CLOSED: "Circuit Closed",
@@ -52,7 +52,7 @@ _HTML_HEADERS = [(b"content-type", b"text/html; charset=utf-8"), (b"cache-contro
 def _iso(wall_seconds: float | None) -> str | None:
     if wall_seconds is None:
         return None
-    return datetime.fromtimestamp(wall_seconds, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(wall_seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _circuit(c: board.CircuitView, slot: int, now: float, wall: float) -> dict:

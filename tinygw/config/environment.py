@@ -18,9 +18,6 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from tinygw.errors import ConfigError
-from tinygw.headers import CREDENTIALS, GATEWAY_HEADERS
-from tinygw.secret import Secret
 from tinygw.config import strict, tlsmode
 from tinygw.config.files import MAX_SECRET_FILE_BYTES, read_file
 from tinygw.config.settings import (
@@ -44,6 +41,9 @@ from tinygw.config.settings import (
     Target,
     plain,
 )
+from tinygw.errors import ConfigError
+from tinygw.headers import CREDENTIALS, GATEWAY_HEADERS
+from tinygw.secret import Secret
 
 _DECODERS = {t: msgspec.json.Decoder(t) for t in (ConfigDoc, ProviderDoc, ModelDoc)}
 

@@ -12,9 +12,9 @@ import ipaddress
 import re
 from collections.abc import Mapping
 
-from tinygw.errors import ConfigError
 from tinygw.config.files import MAX_SECRET_FILE_BYTES, read_file
 from tinygw.config.settings import SERVED_CERT_VARIABLE, SERVED_NOT_AFTER_VARIABLE, SERVED_SPKI_VARIABLE
+from tinygw.errors import ConfigError
 
 _TLS_MODES = ("off", "attested", "files")
 _DNS_NAME = re.compile(
