@@ -72,7 +72,8 @@ def lock_entries(lock: Path) -> dict[str, tuple[str, str, set[str]]]:
 
 
 def build_pins() -> list[tuple[str, str, str, Path]]:
-    """(name, version, lines, lock) of what the build installs: runtime.lock, then the build tool's closure in dev.lock."""
+    """(name, version, lines, lock) of what the build installs: runtime.lock, then the build
+    tool's closure in dev.lock."""
     runtime, dev = lock_entries(RUNTIME_LOCK), lock_entries(DEV_LOCK)
     tools = {BUILD_TOOL}
     while grown := {name for name, (_, _, needed_by) in dev.items() if needed_by & tools} - tools:

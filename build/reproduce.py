@@ -96,9 +96,8 @@ def host_pythons() -> tuple[Path, Path]:
     """The Python behind .venv (pyenv's here) and Debian's, installed with apt-get when missing."""
     if not DEBIAN_PYTHON.exists():
         print(f"reproduce: {DEBIAN_PYTHON} is missing; installing Debian's python3 with apt-get")
-        subprocess.run(
-            "apt-get update -qq && apt-get install -y -qq python3", shell=True, check=True, stdout=subprocess.DEVNULL
-        )
+        subprocess.run(["apt-get", "update", "-qq"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "python3"], check=True, stdout=subprocess.DEVNULL)
     first = Path(sys.base_prefix) / "bin" / "python3"
     if first.resolve() == DEBIAN_PYTHON.resolve():
         print(f"reproduce: warning: .venv is Debian's Python too; both builds have {first} first on PATH")
@@ -147,7 +146,9 @@ def first_difference(a: Path, b: Path) -> str:
     if archive_a.options != archive_b.options:
         return f"the archives' runtime options differ: {archive_a.options} vs {archive_b.options}"
     bytes_a, bytes_b = a.read_bytes(), b.read_bytes()
-    offset = next((i for i, (x, y) in enumerate(zip(bytes_a, bytes_b)) if x != y), min(len(bytes_a), len(bytes_b)))
+    offset = next(
+        (i for i, (x, y) in enumerate(zip(bytes_a, bytes_b, strict=False)) if x != y), min(len(bytes_a), len(bytes_b))
+    )
     return (
         f"every archive member is identical; the files first differ at byte {offset} "
         f"(sizes {len(bytes_a)} and {len(bytes_b)}): the bootloader, ELF sections or archive layout"
@@ -171,10 +172,13 @@ def _first_zip_difference(data_a: bytes, data_b: bytes) -> str:
         infos_a, infos_b = zip_a.infolist(), zip_b.infolist()
         names_a, names_b = [info.filename for info in infos_a], [info.filename for info in infos_b]
         if names_a != names_b:
-            i = next((i for i, (x, y) in enumerate(zip(names_a, names_b)) if x != y), min(len(names_a), len(names_b)))
+            i = next(
+                (i for i, (x, y) in enumerate(zip(names_a, names_b, strict=False)) if x != y),
+                min(len(names_a), len(names_b)),
+            )
             first = names_a[i] if i < len(names_a) else names_b[i]
             return f"; its member list differs in name or order from position {i} ({first!r})"
-        for info_a, info_b in zip(infos_a, infos_b):
+        for info_a, info_b in zip(infos_a, infos_b, strict=True):  # same names, checked above
             if zip_a.read(info_a) != zip_b.read(info_b):
                 return f"; its first differing entry is {info_a.filename!r}"
             if info_a.date_time != info_b.date_time:

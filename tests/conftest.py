@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tinygw.fake.upstream import FakeUpstream, well_behaved
+from tinygw.lifecycle import adopt_orphans
+
 # Hypothesis: a few derandomized examples a test in `make test` (reproducible, fast), many
 # random ones in `make fuzz` (HYPOTHESIS_PROFILE=long). No example database in the tree.
 _NOT_CHECKED = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example]
@@ -33,9 +36,6 @@ settings.register_profile(
     "long", max_examples=5_000, deadline=None, database=None, print_blob=True, suppress_health_check=_NOT_CHECKED
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
-
-from tinygw.fake.upstream import FakeUpstream, well_behaved
-from tinygw.lifecycle import adopt_orphans
 
 ROOT = Path(__file__).resolve().parent.parent
 START_SECONDS = 20  # a gateway that is not answering /healthz by then has failed

@@ -79,7 +79,7 @@ def assignments(lines: list[str]) -> dict[str, str]:
 
 
 def env_file(path: Path = UNIT_ENV) -> dict[str, str]:
-    return assignments([l for l in path.read_text().splitlines() if l.strip() and not l.startswith("#")])
+    return assignments([line for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")])
 
 
 def manifests() -> dict[str, dict]:
@@ -94,7 +94,9 @@ def manifests() -> dict[str, dict]:
 def containerfile() -> list[tuple[str, list[str]]]:
     """(instruction, JSON or split arguments) per instruction, comments and continuations read."""
     text = re.sub(
-        r"\\\n\s*", " ", "\n".join(l for l in CONTAINERFILE.read_text().splitlines() if not l.lstrip().startswith("#"))
+        r"\\\n\s*",
+        " ",
+        "\n".join(line for line in CONTAINERFILE.read_text().splitlines() if not line.lstrip().startswith("#")),
     )
     instructions = []
     for line in text.splitlines():

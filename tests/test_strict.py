@@ -85,11 +85,11 @@ def test_a_listen_address_that_cannot_be_bound_exits_2_naming_it(host, command):
 OTHER = json.dumps({**PROVIDER, "base_url": "https://other.example.com/v1"})
 DUPLICATES = [
     (
-        '{"providers": {"a": %s, "a": %s}, "models": {"m": {"targets": ["a:up"]}}}' % (json.dumps(PROVIDER), OTHER),
+        '{"providers": {"a": %s, "a": %s}, "models": {"m": {"targets": ["a:up"]}}}' % (json.dumps(PROVIDER), OTHER),  # noqa: UP031 -- JSON's braces, not doubled
         "$.providers.a",
     ),
     (
-        '{"providers": {"a": %s}, "models": {"m": {"targets": ["a:up"], "targets": ["a:other"]}}}'
+        '{"providers": {"a": %s}, "models": {"m": {"targets": ["a:up"], "targets": ["a:other"]}}}'  # noqa: UP031 -- as above
         % json.dumps(PROVIDER),
         "$.models.m.targets",
     ),

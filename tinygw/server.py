@@ -97,7 +97,7 @@ def remove_leftovers(settings: Settings) -> None:
     """Remove what dead gateways of this user left: key, metrics and unpack directories."""
     temporary = tempfile.gettempdir()
     unpack_parent = os.path.dirname(getattr(sys, "_MEIPASS", "")) or temporary
-    parents = [*settings.tls_key_dirs, "/dev/shm", temporary, unpack_parent]
+    parents = [*settings.tls_key_dirs, "/dev/shm", temporary, unpack_parent]  # noqa: S108 -- searched for our own leftovers
     if os.path.basename(temporary).startswith(lifecycle.LAUNCH_PREFIX):  # attest/launch's TMPDIR: its siblings
         parents.append(os.path.dirname(temporary))
     for path in lifecycle.remove_leftovers(parents, keep=temporary):
@@ -186,7 +186,7 @@ def _metrics_dir(workers: int) -> str | None:
     """This run's directory for the workers' counts: in memory (/dev/shm) where it can
     be made, else in the temporary directory; said in the log when it is not in
     memory, and when there is none (each worker then counts its own traffic only)."""
-    for parent in ("/dev/shm", None):
+    for parent in ("/dev/shm", None):  # noqa: S108 -- a parent for mkdtemp's private directory
         if parent is not None and not os.path.isdir(parent):
             continue
         try:

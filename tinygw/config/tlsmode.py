@@ -63,7 +63,8 @@ def tls_fields(env: Mapping[str, str]) -> dict:
             f"set, but TINYGW_TLS is {mode!r}, not 'files'",
         )
     # attest/launch points TMPDIR at its private directory in guest memory.
-    key_dirs = [d for d in (env.get("TMPDIR"), env.get("XDG_RUNTIME_DIR"), "/run", "/dev/shm") if d]
+    # Parents for mkdtemp's private directory (tinygw.trust.tls), in memory, never on disk.
+    key_dirs = [d for d in (env.get("TMPDIR"), env.get("XDG_RUNTIME_DIR"), "/run", "/dev/shm") if d]  # noqa: S108
     fields["tls_key_dirs"] = tuple(key_dirs)
     if mode == "attested" and served is None:
         from tinygw.trust import tls
