@@ -19,17 +19,22 @@ import socket
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from granian import Granian
 from granian._internal import load_target
 from granian.constants import HTTPModes, Interfaces, Loops
 from granian.http import HTTP1Settings
 from granian.log import LogLevels
+from granian.server import MPServer, MTServer
 
 from tinygw import lifecycle, logs
 from tinygw.config import environment
 from tinygw.config.settings import Settings
 from tinygw.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tinygw.trust.tls import Served
 
 APP_TARGET = "tinygw.api.app:app"
 
@@ -104,14 +109,17 @@ def remove_leftovers(settings: Settings) -> None:
         logs.log(logging.INFO, "removed what a dead gateway left", path=path)
 
 
-def _tls(settings: Settings):
-    """The certificate and key to serve (tinygw.trust.tls.Served), or None with TLS off."""
+def _tls(settings: Settings) -> Served | None:
+    """The certificate and key to serve, or None with TLS off."""
     if settings.tls_mode == "off":
         return None
     from tinygw.trust import tls  # cryptography is imported only when TLS is on
 
     if settings.tls_mode == "files":
-        served = tls.served_files(settings.tls_cert_file, settings.tls_key_file)
+        cert_file, key_file = settings.tls_cert_file, settings.tls_key_file
+        if not cert_file or not key_file:  # tinygw.config.tlsmode refuses this already
+            raise ConfigError("TINYGW_TLS", "'files' needs TINYGW_TLS_CERT_FILE and TINYGW_TLS_KEY_FILE")
+        served = tls.served_files(cert_file, key_file)
         warn_of_expiry(served.not_after, datetime.datetime.now(datetime.UTC).timestamp())
         return served
     served = tls.write_attested(settings.tls_names, list(settings.tls_key_dirs), datetime.datetime.now(datetime.UTC))
@@ -158,8 +166,9 @@ def refuse_taken_port(host: str, port: int) -> None:
         try:
             probe.bind(address)
         except OSError as e:
+            reason = os.strerror(e.errno) if e.errno else type(e).__name__
             raise ConfigError(
-                "TINYGW_PORT", f"{host}:{port} is taken ({os.strerror(e.errno)}): is a gateway already serving there?"
+                "TINYGW_PORT", f"{host}:{port} is taken ({reason}): is a gateway already serving there?"
             ) from None
 
 
@@ -207,10 +216,8 @@ def _metrics_dir(workers: int) -> str | None:
     return None
 
 
-def _granian(settings: Settings, open_files: int, served) -> Granian:
-    tls = {}
-    if served is not None:
-        tls = {"ssl_cert": Path(served.cert_path), "ssl_key": Path(served.key_path)}
+def _granian(settings: Settings, open_files: int, served: Served | None) -> MPServer | MTServer:
+    """Granian's server (one process per worker, or one thread in a free-threaded Python)."""
     return Granian(
         APP_TARGET,
         address=settings.host,
@@ -232,7 +239,9 @@ def _granian(settings: Settings, open_files: int, served) -> Granian:
         ),
         log_level=LogLevels(settings.log_level),
         log_dictconfig=logs.granian_log_config(settings.log_level),
-        # Granian reads 0 as "wait forever"; a zero drain means stop at once.
-        workers_kill_timeout=settings.drain_seconds or 0.001,
-        **tls,
+        # Granian reads 0 as "wait forever"; a zero drain means stop at once. Granian
+        # annotates an int, but uses it as join()'s timeout in seconds: a fraction is kept.
+        workers_kill_timeout=settings.drain_seconds or 0.001,  # type: ignore[arg-type]
+        ssl_cert=Path(served.cert_path) if served is not None else None,
+        ssl_key=Path(served.key_path) if served is not None else None,
     )

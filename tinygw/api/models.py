@@ -73,10 +73,10 @@ def _anthropic_page(data: list[dict], query: bytes) -> dict | str:
     `before_id`), or the reason the query is refused. An id not in the list gives an
     empty page."""
     params = {k: v[-1] for k, v in parse_qs(query.decode("latin-1")).items()}
-    limit = params.get("limit", str(ANTHROPIC_PAGE))
-    if not limit.isdigit() or not 1 <= int(limit) <= ANTHROPIC_MAX_PAGE:
+    raw_limit = params.get("limit", str(ANTHROPIC_PAGE))
+    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= ANTHROPIC_MAX_PAGE:
         return f"limit must be an integer from 1 to {ANTHROPIC_MAX_PAGE}"
-    limit = int(limit)
+    limit = int(raw_limit)
     ids = [e["id"] for e in data]
     if "before_id" in params:
         end = ids.index(params["before_id"]) if params["before_id"] in ids else 0

@@ -84,7 +84,8 @@ def snapshot(gateway: Gateway, pid: int, artifact_sha256: str | None = None) -> 
         provider = settings.providers[name]
         enabled = provider.doc.listing and settings.listing_seconds > 0
         listed = [w.listings.get(name) for w in workers]
-        up = bool(listed) and all(n is not None for n in listed)
+        counts = [n for n in listed if n is not None]
+        up = bool(listed) and len(counts) == len(listed)
         circuits = [_circuit(c, w.slot, now, wall) for w in workers for c in w.circuits if c.provider == name]
         circuits.sort(key=lambda c: (c["provider_model"], c["worker"]))
         providers.append(
@@ -94,7 +95,7 @@ def snapshot(gateway: Gateway, pid: int, artifact_sha256: str | None = None) -> 
                 "listing": {
                     "enabled": enabled,
                     "up": up if enabled else None,
-                    "models": min(listed) if enabled and up else None,
+                    "models": min(counts) if enabled and up else None,
                 },
                 "circuits": circuits,
             }

@@ -14,6 +14,7 @@ import os
 import re
 import socket
 from collections.abc import Mapping
+from typing import Literal, TypeVar
 from urllib.parse import urlsplit
 
 import msgspec
@@ -45,7 +46,10 @@ from tinygw.errors import ConfigError
 from tinygw.headers import CREDENTIALS, GATEWAY_HEADERS
 from tinygw.secret import Secret
 
-_DECODERS = {t: msgspec.json.Decoder(t) for t in (ConfigDoc, ProviderDoc, ModelDoc)}
+_CONFIG_DECODER = msgspec.json.Decoder(ConfigDoc)
+_PROVIDER_DECODER = msgspec.json.Decoder(ProviderDoc)
+_MODEL_DECODER = msgspec.json.Decoder(ModelDoc)
+_Doc = TypeVar("_Doc")
 
 # ---- reading the environment -------------------------------------------------------
 
@@ -144,9 +148,9 @@ def _config_document(env: Mapping[str, str]) -> tuple[str, bytes]:
     )
 
 
-def _decode(where: str, raw: bytes, kind: type, prefix: str = "$"):
+def _decode(where: str, raw: bytes, decoder: msgspec.json.Decoder[_Doc], prefix: str = "$") -> _Doc:
     try:
-        return _DECODERS[kind].decode(raw)
+        return decoder.decode(raw)
     except msgspec.ValidationError as e:
         message, _, path = str(e).partition(" - at `")
         path = prefix + path.rstrip("`").removeprefix("$")
@@ -191,7 +195,8 @@ def parse_base_url(where: str, url: str) -> Origin:
         port = 443 if parts.scheme == "https" else 80
     if not 1 <= port <= 65535:
         raise ConfigError(where, f"has a bad port: {url!r}")
-    return Origin(parts.scheme, host, port, parts.path.rstrip("/"))
+    scheme: Literal["http", "https"] = "https" if parts.scheme == "https" else "http"  # the two allowed above
+    return Origin(scheme, host, port, parts.path.rstrip("/"))
 
 
 def _provider(env: Mapping[str, str], where: str, name: str, doc: ProviderDoc) -> Provider:
@@ -279,13 +284,15 @@ def from_environ(env: Mapping[str, str] | None = None) -> Settings:
     """Build the effective Settings from an environment, or raise ConfigError."""
     env = os.environ if env is None else env
     where, raw = _config_document(env)
-    doc = _decode(where, raw, ConfigDoc)
+    doc = _decode(where, raw, _CONFIG_DECODER)
     strict.refuse_duplicate_keys(where, raw)
-    provider_docs = {name: _decode(where, p, ProviderDoc, f"$.providers.{name}") for name, p in doc.providers.items()}
+    provider_docs = {
+        name: _decode(where, p, _PROVIDER_DECODER, f"$.providers.{name}") for name, p in doc.providers.items()
+    }
     strict.refuse_unknown_variables(env, {n for d in provider_docs.values() for n in d.key_variables()})
     providers = {name: _provider(env, where, name, d) for name, d in provider_docs.items()}
     models = {
-        name: _model(where, name, _decode(where, m, ModelDoc, f"$.models.{name}"), providers)
+        name: _model(where, name, _decode(where, m, _MODEL_DECODER, f"$.models.{name}"), providers)
         for name, m in doc.models.items()
     }
     return Settings(

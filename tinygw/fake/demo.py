@@ -30,7 +30,8 @@ OPEN_SECONDS = 2  # the demo's pause, so that the probe comes quickly
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def _gateway_command() -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from tinygw.fake.answers import (  # noqa: F401  (the names the tests, demo and bench use)
     EMBEDDING,
@@ -129,6 +130,7 @@ async def _read_request(reader: asyncio.StreamReader) -> FakeRequest | None:
 
 async def _wait(reader: asyncio.StreamReader, wait) -> bool:
     """Sleep or wait for a gate, watching the connection; False if the peer closed it."""
+    waiting: asyncio.Future[Any]  # the result is never read: only that it came
     if isinstance(wait, threading.Event):
         waiting = asyncio.ensure_future(asyncio.get_running_loop().run_in_executor(None, wait.wait, 60))
     else:
