@@ -14,8 +14,8 @@ import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "build"))
-import release  # noqa: E402
-import reproduce  # noqa: E402
+import release  # noqa: E402 -- build/ is on sys.path only from here
+import reproduce  # noqa: E402 -- as above
 
 MANIFEST = """\
 release bookworm

@@ -64,7 +64,7 @@ def tls_fields(env: Mapping[str, str]) -> dict:
         )
     # attest/launch points TMPDIR at its private directory in guest memory.
     # Parents for mkdtemp's private directory (tinygw.trust.tls), in memory, never on disk.
-    key_dirs = [d for d in (env.get("TMPDIR"), env.get("XDG_RUNTIME_DIR"), "/run", "/dev/shm") if d]  # noqa: S108
+    key_dirs = [d for d in (env.get("TMPDIR"), env.get("XDG_RUNTIME_DIR"), "/run", "/dev/shm") if d]  # noqa: S108 -- parents only, see above
     fields["tls_key_dirs"] = tuple(key_dirs)
     if mode == "attested" and served is None:
         from tinygw.trust import tls

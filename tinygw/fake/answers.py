@@ -17,11 +17,6 @@ from collections.abc import Callable
 from msgspec import Struct
 
 from tinygw.fake import events
-from tinygw.fake.events import (  # noqa: F401
-    anthropic_stream_events,
-    openai_stream_events,
-    responses_stream_events,
-)
 from tinygw.fake.replies import FakeRequest, Reply, json_reply, sse_reply
 
 # Exactly representable in float32, so that a vector sent as base64 decodes to these.

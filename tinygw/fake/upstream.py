@@ -15,14 +15,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from tinygw.fake.answers import (  # noqa: F401  (the names the tests, demo and bench use)
-    EMBEDDING,
-    anthropic_stream_events,
-    openai_stream_events,
-    responses_stream_events,
-    well_behaved,
-)
-from tinygw.fake.replies import REASONS, FakeRequest, Reply, json_reply, sse_reply  # noqa: F401
+# This module is the fake provider's one door: the tests, the demo and bench import from
+# here what they need to script it, so some of these names are only passed on.
+from tinygw.fake.answers import EMBEDDING, well_behaved  # noqa: F401 -- passed on
+from tinygw.fake.events import anthropic_stream_events, openai_stream_events, responses_stream_events  # noqa: F401 -- passed on
+from tinygw.fake.replies import REASONS, FakeRequest, Reply, json_reply, sse_reply  # noqa: F401 -- passed on
 
 
 class FakeUpstream:
