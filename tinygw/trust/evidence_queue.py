@@ -69,4 +69,3 @@ class RateLimitedWarning:
             return None
         count, self._count, self._last = self._count, 0, now
         return count
-
