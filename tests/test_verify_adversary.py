@@ -1,0 +1,56 @@
+"""attest/verify against an attacker who picks the evidence (docs/verify.md): a genuine
+machine of the other platform, a relay whose answer carries more than the certificate
+that was checked. Real gateways and relays on loopback; `--platform-verifier` stands in
+for a genuine signature, as a compromised but genuine machine would have one.
+"""
+
+from __future__ import annotations
+
+import json
+
+import test_attest
+import test_snp
+from test_attest import SIMULATED_SIGNATURE, verify
+
+measured = test_attest.measured  # its gateway (simulated TDX), as a fixture here too
+snp_gateway = test_snp.snp_gateway  # a gateway on a simulated SEV-SNP guest
+
+
+def write_policy(tmp_path, policy: dict) -> str:
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(policy))
+    return str(path)
+
+
+def test_a_policy_pinning_sev_snp_is_not_sidestepped_by_tdx_evidence(measured, tmp_path):
+    """The client pinned its SEV-SNP image; a relay answers with TDX evidence of any TD that
+    extends RTMR3 with the artifact's digest. The SEV-SNP pins must not silently vanish."""
+    policy = write_policy(tmp_path, {"snp": {"measurement": ["ab" * 48], "vmpl": [0]}})
+    saved = tmp_path / "gateway.pem"
+    code, verdicts, output = verify("--release", str(measured.release_path), "--url", measured.gateway.url,
+                                    "--platform-verifier", SIMULATED_SIGNATURE, "--policy", policy,
+                                    "--learn-policy", str(saved))
+    assert code == 1 and not saved.exists(), output
+    assert verdicts["snp.measurement"] == verdicts["snp.vmpl"] == "FAIL", output
+    assert "the evidence is Intel TDX" in output and "Traceback" not in output
+
+
+def test_a_policy_pinning_tdx_is_not_sidestepped_by_sev_snp_evidence(snp_gateway, tmp_path):
+    gateway, _ = snp_gateway
+    artifact = tmp_path / "tinygw"
+    artifact.write_bytes(b"a stand-in")
+    policy = write_policy(tmp_path, {"rtmr1": ["00" * 48]})
+    code, verdicts, output = verify("--artifact", str(artifact), "--url", gateway.url, "--policy", policy,
+                                    "--expect-mrtd", "00" * 48, "--simulated-ark",
+                                    str(tmp_path / "simulated-ark.pem"), "--accept-unverified")
+    assert code == 1, output  # before: exit 0, UNVERIFIED, with the pinned MRTD never looked at
+    assert verdicts["MRTD"] == verdicts["RTMR1"] == "FAIL", output
+    assert "the evidence is AMD SEV-SNP" in output
+
+
+def test_a_policy_for_both_platforms_judges_each_by_its_own_fields(measured, tmp_path):
+    policy = write_policy(tmp_path, {"mrtd": ["00" * 48], "snp": {"measurement": ["ab" * 48]}})
+    code, verdicts, output = verify("--release", str(measured.release_path), "--url", measured.gateway.url,
+                                    "--platform-verifier", SIMULATED_SIGNATURE, "--policy", policy)
+    assert code == 0 and verdicts["MRTD"] == "PASS" and "snp.measurement" not in verdicts, output
+
