@@ -7,10 +7,14 @@ for a genuine signature, as a compromised but genuine machine would have one.
 from __future__ import annotations
 
 import json
+import ssl
 
 import test_attest
 import test_snp
 from test_attest import SIMULATED_SIGNATURE, verify
+from test_tls import self_signed
+from test_verify_hostile import forged_answer
+from relay import Relay  # attest/, put on the path by test_attest
 
 measured = test_attest.measured  # its gateway (simulated TDX), as a fixture here too
 snp_gateway = test_snp.snp_gateway  # a gateway on a simulated SEV-SNP guest
@@ -54,3 +58,23 @@ def test_a_policy_for_both_platforms_judges_each_by_its_own_fields(measured, tmp
                                     "--platform-verifier", SIMULATED_SIGNATURE, "--policy", policy)
     assert code == 0 and verdicts["MRTD"] == "PASS" and "snp.measurement" not in verdicts, output
 
+
+def test_save_cert_writes_the_certificate_the_connection_was_served_with_and_no_other(measured, tmp_path):
+    """Only the served certificate's key is checked: bytes around it in the answer (here a
+    second certificate, which a client would then trust as a CA) are never saved."""
+    cert, key = self_signed(tmp_path / "served")
+    stowaway, _ = self_signed(tmp_path / "stowaway")
+    sha384, config = measured.release["artifact"]["sha384"], measured.config_sha256
+    claimed = cert.read_text() + stowaway.read_text()
+    relay = Relay(cert, key, 1, replay=lambda path: forged_answer(path, claimed, sha384, config))
+    saved = tmp_path / "gateway.pem"
+    try:
+        code, verdicts, output = verify("--release", str(measured.release_path), "--url",
+                                        f"https://127.0.0.1:{relay.port}", "--platform-verifier", "true",
+                                        "--save-cert", str(saved))
+    finally:
+        relay.close()
+    assert code == 0 and verdicts["tls channel"] == "PASS", output
+    text = saved.read_text()
+    assert text.count("BEGIN CERTIFICATE") == 1, text
+    assert ssl.PEM_cert_to_DER_cert(text) == ssl.PEM_cert_to_DER_cert(cert.read_text())
