@@ -6,18 +6,23 @@ for a genuine signature, as a compromised but genuine machine would have one.
 
 from __future__ import annotations
 
+import http.client
 import json
 import ssl
+import threading
 
 import test_attest
 import test_snp
-from test_attest import SIMULATED_SIGNATURE, verify
+from conftest import wait_until
+from test_attest import SIMULATED_SIGNATURE, UNVERIFIED, nonce_hex, verify
 from test_tls import self_signed
 from test_verify_hostile import forged_answer
 from relay import Relay  # attest/, put on the path by test_attest
 
 measured = test_attest.measured  # its gateway (simulated TDX), as a fixture here too
 snp_gateway = test_snp.snp_gateway  # a gateway on a simulated SEV-SNP guest
+HOGS = 40  # looping callers: more than the queue holds (16)
+HOG_ADDRESS = "127.0.0.2"  # theirs, on loopback; the verifier's is 127.0.0.1
 
 
 def write_policy(tmp_path, policy: dict) -> str:
@@ -78,3 +83,34 @@ def test_save_cert_writes_the_certificate_the_connection_was_served_with_and_no_
     text = saved.read_text()
     assert text.count("BEGIN CERTIFICATE") == 1, text
     assert ssl.PEM_cert_to_DER_cert(text) == ssl.PEM_cert_to_DER_cert(cert.read_text())
+
+
+def test_callers_that_ignore_retry_after_cannot_starve_a_verifier(measured):
+    """More looping callers than the queue holds, from one address, each asking again at once
+    when refused: a verifier from another address, which waits as Retry-After says, still
+    gets its turn within its deadline."""
+    stop = threading.Event()
+    answered = []
+
+    def hog():
+        connection = http.client.HTTPConnection("127.0.0.1", measured.gateway.port, timeout=30,
+                                                source_address=(HOG_ADDRESS, 0))
+        while not stop.is_set():
+            connection.request("GET", f"/attestation?nonce={nonce_hex()}")
+            response = connection.getresponse()
+            response.read()
+            answered.append(response.status)
+
+    hogs = [threading.Thread(target=hog, daemon=True) for _ in range(HOGS)]
+    for thread in hogs:
+        thread.start()
+    try:
+        wait_until(lambda: answered.count(503) >= 20, seconds=20, what="the callers to fill the queue")
+        for _ in range(3):
+            code, _, output = verify("--release", str(measured.release_path), "--url", measured.gateway.url,
+                                     "--timeout", "10")
+            assert code == UNVERIFIED and "FAIL" not in output, output
+    finally:
+        stop.set()
+        for thread in hogs:
+            thread.join(30)

@@ -91,3 +91,28 @@ def test_a_refusal_is_a_503_with_retry_after_and_a_rate_limited_warning(tmp_path
         assert json.loads(body["body"])["error"]["code"] == "evidence_unavailable"
     warnings = [r for r in caplog.records if r.getMessage() == "attestation failed"]
     assert [r.fields["count"] for r in warnings] == [1, 4]  # at 0 s; at 61 s, for 1, 30, 59 and 61
+
+
+def test_one_address_holds_at_most_its_share_and_the_count_leaves_no_trace():
+    async def scenario():
+        queue = EvidenceQueue(waiting_max=8, wait_seconds=30, per_address_max=2)
+        release = asyncio.Event()
+
+        async def caller(address):
+            async with queue.turn(address):
+                await release.wait()
+
+        hogs = [asyncio.create_task(caller("192.0.2.1")) for _ in range(2)]
+        while queue.held.get("192.0.2.1") != 2:
+            await asyncio.sleep(0)
+        with pytest.raises(EvidenceUnavailable, match="2 attestations of this address"):
+            async with queue.turn("192.0.2.1"):
+                pass
+        other = asyncio.create_task(caller("192.0.2.2"))  # another address still gets a place
+        while "192.0.2.2" not in queue.held:
+            await asyncio.sleep(0)
+        release.set()
+        await asyncio.gather(*hogs, other)
+        return queue.held, queue.waiting
+
+    assert asyncio.run(scenario()) == ({}, 0)
