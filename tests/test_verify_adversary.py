@@ -11,16 +11,21 @@ import json
 import ssl
 import threading
 
+import pytest
+
 import test_attest
 import test_snp
 from conftest import wait_until
-from test_attest import SIMULATED_SIGNATURE, UNVERIFIED, nonce_hex, verify
+from test_attest import DCAP_SAMPLE, SAMPLE_TIME, SIMULATED_SIGNATURE, UNVERIFIED, nonce_hex, verify
 from test_tls import self_signed
 from test_verify_hostile import forged_answer
 from relay import Relay  # attest/, put on the path by test_attest
 
 measured = test_attest.measured  # its gateway (simulated TDX), as a fixture here too
 snp_gateway = test_snp.snp_gateway  # a gateway on a simulated SEV-SNP guest
+COLLATERAL = str(DCAP_SAMPLE / "tdx_quote_collateral.json")
+SAMPLE_MRTD = ("91eb2b44d141d4ece09f0c75c2c53d247a3c68edd7fafe8a3520c942a604a407"
+               "de03ae6dc5f87f27428b2538873118b7")
 HOGS = 40  # looping callers: more than the queue holds (16)
 HOG_ADDRESS = "127.0.0.2"  # theirs, on loopback; the verifier's is 127.0.0.1
 
@@ -114,3 +119,20 @@ def test_callers_that_ignore_retry_after_cannot_starve_a_verifier(measured):
         stop.set()
         for thread in hogs:
             thread.join(30)
+
+
+@pytest.mark.parametrize("text, says", [
+    # A reader sees the first tcb; json.loads kept the last, which accepts OutOfDate.
+    ('{"tcb": ["UpToDate"], "mrtd": ["%s"], "tcb": ["UpToDate", "OutOfDate"]}' % SAMPLE_MRTD,
+     "policy: tcb is given twice"),
+    ('{"snp": {"measurement": ["%s"], "measurement": ["%s"]}}' % ("ab" * 48, "cd" * 48),
+     "policy: measurement is given twice"),
+    ('{"tcb": [{"status": "OutOfDate", "grace_days": %d}]}' % 10**400, "grace_days of OutOfDate must be a whole"),
+])
+def test_a_policy_that_reads_two_ways_or_counts_past_time_is_one_line_exit_2(tmp_path, text, says):
+    policy = tmp_path / "policy.json"
+    policy.write_text(text)
+    code, verdicts, output = verify("--quote", str(DCAP_SAMPLE / "tdx_quote"), "--collateral", COLLATERAL,
+                                    "--now", SAMPLE_TIME, "--policy", str(policy))
+    assert code == 2 and verdicts == {} and says in output, output
+    assert output.count("\n") == 1 and "Traceback" not in output, output
