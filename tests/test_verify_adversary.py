@@ -136,3 +136,14 @@ def test_a_policy_that_reads_two_ways_or_counts_past_time_is_one_line_exit_2(tmp
                                     "--now", SAMPLE_TIME, "--policy", str(policy))
     assert code == 2 and verdicts == {} and says in output, output
     assert output.count("\n") == 1 and "Traceback" not in output, output
+
+
+def test_a_tdx_run_that_pins_no_image_says_that_rtmr3_is_then_anyones_word(measured):
+    """Without MRTD and RTMR0-2 pinned, a TD of any image on any genuine TDX machine (a rented
+    one) can extend RTMR3 with the published artifact digest: every check PASSes, so say it."""
+    base = ["--release", str(measured.release_path), "--url", measured.gateway.url, "--platform-verifier",
+            SIMULATED_SIGNATURE]
+    code, _, output = verify(*base)
+    assert code == 0 and "the policy pins no mrtd, rtmr0, rtmr1, rtmr2: RTMR3 is then only the word" in output, output
+    code, _, output = verify(*base, "--expect-mrtd", "00" * 48)
+    assert code == 0 and "the policy pins no rtmr0, rtmr1, rtmr2:" in output, output
