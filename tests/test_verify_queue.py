@@ -116,3 +116,38 @@ def test_one_address_holds_at_most_its_share_and_the_count_leaves_no_trace():
         return queue.held, queue.waiting
 
     assert asyncio.run(scenario()) == ({}, 0)
+
+
+
+def test_an_ipv6_host_counts_as_its_64_and_a_mapped_ipv4_as_itself():
+    async def scenario():
+        queue = EvidenceQueue(waiting_max=8, wait_seconds=30, per_address_max=2)
+        release = asyncio.Event()
+
+        async def caller(address):
+            async with queue.turn(address):
+                await release.wait()
+
+        async def refused(address) -> str:
+            """Refused at once for its address, or (old code) admitted to wait."""
+            try:
+                async with asyncio.timeout(0.5), queue.turn(address):
+                    return "served"
+            except EvidenceUnavailable as e:
+                return str(e)
+            except TimeoutError:
+                return "waiting"
+
+        holders = [asyncio.create_task(caller(address)) for address in
+                   ("2001:db8:1:2::a", "2001:db8:1:2:ffff::b", "::ffff:192.0.2.1", "192.0.2.1")]
+        while queue.waiting < 3:
+            await asyncio.sleep(0)
+        verdicts = [await refused("2001:db8:1:2::c"), await refused("::ffff:192.0.2.1")]  # one host: a whole /64
+        others = [asyncio.create_task(caller(address)) for address in ("2001:db8:1:3::a", "::ffff:192.0.2.2")]
+        while queue.waiting < 5:
+            await asyncio.sleep(0)
+        release.set()
+        await asyncio.gather(*holders, *others)
+        return verdicts, queue.held
+
+    assert asyncio.run(scenario()) == (["busy: 2 attestations of this address are under way; retry"] * 2, {})

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 from collections.abc import AsyncIterator
 
 from tinygw.errors import EvidenceUnavailable
@@ -47,6 +48,7 @@ class EvidenceQueue:
     @contextlib.asynccontextmanager
     async def turn(self, address: str | None = None) -> AsyncIterator[None]:
         """`address`: the caller's, whose places are counted; None: not counted."""
+        address = place_key(address)
         if address is not None and self.held.get(address, 0) >= self.per_address_max:
             raise EvidenceUnavailable(f"busy: {self.per_address_max} attestations of this address are under way; "
                                       "retry")
@@ -75,6 +77,20 @@ class EvidenceQueue:
             yield
         finally:
             self._slot.release()
+
+
+def place_key(address: str | None) -> str | None:
+    """What a client address's places are counted under: an IPv4 address (mapped into IPv6
+    or not) itself; an IPv6 address its /64, which one host commonly holds whole."""
+    try:
+        ip = ipaddress.ip_address(address) if address is not None else None
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return address
 
 
 class RateLimitedWarning:
