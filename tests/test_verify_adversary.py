@@ -147,3 +147,11 @@ def test_a_tdx_run_that_pins_no_image_says_that_rtmr3_is_then_anyones_word(measu
     assert code == 0 and "the policy pins no mrtd, rtmr0, rtmr1, rtmr2: RTMR3 is then only the word" in output, output
     code, _, output = verify(*base, "--expect-mrtd", "00" * 48)
     assert code == 0 and "the policy pins no rtmr0, rtmr1, rtmr2:" in output, output
+
+
+@pytest.mark.parametrize("now", ["-5", "99999999999999", "99999999999999999999"])
+def test_a_now_that_no_clock_can_show_is_bad_usage(now):
+    code, verdicts, output = verify("--quote", str(DCAP_SAMPLE / "tdx_quote"), "--collateral", COLLATERAL,
+                                    "--now", now)
+    assert code == 2 and verdicts == {} and "--now" in output.splitlines()[-1], output
+    assert "internal error" not in output and "Traceback" not in output, output
