@@ -9,6 +9,8 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -16,7 +18,7 @@ import pytest
 import test_attest
 import test_snp
 from conftest import wait_until
-from test_attest import DCAP_SAMPLE, SAMPLE_TIME, SIMULATED_SIGNATURE, UNVERIFIED, nonce_hex, verify
+from test_attest import DCAP_SAMPLE, SAMPLE_TIME, SIMULATED_SIGNATURE, UNVERIFIED, VERIFY, nonce_hex, verify
 from test_tls import self_signed
 from test_verify_hostile import forged_answer
 from relay import Relay  # attest/, put on the path by test_attest
@@ -155,3 +157,13 @@ def test_a_now_that_no_clock_can_show_is_bad_usage(now):
                                     "--now", now)
     assert code == 2 and verdicts == {} and "--now" in output.splitlines()[-1], output
     assert "internal error" not in output and "Traceback" not in output, output
+
+
+def test_json_is_one_document_on_bad_usage_too():
+    """A program that asked for --json reads stdout: bad usage is a document as well (exit 2)."""
+    done = subprocess.run([sys.executable, str(VERIFY), "--json", "--artifact", "/bin/sh", "--url", "ftp://127.0.0.1/"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stdout + done.stderr
+    document = json.loads(done.stdout)
+    assert (document["verdict"], document["exit"], document["checks"]) == ("ERROR", 2, []), done.stdout
+    assert "--url: not an http(s) URL" in done.stderr and "Traceback" not in done.stderr
