@@ -93,61 +93,66 @@ def test_a_refusal_is_a_503_with_retry_after_and_a_rate_limited_warning(tmp_path
     assert [r.fields["count"] for r in warnings] == [1, 4]  # at 0 s; at 61 s, for 1, 30, 59 and 61
 
 
-def test_one_address_holds_at_most_its_share_and_the_count_leaves_no_trace():
+
+async def _full_queue_of(queue: EvidenceQueue, addresses: list[str | None], release: asyncio.Event) -> list:
+    """Callers from `addresses` (the first holds the slot, the others wait), until `release`."""
+    async def caller(address):
+        async with queue.turn(address):
+            await release.wait()
+
+    tasks = []
+    for address in addresses:
+        tasks.append(asyncio.create_task(caller(address)))
+        while queue.waiting + 1 < len(tasks):
+            await asyncio.sleep(0)
+    return tasks
+
+
+async def _outcome(queue: EvidenceQueue, address: str | None) -> str:
+    """Refused at once ("busy: ..."), or admitted to wait ("waiting")."""
+    try:
+        async with asyncio.timeout(0.2), queue.turn(address):
+            return "served"
+    except EvidenceUnavailable as e:
+        return str(e)
+    except TimeoutError:
+        return "waiting"
+
+
+def test_in_a_full_queue_a_newcomer_takes_the_place_of_the_newest_waiter_of_the_heaviest_address():
     async def scenario():
-        queue = EvidenceQueue(waiting_max=8, wait_seconds=30, per_address_max=2)
+        queue = EvidenceQueue(waiting_max=4, wait_seconds=30, per_address_share=2)
         release = asyncio.Event()
-
-        async def caller(address):
-            async with queue.turn(address):
-                await release.wait()
-
-        hogs = [asyncio.create_task(caller("192.0.2.1")) for _ in range(2)]
-        while queue.held.get("192.0.2.1") != 2:
+        tasks = await _full_queue_of(queue, ["192.0.2.1"] * 5, release)  # one in the slot, 4 waiting: full
+        same = await _outcome(queue, "192.0.2.1")  # its own address makes no room for it
+        other = asyncio.create_task(_outcome(queue, "192.0.2.2"))  # another does: the newest hog gives way
+        while not tasks[-1].done():
             await asyncio.sleep(0)
-        with pytest.raises(EvidenceUnavailable, match="2 attestations of this address"):
-            async with queue.turn("192.0.2.1"):
-                pass
-        other = asyncio.create_task(caller("192.0.2.2"))  # another address still gets a place
-        while "192.0.2.2" not in queue.held:
-            await asyncio.sleep(0)
+        gave_way = str(tasks[-1].exception())
+        outcome = await other
         release.set()
-        await asyncio.gather(*hogs, other)
-        return queue.held, queue.waiting
+        await asyncio.gather(*tasks[:-1])
+        return same, gave_way, outcome, queue.held, queue.waiters, queue.waiting
 
-    assert asyncio.run(scenario()) == ({}, 0)
+    same, gave_way, outcome, held, waiters, waiting = asyncio.run(scenario())
+    assert same == "busy: 4 attestations are waiting; retry"
+    assert gave_way == "busy: callers of this address hold more than its share of the queue; retry"
+    assert outcome == "waiting" and (held, waiters, waiting) == ({}, [], 0)
 
 
 
-def test_an_ipv6_host_counts_as_its_64_and_a_mapped_ipv4_as_itself():
+@pytest.mark.parametrize("hogs, same, other", [
+    ([f"2001:db8:1:2::{n}" for n in range(1, 6)], "2001:db8:1:2:ffff::1", "2001:db8:1:3::1"),  # one host: a /64
+    (["192.0.2.1", "::ffff:192.0.2.1"] * 2 + ["192.0.2.3"], "::ffff:192.0.2.1", "192.0.2.2"),  # mapped: itself
+])
+def test_an_ipv6_host_counts_as_its_64_and_a_mapped_ipv4_as_itself(hogs, same, other):
     async def scenario():
-        queue = EvidenceQueue(waiting_max=8, wait_seconds=30, per_address_max=2)
+        queue = EvidenceQueue(waiting_max=4, wait_seconds=30, per_address_share=2)
         release = asyncio.Event()
-
-        async def caller(address):
-            async with queue.turn(address):
-                await release.wait()
-
-        async def refused(address) -> str:
-            """Refused at once for its address, or (old code) admitted to wait."""
-            try:
-                async with asyncio.timeout(0.5), queue.turn(address):
-                    return "served"
-            except EvidenceUnavailable as e:
-                return str(e)
-            except TimeoutError:
-                return "waiting"
-
-        holders = [asyncio.create_task(caller(address)) for address in
-                   ("2001:db8:1:2::a", "2001:db8:1:2:ffff::b", "::ffff:192.0.2.1", "192.0.2.1")]
-        while queue.waiting < 3:
-            await asyncio.sleep(0)
-        verdicts = [await refused("2001:db8:1:2::c"), await refused("::ffff:192.0.2.1")]  # one host: a whole /64
-        others = [asyncio.create_task(caller(address)) for address in ("2001:db8:1:3::a", "::ffff:192.0.2.2")]
-        while queue.waiting < 5:
-            await asyncio.sleep(0)
+        tasks = await _full_queue_of(queue, hogs, release)
+        outcomes = [await _outcome(queue, same), await _outcome(queue, other)]
         release.set()
-        await asyncio.gather(*holders, *others)
-        return verdicts, queue.held
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return outcomes
 
-    assert asyncio.run(scenario()) == (["busy: 2 attestations of this address are under way; retry"] * 2, {})
+    assert asyncio.run(scenario()) == ["busy: 4 attestations are waiting; retry", "waiting"]
