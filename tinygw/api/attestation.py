@@ -37,7 +37,7 @@ async def attestation_page(gateway, scope, send) -> None:
             gateway.artifact_digests = await asyncio.to_thread(artifact_digests)
         artifact_sha256, artifact_sha384 = gateway.artifact_digests
         client = scope.get("client")
-        # one quote at a time (the platform makes them slowly), a few places per address
+        # one quote at a time (the platform makes them slowly); a full queue is shared fairly by address
         async with gateway.evidence_queue.turn(client[0] if client else None):
             evidence = await fetch_evidence(gateway.settings.tsm_report_dir, data)
         events = await asyncio.to_thread(read_event_log, gateway.settings.event_log)
