@@ -167,3 +167,12 @@ def test_json_is_one_document_on_bad_usage_too():
     document = json.loads(done.stdout)
     assert (document["verdict"], document["exit"], document["checks"]) == ("ERROR", 2, []), done.stdout
     assert "--url: not an http(s) URL" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_run_that_checks_no_configuration_says_so(measured):
+    """The operator chooses the configuration, and with it where prompts go: unchecked, say it."""
+    base = ["--release", str(measured.release_path), "--url", measured.gateway.url]
+    code, _, output = verify(*base)
+    assert code == UNVERIFIED and "note: no --config-sha256: the configuration (config_sha256 " in output, output
+    code, verdicts, output = verify(*base, "--config-sha256", measured.config_sha256)
+    assert verdicts["config"] == "PASS" and "no --config-sha256" not in output, output
