@@ -554,7 +554,7 @@ def check(quote: Quote, policy, run, checks) -> dict | None:
     `snp_certificates` ({"vcek", "ask", "ark", "simulated_ark": bytes} from files, each optional;
     given ones take the place of the host's) and `now` (Unix seconds)."""
     given = getattr(run, "snp_certificates", None) or {}
-    now = datetime.datetime.fromtimestamp(run.now, datetime.UTC) if getattr(run, "now", None) else None
+    now = datetime.datetime.fromtimestamp(run.now, datetime.UTC) if getattr(run, "now", None) is not None else None
     results = verify_report(quote.report.raw, given.get("vcek") or quote.host_certificates.get("vcek"),
                             given.get("ask") or quote.host_certificates.get("ask"), given.get("ark"),
                             policy=policy.snp or {}, simulated_ark=given.get("simulated_ark"), now=now)

@@ -40,6 +40,9 @@ DEBUG_BIT = 1  # bit 0 of TDATTRIBUTES: the host can read and write the TD's mem
 CHECK_NAMES = {"mrtd": "MRTD", "rtmr0": "RTMR0", "rtmr1": "RTMR1", "rtmr2": "RTMR2", "mrseam": "MRSEAM",
                "xfam": "XFAM", "td_attributes": "TD attributes", "fmspc": "FMSPC", "platform_ids": "platform ID",
                "min_tcb_evaluation_data_number": "TCB evaluation data number"}
+# The TD's image: firmware (MRTD) and boot chain (RTMR0-2). Unpinned, RTMR3 is only the word
+# of whatever image ran: any TD on a genuine TDX machine can extend it with any digest.
+IMAGE_FIELDS = ("mrtd", "rtmr0", "rtmr1", "rtmr2")
 PLATFORM_VERIFIER_SECONDS = 300
 DAY_SECONDS = 86400
 
@@ -100,6 +103,10 @@ def check(quote: Quote, policy, run, checks) -> dict:
     checks.report("TD not in debug mode", "the quote is from a debug TD" if debug else None,
                   td_attributes=quote.value("td_attributes"))
     learned = {name: [quote.value(name)] for name in BODY_FIELDS}
+    if unpinned := [name for name in IMAGE_FIELDS if not policy.names(name)]:
+        checks.note(f"note: the policy pins no {', '.join(unpinned)}: RTMR3 is then only the word of whatever image "
+                    "ran (any TD on a genuine TDX machine can extend it with the artifact's digest); pin them "
+                    "(docs/verify.md)")
     for name in BODY_FIELDS:
         if policy.names(name):
             checks.report(CHECK_NAMES[name], mismatch(name, quote.value(name), policy.allowed[name]),
@@ -241,8 +248,8 @@ def run_platform_verifier(command: str, raw: bytes) -> tuple[str | None, str | N
         with open(path, "wb") as f:
             f.write(raw)
         try:
-            done = subprocess.run([*shlex.split(command), path], capture_output=True, timeout=PLATFORM_VERIFIER_SECONDS,
-                                  check=False)
+            argv = [*shlex.split(command), path]  # the user's own --platform-verifier, run as given
+            done = subprocess.run(argv, capture_output=True, timeout=PLATFORM_VERIFIER_SECONDS, check=False)  # noqa: S603
         except (OSError, ValueError, subprocess.TimeoutExpired) as e:
             return f"could not run it: {e}", None
     said = (done.stdout if done.returncode == 0 else done.stderr or done.stdout).decode(errors="replace")
