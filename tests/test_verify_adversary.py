@@ -14,20 +14,19 @@ import sys
 import threading
 
 import pytest
-
 import test_attest
 import test_snp
-from conftest import wait_until
+from relay import Relay  # attest/, put on the path by test_attest
 from test_attest import DCAP_SAMPLE, SAMPLE_TIME, SIMULATED_SIGNATURE, UNVERIFIED, VERIFY, nonce_hex, verify
 from test_tls import self_signed
 from test_verify_hostile import forged_answer
-from relay import Relay  # attest/, put on the path by test_attest
+
+from conftest import wait_until
 
 measured = test_attest.measured  # its gateway (simulated TDX), as a fixture here too
 snp_gateway = test_snp.snp_gateway  # a gateway on a simulated SEV-SNP guest
 COLLATERAL = str(DCAP_SAMPLE / "tdx_quote_collateral.json")
-SAMPLE_MRTD = ("91eb2b44d141d4ece09f0c75c2c53d247a3c68edd7fafe8a3520c942a604a407"
-               "de03ae6dc5f87f27428b2538873118b7")
+SAMPLE_MRTD = "91eb2b44d141d4ece09f0c75c2c53d247a3c68edd7fafe8a3520c942a604a407de03ae6dc5f87f27428b2538873118b7"
 HOGS = 40  # looping callers: more than the queue holds (16)
 HOG_ADDRESS = "127.0.0.2"  # theirs, on loopback; the verifier's is 127.0.0.1
 
@@ -43,9 +42,18 @@ def test_a_policy_pinning_sev_snp_is_not_sidestepped_by_tdx_evidence(measured, t
     extends RTMR3 with the artifact's digest. The SEV-SNP pins must not silently vanish."""
     policy = write_policy(tmp_path, {"snp": {"measurement": ["ab" * 48], "vmpl": [0]}})
     saved = tmp_path / "gateway.pem"
-    code, verdicts, output = verify("--release", str(measured.release_path), "--url", measured.gateway.url,
-                                    "--platform-verifier", SIMULATED_SIGNATURE, "--policy", policy,
-                                    "--learn-policy", str(saved))
+    code, verdicts, output = verify(
+        "--release",
+        str(measured.release_path),
+        "--url",
+        measured.gateway.url,
+        "--platform-verifier",
+        SIMULATED_SIGNATURE,
+        "--policy",
+        policy,
+        "--learn-policy",
+        str(saved),
+    )
     assert code == 1 and not saved.exists(), output
     assert verdicts["snp.measurement"] == verdicts["snp.vmpl"] == "FAIL", output
     assert "the evidence is Intel TDX" in output and "Traceback" not in output
@@ -56,9 +64,19 @@ def test_a_policy_pinning_tdx_is_not_sidestepped_by_sev_snp_evidence(snp_gateway
     artifact = tmp_path / "tinygw"
     artifact.write_bytes(b"a stand-in")
     policy = write_policy(tmp_path, {"rtmr1": ["00" * 48]})
-    code, verdicts, output = verify("--artifact", str(artifact), "--url", gateway.url, "--policy", policy,
-                                    "--expect-mrtd", "00" * 48, "--simulated-ark",
-                                    str(tmp_path / "simulated-ark.pem"), "--accept-unverified")
+    code, verdicts, output = verify(
+        "--artifact",
+        str(artifact),
+        "--url",
+        gateway.url,
+        "--policy",
+        policy,
+        "--expect-mrtd",
+        "00" * 48,
+        "--simulated-ark",
+        str(tmp_path / "simulated-ark.pem"),
+        "--accept-unverified",
+    )
     assert code == 1, output  # before: exit 0, UNVERIFIED, with the pinned MRTD never looked at
     assert verdicts["MRTD"] == verdicts["RTMR1"] == "FAIL", output
     assert "the evidence is AMD SEV-SNP" in output
@@ -66,8 +84,16 @@ def test_a_policy_pinning_tdx_is_not_sidestepped_by_sev_snp_evidence(snp_gateway
 
 def test_a_policy_for_both_platforms_judges_each_by_its_own_fields(measured, tmp_path):
     policy = write_policy(tmp_path, {"mrtd": ["00" * 48], "snp": {"measurement": ["ab" * 48]}})
-    code, verdicts, output = verify("--release", str(measured.release_path), "--url", measured.gateway.url,
-                                    "--platform-verifier", SIMULATED_SIGNATURE, "--policy", policy)
+    code, verdicts, output = verify(
+        "--release",
+        str(measured.release_path),
+        "--url",
+        measured.gateway.url,
+        "--platform-verifier",
+        SIMULATED_SIGNATURE,
+        "--policy",
+        policy,
+    )
     assert code == 0 and verdicts["MRTD"] == "PASS" and "snp.measurement" not in verdicts, output
 
 
@@ -81,9 +107,16 @@ def test_save_cert_writes_the_certificate_the_connection_was_served_with_and_no_
     relay = Relay(cert, key, 1, replay=lambda path: forged_answer(path, claimed, sha384, config))
     saved = tmp_path / "gateway.pem"
     try:
-        code, verdicts, output = verify("--release", str(measured.release_path), "--url",
-                                        f"https://127.0.0.1:{relay.port}", "--platform-verifier", "true",
-                                        "--save-cert", str(saved))
+        code, verdicts, output = verify(
+            "--release",
+            str(measured.release_path),
+            "--url",
+            f"https://127.0.0.1:{relay.port}",
+            "--platform-verifier",
+            "true",
+            "--save-cert",
+            str(saved),
+        )
     finally:
         relay.close()
     assert code == 0 and verdicts["tls channel"] == "PASS", output
@@ -100,8 +133,9 @@ def test_callers_that_ignore_retry_after_cannot_starve_a_verifier(measured):
     answered = []
 
     def hog():
-        connection = http.client.HTTPConnection("127.0.0.1", measured.gateway.port, timeout=30,
-                                                source_address=(HOG_ADDRESS, 0))
+        connection = http.client.HTTPConnection(
+            "127.0.0.1", measured.gateway.port, timeout=30, source_address=(HOG_ADDRESS, 0)
+        )
         while not stop.is_set():
             connection.request("GET", f"/attestation?nonce={nonce_hex()}")
             response = connection.getresponse()
@@ -114,8 +148,9 @@ def test_callers_that_ignore_retry_after_cannot_starve_a_verifier(measured):
     try:
         wait_until(lambda: answered.count(503) >= 20, seconds=20, what="the callers to fill the queue")
         for _ in range(3):
-            code, _, output = verify("--release", str(measured.release_path), "--url", measured.gateway.url,
-                                     "--timeout", "10")
+            code, _, output = verify(
+                "--release", str(measured.release_path), "--url", measured.gateway.url, "--timeout", "10"
+            )
             assert code == UNVERIFIED and "FAIL" not in output, output
     finally:
         stop.set()
@@ -123,19 +158,34 @@ def test_callers_that_ignore_retry_after_cannot_starve_a_verifier(measured):
             thread.join(30)
 
 
-@pytest.mark.parametrize("text, says", [
-    # A reader sees the first tcb; json.loads kept the last, which accepts OutOfDate.
-    ('{"tcb": ["UpToDate"], "mrtd": ["%s"], "tcb": ["UpToDate", "OutOfDate"]}' % SAMPLE_MRTD,
-     "policy: tcb is given twice"),
-    ('{"snp": {"measurement": ["%s"], "measurement": ["%s"]}}' % ("ab" * 48, "cd" * 48),
-     "policy: measurement is given twice"),
-    ('{"tcb": [{"status": "OutOfDate", "grace_days": %d}]}' % 10**400, "grace_days of OutOfDate must be a whole"),
-])
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        # A reader sees the first tcb; json.loads kept the last, which accepts OutOfDate.
+        (
+            '{"tcb": ["UpToDate"], "mrtd": ["%s"], "tcb": ["UpToDate", "OutOfDate"]}' % SAMPLE_MRTD,  # noqa: UP031 (JSON braces)
+            "policy: tcb is given twice",
+        ),
+        (
+            '{"snp": {"measurement": ["%s"], "measurement": ["%s"]}}' % ("ab" * 48, "cd" * 48),  # noqa: UP031 (JSON braces)
+            "policy: measurement is given twice",
+        ),
+        ('{"tcb": [{"status": "OutOfDate", "grace_days": %d}]}' % 10**400, "grace_days of OutOfDate must be a whole"),  # noqa: UP031
+    ],
+)
 def test_a_policy_that_reads_two_ways_or_counts_past_time_is_one_line_exit_2(tmp_path, text, says):
     policy = tmp_path / "policy.json"
     policy.write_text(text)
-    code, verdicts, output = verify("--quote", str(DCAP_SAMPLE / "tdx_quote"), "--collateral", COLLATERAL,
-                                    "--now", SAMPLE_TIME, "--policy", str(policy))
+    code, verdicts, output = verify(
+        "--quote",
+        str(DCAP_SAMPLE / "tdx_quote"),
+        "--collateral",
+        COLLATERAL,
+        "--now",
+        SAMPLE_TIME,
+        "--policy",
+        str(policy),
+    )
     assert code == 2 and verdicts == {} and says in output, output
     assert output.count("\n") == 1 and "Traceback" not in output, output
 
@@ -143,8 +193,14 @@ def test_a_policy_that_reads_two_ways_or_counts_past_time_is_one_line_exit_2(tmp
 def test_a_tdx_run_that_pins_no_image_says_that_rtmr3_is_then_anyones_word(measured):
     """Without MRTD and RTMR0-2 pinned, a TD of any image on any genuine TDX machine (a rented
     one) can extend RTMR3 with the published artifact digest: every check PASSes, so say it."""
-    base = ["--release", str(measured.release_path), "--url", measured.gateway.url, "--platform-verifier",
-            SIMULATED_SIGNATURE]
+    base = [
+        "--release",
+        str(measured.release_path),
+        "--url",
+        measured.gateway.url,
+        "--platform-verifier",
+        SIMULATED_SIGNATURE,
+    ]
     code, _, output = verify(*base)
     assert code == 0 and "the policy pins no mrtd, rtmr0, rtmr1, rtmr2: RTMR3 is then only the word" in output, output
     code, _, output = verify(*base, "--expect-mrtd", "00" * 48)
@@ -153,16 +209,20 @@ def test_a_tdx_run_that_pins_no_image_says_that_rtmr3_is_then_anyones_word(measu
 
 @pytest.mark.parametrize("now", ["-5", "99999999999999", "99999999999999999999"])
 def test_a_now_that_no_clock_can_show_is_bad_usage(now):
-    code, verdicts, output = verify("--quote", str(DCAP_SAMPLE / "tdx_quote"), "--collateral", COLLATERAL,
-                                    "--now", now)
+    code, verdicts, output = verify("--quote", str(DCAP_SAMPLE / "tdx_quote"), "--collateral", COLLATERAL, "--now", now)
     assert code == 2 and verdicts == {} and "--now" in output.splitlines()[-1], output
     assert "internal error" not in output and "Traceback" not in output, output
 
 
 def test_json_is_one_document_on_bad_usage_too():
     """A program that asked for --json reads stdout: bad usage is a document as well (exit 2)."""
-    done = subprocess.run([sys.executable, str(VERIFY), "--json", "--artifact", "/bin/sh", "--url", "ftp://127.0.0.1/"],
-                          capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, str(VERIFY), "--json", "--artifact", "/bin/sh", "--url", "ftp://127.0.0.1/"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     document = json.loads(done.stdout)
     assert (document["verdict"], document["exit"], document["checks"]) == ("ERROR", 2, []), done.stdout

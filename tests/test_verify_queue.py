@@ -69,8 +69,13 @@ def test_a_wait_past_its_bound_is_refused_and_leaves_the_queue():
 
 def test_a_refusal_is_a_503_with_retry_after_and_a_rate_limited_warning(tmp_path, caplog):
     now = [1000.0]
-    settings = environment.from_environ({"TINYGW_CONFIG": "{}", "TINYGW_TSM_REPORT_DIR": str(tmp_path / "none"),
-                                         "TINYGW_EVENT_LOG": str(tmp_path / "no-log")})
+    settings = environment.from_environ(
+        {
+            "TINYGW_CONFIG": "{}",
+            "TINYGW_TSM_REPORT_DIR": str(tmp_path / "none"),
+            "TINYGW_EVENT_LOG": str(tmp_path / "no-log"),
+        }
+    )
     gateway = Gateway(settings, clock=lambda: now[0])
     gateway.evidence_queue = EvidenceQueue(waiting_max=0)  # every caller is refused
 
@@ -93,9 +98,9 @@ def test_a_refusal_is_a_503_with_retry_after_and_a_rate_limited_warning(tmp_path
     assert [r.fields["count"] for r in warnings] == [1, 4]  # at 0 s; at 61 s, for 1, 30, 59 and 61
 
 
-
 async def _full_queue_of(queue: EvidenceQueue, addresses: list[str | None], release: asyncio.Event) -> list:
     """Callers from `addresses` (the first holds the slot, the others wait), until `release`."""
+
     async def caller(address):
         async with queue.turn(address):
             await release.wait()
@@ -140,11 +145,13 @@ def test_in_a_full_queue_a_newcomer_takes_the_place_of_the_newest_waiter_of_the_
     assert outcome == "waiting" and (held, waiters, waiting) == ({}, [], 0)
 
 
-
-@pytest.mark.parametrize("hogs, same, other", [
-    ([f"2001:db8:1:2::{n}" for n in range(1, 6)], "2001:db8:1:2:ffff::1", "2001:db8:1:3::1"),  # one host: a /64
-    (["192.0.2.1", "::ffff:192.0.2.1"] * 2 + ["192.0.2.3"], "::ffff:192.0.2.1", "192.0.2.2"),  # mapped: itself
-])
+@pytest.mark.parametrize(
+    "hogs, same, other",
+    [
+        ([f"2001:db8:1:2::{n}" for n in range(1, 6)], "2001:db8:1:2:ffff::1", "2001:db8:1:3::1"),  # one host: a /64
+        (["192.0.2.1", "::ffff:192.0.2.1"] * 2 + ["192.0.2.3"], "::ffff:192.0.2.1", "192.0.2.2"),  # mapped: itself
+    ],
+)
 def test_an_ipv6_host_counts_as_its_64_and_a_mapped_ipv4_as_itself(hogs, same, other):
     async def scenario():
         queue = EvidenceQueue(waiting_max=4, wait_seconds=30, per_address_share=2)
