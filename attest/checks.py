@@ -46,7 +46,11 @@ class Checks:
         return any(r["result"] == SKIP for r in self.results)
 
     def document(self, exit_code: int, **extra) -> str:
-        verdict = {EXIT_OK: "UNVERIFIED" if self.skipped else "PASS", EXIT_FAILED: "FAIL",
-                   EXIT_UNVERIFIED: "UNVERIFIED"}.get(exit_code, "ERROR")
-        return json.dumps({"verdict": verdict, "exit": exit_code, "checks": self.results, "notes": self.notes,
-                           **extra}, indent=2)
+        verdict = {
+            EXIT_OK: "UNVERIFIED" if self.skipped else "PASS",
+            EXIT_FAILED: "FAIL",
+            EXIT_UNVERIFIED: "UNVERIFIED",
+        }.get(exit_code, "ERROR")
+        return json.dumps(
+            {"verdict": verdict, "exit": exit_code, "checks": self.results, "notes": self.notes, **extra}, indent=2
+        )

@@ -29,13 +29,19 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
 # The host's certificate table (AMD's GHCB specification), GUIDs in RFC 4122 byte order.
-CERT_GUIDS = {"vcek": uuid.UUID("63da758d-e664-4564-adc5-f4b93be8accd"),
-              "ask": uuid.UUID("4ab7b379-bbac-4fe4-a02f-05aef327c782"),
-              "ark": uuid.UUID("c0b406a4-a803-4952-9743-3fb6014cd0ae")}
+CERT_GUIDS = {
+    "vcek": uuid.UUID("63da758d-e664-4564-adc5-f4b93be8accd"),
+    "ask": uuid.UUID("4ab7b379-bbac-4fe4-a02f-05aef327c782"),
+    "ark": uuid.UUID("c0b406a4-a803-4952-9743-3fb6014cd0ae"),
+}
 PSS_SHA384 = padding.PSS(mgf=padding.MGF1(hashes.SHA384()), salt_length=48)
 MILAN_TCB = {"bootloader": 0, "tee": 1, "snp": 6, "microcode": 7}  # the SPLs' bytes in a TCB_VERSION
-SPL_OIDS = {"bootloader": "1.3.6.1.4.1.3704.1.3.1", "tee": "1.3.6.1.4.1.3704.1.3.2",
-            "snp": "1.3.6.1.4.1.3704.1.3.3", "microcode": "1.3.6.1.4.1.3704.1.3.8"}
+SPL_OIDS = {
+    "bootloader": "1.3.6.1.4.1.3704.1.3.1",
+    "tee": "1.3.6.1.4.1.3704.1.3.2",
+    "snp": "1.3.6.1.4.1.3704.1.3.3",
+    "microcode": "1.3.6.1.4.1.3704.1.3.8",
+}
 HWID_OID = "1.3.6.1.4.1.3704.1.4"
 SIMULATED_MEASUREMENT = hashlib.sha384(b"tinygw: a simulated SEV-SNP launch, no image").digest()
 
@@ -48,15 +54,25 @@ def tcb_version(spls: dict[str, int]) -> bytes:
 
 
 def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(x509.NameOID.ORGANIZATION_NAME, "tinygw test-only, not AMD"),
-                      x509.NameAttribute(x509.NameOID.COMMON_NAME, common_name)])
+    return x509.Name(
+        [
+            x509.NameAttribute(x509.NameOID.ORGANIZATION_NAME, "tinygw test-only, not AMD"),
+            x509.NameAttribute(x509.NameOID.COMMON_NAME, common_name),
+        ]
+    )
 
 
 def _certificate(subject, issuer, key, issuer_key, serial: int, extensions=()) -> x509.Certificate:
     now = datetime.datetime.now(datetime.UTC)
-    builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(key.public_key())
-               .serial_number(serial).not_valid_before(now - datetime.timedelta(days=1))
-               .not_valid_after(now + datetime.timedelta(days=30)))
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(serial)
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=30))
+    )
     for extension in extensions:
         builder = builder.add_extension(extension, critical=False)
     return builder.sign(issuer_key, hashes.SHA384(), rsa_padding=PSS_SHA384)
@@ -72,8 +88,10 @@ class Chain:
         ark_name, ask_name = _name("ARK-Milan"), _name("SEV-Milan")
         self.ark = _certificate(ark_name, ark_name, self.ark_key, self.ark_key, 1)
         self.ask = _certificate(ask_name, ark_name, self.ask_key, self.ark_key, 2)
-        amd = [x509.UnrecognizedExtension(x509.ObjectIdentifier(oid), _der_integer(spls[component]))
-               for component, oid in SPL_OIDS.items()]
+        amd = [
+            x509.UnrecognizedExtension(x509.ObjectIdentifier(oid), _der_integer(spls[component]))
+            for component, oid in SPL_OIDS.items()
+        ]
         amd.append(x509.UnrecognizedExtension(x509.ObjectIdentifier(HWID_OID), chip_id))
         self.vcek = _certificate(_name("SEV-VCEK"), ask_name, self.vcek_key, self.ask_key, 3, amd)
 
@@ -89,9 +107,18 @@ def _der_integer(value: int) -> bytes:
     return b"\x02\x01" + bytes([value]) if value < 0x80 else b"\x02\x02\x00" + bytes([value])
 
 
-def snp_report(key: ec.EllipticCurvePrivateKey, report_data: bytes, *, chip_id: bytes, reported_tcb: bytes,
-               measurement: bytes = SIMULATED_MEASUREMENT, policy: int = 0x30000, vmpl: int = 0,
-               host_data: bytes = bytes(32), version: int = 3) -> bytes:
+def snp_report(
+    key: ec.EllipticCurvePrivateKey,
+    report_data: bytes,
+    *,
+    chip_id: bytes,
+    reported_tcb: bytes,
+    measurement: bytes = SIMULATED_MEASUREMENT,
+    policy: int = 0x30000,
+    vmpl: int = 0,
+    host_data: bytes = bytes(32),
+    version: int = 3,
+) -> bytes:
     """An ATTESTATION_REPORT laid out as AMD's firmware makes it, signed with `key`."""
     raw = bytearray(0x4A0)
     struct.pack_into("<IIQ", raw, 0, version, 0, policy)
@@ -144,8 +171,13 @@ class FakeSnp:
         self._thread.join(5)
 
     def report(self, report_data: bytes) -> bytes:
-        return snp_report(self.chain.vcek_key, report_data, chip_id=self.chip_id, reported_tcb=tcb_version(self.spls),
-                          policy=self.policy)
+        return snp_report(
+            self.chain.vcek_key,
+            report_data,
+            chip_id=self.chip_id,
+            reported_tcb=tcb_version(self.spls),
+            policy=self.policy,
+        )
 
     def _tsm(self) -> None:
         answered: set[str] = set()

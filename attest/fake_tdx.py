@@ -27,15 +27,22 @@ import time
 import uuid
 from pathlib import Path
 
-
 # Where the TD quote body holds each field (TDX 1.0 TDREPORT): offset and size.
-BODY_FIELDS = {"mrseam": (16, 48), "td_attributes": (120, 8), "xfam": (128, 8), "mrtd": (136, 48),
-               "rtmr0": (328, 48), "rtmr1": (376, 48), "rtmr2": (424, 48)}
+BODY_FIELDS = {
+    "mrseam": (16, 48),
+    "td_attributes": (120, 8),
+    "xfam": (128, 8),
+    "mrtd": (136, 48),
+    "rtmr0": (328, 48),
+    "rtmr1": (376, 48),
+    "rtmr2": (424, 48),
+}
 UNSIGNED = bytes(4096)
 
 
-def tdx_quote_v4(rtmr3: bytes, report_data: bytes, fields: dict[str, bytes] | None = None,
-                 signature: bytes = UNSIGNED) -> bytes:
+def tdx_quote_v4(
+    rtmr3: bytes, report_data: bytes, fields: dict[str, bytes] | None = None, signature: bytes = UNSIGNED
+) -> bytes:
     """`fields`: body fields to set (BODY_FIELDS' names), the others zero. `signature`: the
     quote's signature data; a real one holds the ECDSA signature and the PCK certificate
     chain (tests borrow a real quote's to carry its PCK certificate; nothing verifies)."""
@@ -43,7 +50,8 @@ def tdx_quote_v4(rtmr3: bytes, report_data: bytes, fields: dict[str, bytes] | No
     body = bytearray(584)  # the TD quote body: TCB, MRSEAM, ..., MRTD, RTMR0-3, REPORTDATA
     for name, value in (fields or {}).items():
         at, size = BODY_FIELDS[name]
-        assert len(value) == size, name
+        if len(value) != size:
+            raise ValueError(f"{name}: {size} bytes, not {len(value)}")
         body[at : at + size] = value
     body[472:520] = rtmr3
     body[520:584] = report_data
@@ -82,8 +90,11 @@ class FakeTdx:
             thread.start()
 
     def env(self) -> dict[str, str]:
-        return {"TINYGW_RTMR_PATH": str(self.rtmr_path), "TINYGW_TSM_REPORT_DIR": str(self.report_dir),
-                "TINYGW_LAUNCH_DIR": str(self.launch_dir)}
+        return {
+            "TINYGW_RTMR_PATH": str(self.rtmr_path),
+            "TINYGW_TSM_REPORT_DIR": str(self.report_dir),
+            "TINYGW_LAUNCH_DIR": str(self.launch_dir),
+        }
 
     def stop(self) -> None:
         self._stop.set()

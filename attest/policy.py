@@ -14,8 +14,9 @@ FAILs naming the field and both values. Hex is as the quote holds the bytes (xfa
 td_attributes too: dcap-qvl prints them so). `tcb` lists the TCB statuses to accept,
 each with an optional `grace_days` counted from the collateral's TCB date; without it,
 UpToDate only. `snp` holds the SEV-SNP fields, which attest/snp.py validates. An unknown
-field, a malformed value or an empty list is a PolicyError (exit 2): a typo in a
-policy must never widen what it accepts.
+field, a field given twice (JSON readers disagree on which one counts), a malformed value
+or an empty list is a PolicyError (exit 2): a typo in a policy must never widen what it
+accepts.
 """
 
 from __future__ import annotations
@@ -25,13 +26,30 @@ import re
 from dataclasses import dataclass, field, replace
 
 # Bytes per value of each hex field, in the order the checks run.
-HEX_FIELDS = {"mrtd": 48, "rtmr0": 48, "rtmr1": 48, "rtmr2": 48, "mrseam": 48, "xfam": 8, "td_attributes": 8,
-              "fmspc": 6, "platform_ids": 16}
+HEX_FIELDS = {
+    "mrtd": 48,
+    "rtmr0": 48,
+    "rtmr1": 48,
+    "rtmr2": 48,
+    "mrseam": 48,
+    "xfam": 8,
+    "td_attributes": 8,
+    "fmspc": 6,
+    "platform_ids": 16,
+}
 # Intel's TCB statuses that a policy may accept; Revoked is never acceptable.
-TCB_STATUSES = ("UpToDate", "SWHardeningNeeded", "ConfigurationNeeded", "ConfigurationAndSWHardeningNeeded",
-                "OutOfDate", "OutOfDateConfigurationNeeded")
+TCB_STATUSES = (
+    "UpToDate",
+    "SWHardeningNeeded",
+    "ConfigurationNeeded",
+    "ConfigurationAndSWHardeningNeeded",
+    "OutOfDate",
+    "OutOfDateConfigurationNeeded",
+)
 FIELDS = (*HEX_FIELDS, "tcb", "min_tcb_evaluation_data_number", "snp")
 POLICY_MAX_BYTES = 1 << 20
+# Ten years: longer than any collateral lives, and a date that a clock can still print.
+GRACE_DAYS_MAX = 3650
 
 
 class PolicyError(ValueError):
@@ -52,8 +70,11 @@ class Policy:
     snp: dict | None = None  # validated by attest/snp.py
 
     def names(self, name: str) -> bool:
-        return name in self.allowed or (name == "tcb" and self.tcb is not None) or (
-            name == "min_tcb_evaluation_data_number" and self.min_tcb_evaluation_data_number is not None)
+        return (
+            name in self.allowed
+            or (name == "tcb" and self.tcb is not None)
+            or (name == "min_tcb_evaluation_data_number" and self.min_tcb_evaluation_data_number is not None)
+        )
 
     def tcb_allowances(self) -> tuple[TcbAllowance, ...]:
         return self.tcb if self.tcb is not None else (TcbAllowance("UpToDate"),)
@@ -68,10 +89,21 @@ def load(path: str) -> Policy:
     if len(raw) > POLICY_MAX_BYTES:
         raise PolicyError(f"the policy {path} is over {POLICY_MAX_BYTES} bytes")
     try:
-        document = json.loads(raw)
+        document = json.loads(raw, object_pairs_hook=_object)
+    except PolicyError:
+        raise
     except (ValueError, RecursionError) as e:
         raise PolicyError(f"the policy {path} is not JSON: {e}") from None
     return parse(document)
+
+
+def _object(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object whose every name is given once."""
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        twice = next(name for number, (name, _) in enumerate(pairs) if name in dict(pairs[:number]))
+        raise PolicyError(f"policy: {str(twice)[:60]} is given twice")
+    return document
 
 
 def parse(document) -> Policy:
@@ -108,14 +140,18 @@ def _tcb(values) -> tuple[TcbAllowance, ...]:
     for value in values:
         entry = {"status": value} if isinstance(value, str) else value
         if not isinstance(entry, dict) or set(entry) - {"status", "grace_days"}:
-            raise PolicyError(f"policy tcb: {str(value)[:120]!r} is neither a status nor "
-                              '{"status": ..., "grace_days": N}')
+            raise PolicyError(
+                f'policy tcb: {str(value)[:120]!r} is neither a status nor {{"status": ..., "grace_days": N}}'
+            )
         status, grace = entry.get("status"), entry.get("grace_days")
         if status not in TCB_STATUSES:
-            raise PolicyError(f"policy tcb: {str(status)[:60]!r} is not a status to accept; one of "
-                              f"{', '.join(TCB_STATUSES)}")
-        if grace is not None and (not isinstance(grace, int) or isinstance(grace, bool) or grace < 0):
-            raise PolicyError(f"policy tcb: grace_days of {status} must be a whole number >= 0")
+            raise PolicyError(
+                f"policy tcb: {str(status)[:60]!r} is not a status to accept; one of {', '.join(TCB_STATUSES)}"
+            )
+        if grace is not None and (
+            not isinstance(grace, int) or isinstance(grace, bool) or not 0 <= grace <= GRACE_DAYS_MAX
+        ):
+            raise PolicyError(f"policy tcb: grace_days of {status} must be a whole number from 0 to {GRACE_DAYS_MAX}")
         allowances.append(TcbAllowance(status, grace))
     return tuple(allowances)
 
@@ -132,4 +168,3 @@ def with_shorthands(policy: Policy, expect_mrtd: str | None, accept_tcb: str | N
         statuses = ["UpToDate", *(s.strip() for s in accept_tcb.split(",") if s.strip())]
         policy = replace(policy, tcb=_tcb(list(dict.fromkeys(statuses))))
     return policy
-

@@ -23,8 +23,9 @@ class Relay:
     asyncio's TLS (memory BIOs, one thread) rather than blocking sockets: an SSL object
     must not be read and written from two threads at once."""
 
-    def __init__(self, cert: Path, key: Path, gateway_port: int,
-                 replay: bytes | Callable[[str], bytes] | None = None) -> None:
+    def __init__(
+        self, cert: Path, key: Path, gateway_port: int, replay: bytes | Callable[[str], bytes] | None = None
+    ) -> None:
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.load_cert_chain(cert, key)
         self.gateway_port = gateway_port
@@ -37,9 +38,11 @@ class Relay:
             self.port = self.server.sockets[0].getsockname()[1]
             ready.set()
 
-        threading.Thread(target=lambda: (self.loop.run_until_complete(start()), self.loop.run_forever()),
-                         daemon=True).start()
-        assert ready.wait(10)
+        threading.Thread(
+            target=lambda: (self.loop.run_until_complete(start()), self.loop.run_forever()), daemon=True
+        ).start()
+        if not ready.wait(10):
+            raise RuntimeError("the relay did not start within 10 s")
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -47,8 +50,10 @@ class Relay:
                 head = await reader.readuntil(b"\r\n\r\n")
                 path = head.split(b" ", 2)[1].decode("latin-1")
                 body = self.replay(path) if callable(self.replay) else self.replay
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
-                             b"content-length: %d\r\n\r\n%s" % (len(body), body))
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (len(body), body)
+                )
                 await writer.drain()
                 writer.close()
                 await writer.wait_closed()

@@ -59,9 +59,17 @@ REPORT_BYTES, SIGNED_BYTES = 0x4A0, 0x2A0
 VERSIONS = range(2, 6)
 ECDSA_P384_SHA384 = 1
 FIELDS = {  # name: (offset, size)
-    "report_data": (0x50, 64), "measurement": (0x90, 48), "host_data": (0xC0, 32), "id_key_digest": (0xE0, 48),
-    "author_key_digest": (0x110, 48), "report_id": (0x140, 32), "report_id_ma": (0x160, 32),
-    "reported_tcb": (0x180, 8), "chip_id": (0x1A0, 64), "current_tcb": (0x38, 8), "launch_tcb": (0x1F0, 8),
+    "report_data": (0x50, 64),
+    "measurement": (0x90, 48),
+    "host_data": (0xC0, 32),
+    "id_key_digest": (0xE0, 48),
+    "author_key_digest": (0x110, 48),
+    "report_id": (0x140, 32),
+    "report_id_ma": (0x160, 32),
+    "reported_tcb": (0x180, 8),
+    "chip_id": (0x1A0, 64),
+    "current_tcb": (0x38, 8),
+    "launch_tcb": (0x1F0, 8),
 }
 R_AT, S_AT, COMPONENT_BYTES = 0x2A0, 0x2E8, 72  # r and s, little-endian, zero-padded to 72 bytes
 POLICY_MIGRATE_MA, POLICY_DEBUG = 1 << 18, 1 << 19
@@ -76,8 +84,13 @@ TCB_LAYOUT = {
 }
 # The VCEK's extensions (AMD's "Versioned Chip Endorsement Key" spec): TCB SPLs, and hwID,
 # the chip id (64 bytes; Turin's VCEKs carry its first 8).
-SPL_OIDS = {"bootloader": "1.3.6.1.4.1.3704.1.3.1", "tee": "1.3.6.1.4.1.3704.1.3.2",
-            "snp": "1.3.6.1.4.1.3704.1.3.3", "microcode": "1.3.6.1.4.1.3704.1.3.8", "fmc": "1.3.6.1.4.1.3704.1.3.9"}
+SPL_OIDS = {
+    "bootloader": "1.3.6.1.4.1.3704.1.3.1",
+    "tee": "1.3.6.1.4.1.3704.1.3.2",
+    "snp": "1.3.6.1.4.1.3704.1.3.3",
+    "microcode": "1.3.6.1.4.1.3704.1.3.8",
+    "fmc": "1.3.6.1.4.1.3704.1.3.9",
+}
 HWID_OID = "1.3.6.1.4.1.3704.1.4"
 HWID_BYTES = {"Milan": 64, "Genoa": 64, "Turin": 8}
 
@@ -147,6 +160,7 @@ def load_report(data: bytes) -> bytes:
 def parse_report(raw: bytes) -> Report:
     if len(raw) != REPORT_BYTES:
         raise ReportError(f"an SEV-SNP report is {REPORT_BYTES} bytes, this one {len(raw)}")
+
     def u32(at: int) -> int:
         return int.from_bytes(raw[at : at + 4], "little")
 
@@ -154,8 +168,13 @@ def parse_report(raw: bytes) -> Report:
     if version not in VERSIONS:
         raise ReportError(f"report version {version}: this verifier reads versions 2 to 5")
     return Report(
-        raw=bytes(raw), version=version, guest_svn=u32(4), policy=int.from_bytes(raw[8:16], "little"),
-        vmpl=u32(0x30), signature_algo=u32(0x34), key_info=u32(0x48),
+        raw=bytes(raw),
+        version=version,
+        guest_svn=u32(4),
+        policy=int.from_bytes(raw[8:16], "little"),
+        vmpl=u32(0x30),
+        signature_algo=u32(0x34),
+        key_info=u32(0x48),
         cpuid=(raw[0x188], raw[0x189], raw[0x18A]) if version >= 3 else None,
     )
 
@@ -220,8 +239,10 @@ def _cn_of(name: x509.Name) -> str:
 def _valid_at(certs: list[x509.Certificate], now: datetime.datetime) -> str | None:
     for cert in certs:
         if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
-            return (f"{_cn(cert)} is valid from {cert.not_valid_before_utc:%Y-%m-%d} to "
-                    f"{cert.not_valid_after_utc:%Y-%m-%d}, not at {now:%Y-%m-%d %H:%M} UTC")
+            return (
+                f"{_cn(cert)} is valid from {cert.not_valid_before_utc:%Y-%m-%d} to "
+                f"{cert.not_valid_after_utc:%Y-%m-%d}, not at {now:%Y-%m-%d %H:%M} UTC"
+            )
     return None
 
 
@@ -230,16 +251,25 @@ def _root(ask, ark, simulated_ark) -> tuple[x509.Certificate | None, str | None,
     if ark is not None:
         product = next((p for p, pin in ARK_SHA256.items() if fingerprint(ark) == pin), None)
         if product is None:
-            return None, None, (f"the given ARK (sha256 {fingerprint(ark)[:16]}...) is none of AMD's pinned ARKs "
-                                f"({', '.join(ARK_SHA256)})")
+            return (
+                None,
+                None,
+                (
+                    f"the given ARK (sha256 {fingerprint(ark)[:16]}...) is none of AMD's pinned ARKs "
+                    f"({', '.join(ARK_SHA256)})"
+                ),
+            )
         return ark, product, None
     if simulated_ark is not None and ask.issuer == simulated_ark.subject:
         return simulated_ark, None, None
     for product, cert in builtin_arks().items():
         if cert.subject == ask.issuer:
             return cert, product, None
-    return None, None, (f"the ASK's issuer ({ask.issuer.rfc4514_string()}) is none of AMD's pinned ARKs "
-                        f"({', '.join(ARK_SHA256)})")
+    return (
+        None,
+        None,
+        (f"the ASK's issuer ({ask.issuer.rfc4514_string()}) is none of AMD's pinned ARKs ({', '.join(ARK_SHA256)})"),
+    )
 
 
 def verify_chain(vcek, ask, ark=None, *, simulated_ark=None, now=None) -> tuple[Check, str | None]:
@@ -265,8 +295,12 @@ def verify_chain(vcek, ask, ark=None, *, simulated_ark=None, now=None) -> tuple[
     if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name != "secp384r1":
         return failed(name, "the VCEK's key is not ECDSA P-384", **values), layout
     if product is None:
-        return skipped(name, f"the chain ends in a simulated ARK (sha256 {fingerprint(root)[:16]}...), not one of "
-                       "AMD's: nothing here is signed by AMD", **values), layout
+        return skipped(
+            name,
+            f"the chain ends in a simulated ARK (sha256 {fingerprint(root)[:16]}...), not one of "
+            "AMD's: nothing here is signed by AMD",
+            **values,
+        ), layout
     return passed(name, product=product, **values), product
 
 
@@ -291,8 +325,9 @@ def report_signature(report: Report, vcek: x509.Certificate) -> Check:
     try:
         key.verify(encode_dss_signature(r, s), report.raw[:SIGNED_BYTES], ec.ECDSA(hashes.SHA384()))
     except (InvalidSignature, ValueError):
-        return failed(name, "the report's signature does not verify under this VCEK "
-                      f"(sha256 {fingerprint(vcek)[:16]}...)")
+        return failed(
+            name, f"the report's signature does not verify under this VCEK (sha256 {fingerprint(vcek)[:16]}...)"
+        )
     return passed(name, signed_sha384=hashlib.sha384(report.raw[:SIGNED_BYTES]).hexdigest())
 
 
@@ -340,11 +375,19 @@ def vcek_matches(report: Report, vcek: x509.Certificate, product: str) -> Check:
     if chip_id == bytes(64):
         return failed(name, "the report's chip_id is masked (zero): the VCEK cannot be tied to it", **values)
     if hwid != chip_id[:size]:
-        return failed(name, f"the VCEK is for chip {hwid.hex()[:16]}..., the report comes from chip "
-                      f"{chip_id.hex()[:16]}...", vcek_hwid=hwid.hex(), **values)
+        return failed(
+            name,
+            f"the VCEK is for chip {hwid.hex()[:16]}..., the report comes from chip {chip_id.hex()[:16]}...",
+            vcek_hwid=hwid.hex(),
+            **values,
+        )
     if certified != reported:
-        return failed(name, f"the VCEK is for TCB {_tcb_text(certified)}, the report's reported_tcb is "
-                      f"{_tcb_text(reported)}", vcek_tcb=certified, **values)
+        return failed(
+            name,
+            f"the VCEK is for TCB {_tcb_text(certified)}, the report's reported_tcb is {_tcb_text(reported)}",
+            vcek_tcb=certified,
+            **values,
+        )
     return passed(name, **values)
 
 
@@ -355,27 +398,41 @@ def _tcb_text(spls: dict[str, int]) -> str:
 def debug_off(report: Report) -> Check:
     name = "guest not in debug mode"
     if report.policy & POLICY_DEBUG:
-        return failed(name, f"the guest policy (0x{report.policy:x}) allows debugging: the host can read and change "
-                      "the guest's memory, so nothing in it is protected", policy=f"0x{report.policy:x}")
+        return failed(
+            name,
+            f"the guest policy (0x{report.policy:x}) allows debugging: the host can read and change "
+            "the guest's memory, so nothing in it is protected",
+            policy=f"0x{report.policy:x}",
+        )
     return passed(name, policy=f"0x{report.policy:x}")
 
 
 def migration_agent_off(report: Report) -> Check:
     name = "no migration agent"
     if report.policy & POLICY_MIGRATE_MA:
-        return failed(name, f"the guest policy (0x{report.policy:x}) allows a migration agent, which can move the "
-                      "guest's memory out", policy=f"0x{report.policy:x}")
+        return failed(
+            name,
+            f"the guest policy (0x{report.policy:x}) allows a migration agent, which can move the guest's memory out",
+            policy=f"0x{report.policy:x}",
+        )
     if report.field("report_id_ma") != b"\xff" * 32:
-        return failed(name, "a migration agent is bound to this guest (report_id_ma is set)",
-                      report_id_ma=report.field("report_id_ma").hex())
+        return failed(
+            name,
+            "a migration agent is bound to this guest (report_id_ma is set)",
+            report_id_ma=report.field("report_id_ma").hex(),
+        )
     return passed(name)
 
 
 def report_data_check(report: Report, expected: bytes) -> Check:
     got = report.field("report_data")
     if got != expected:
-        return failed("report_data", "the report's REPORT_DATA is not the one recomputed for this nonce",
-                      report=got.hex(), expected=expected.hex())
+        return failed(
+            "report_data",
+            "the report's REPORT_DATA is not the one recomputed for this nonce",
+            report=got.hex(),
+            expected=expected.hex(),
+        )
     return passed("report_data")
 
 
@@ -430,8 +487,12 @@ def _int_values(where: str, value: object, top: int) -> list[int]:
 def policy_checks(report: Report, product: str, policy: dict) -> list[Check]:
     """One check per field the policy names, called by the field's name; a FAIL gives both values."""
     checks = []
-    got = {"measurement": report.field("measurement").hex(), "host_data": report.field("host_data").hex(),
-           "chip_ids": report.field("chip_id").hex(), "vmpl": report.vmpl}
+    got = {
+        "measurement": report.field("measurement").hex(),
+        "host_data": report.field("host_data").hex(),
+        "chip_ids": report.field("chip_id").hex(),
+        "vmpl": report.vmpl,
+    }
     for key in ("measurement", "host_data", "vmpl", "chip_ids"):
         if key in policy:
             name = f"snp.{key}"
@@ -439,14 +500,27 @@ def policy_checks(report: Report, product: str, policy: dict) -> list[Check]:
                 checks.append(passed(name, report=got[key]))
             else:
                 allowed = ", ".join(str(v) for v in policy[key])
-                checks.append(failed(name, f"policy {name}: the report has {got[key]}, the policy allows {allowed}",
-                                     report=got[key], allowed=policy[key]))
+                checks.append(
+                    failed(
+                        name,
+                        f"policy {name}: the report has {got[key]}, the policy allows {allowed}",
+                        report=got[key],
+                        allowed=policy[key],
+                    )
+                )
     if "min_tcb" in policy:
         reported = tcb(report.field("reported_tcb"), product)
         low = [f"{k} {reported[k]} < {floor}" for k, floor in policy["min_tcb"].items() if reported[k] < floor]
-        checks.append(failed("snp.min_tcb", "policy snp.min_tcb: the reported TCB is below the floor: " +
-                             ", ".join(low), report=reported, floor=policy["min_tcb"]) if low else
-                      passed("snp.min_tcb", report=reported, floor=policy["min_tcb"]))
+        checks.append(
+            failed(
+                "snp.min_tcb",
+                "policy snp.min_tcb: the reported TCB is below the floor: " + ", ".join(low),
+                report=reported,
+                floor=policy["min_tcb"],
+            )
+            if low
+            else passed("snp.min_tcb", report=reported, floor=policy["min_tcb"])
+        )
     return checks
 
 
@@ -454,29 +528,48 @@ def artifact_measured(report: Report, policy: dict) -> Check:
     """SEV-SNP measures the guest at launch only: the binary is bound through that measurement."""
     name, measurement = "artifact measured", report.field("measurement").hex()
     if "measurement" not in policy:
-        return skipped(name, "SEV-SNP has no runtime measurement register: the binary is bound only by the launch "
-                       "measurement of an image that contains it, and the policy pins no snp.measurement "
-                       "(docs/verify.md: how to compute it)", measurement=measurement)
+        return skipped(
+            name,
+            "SEV-SNP has no runtime measurement register: the binary is bound only by the launch "
+            "measurement of an image that contains it, and the policy pins no snp.measurement "
+            "(docs/verify.md: how to compute it)",
+            measurement=measurement,
+        )
     if measurement not in policy["measurement"]:
-        return failed(name, f"the launch measurement {measurement[:16]}... is not a pinned one: another image runs",
-                      measurement=measurement)
+        return failed(
+            name,
+            f"the launch measurement {measurement[:16]}... is not a pinned one: another image runs",
+            measurement=measurement,
+        )
     return passed(name, measurement=measurement, through="the pinned launch measurement of the image")
 
 
 def learned_policy(report: Report, product: str) -> dict:
     """The `snp` policy that this report satisfies, to pin on first use (after its signature PASSed)."""
     reported = tcb(report.field("reported_tcb"), product)
-    return {"measurement": [report.field("measurement").hex()], "host_data": [report.field("host_data").hex()],
-            "vmpl": [report.vmpl], "min_tcb": {k: reported[k] for k in MIN_TCB_FIELDS},
-            "chip_ids": [report.field("chip_id").hex()]}
+    return {
+        "measurement": [report.field("measurement").hex()],
+        "host_data": [report.field("host_data").hex()],
+        "vmpl": [report.vmpl],
+        "min_tcb": {k: reported[k] for k in MIN_TCB_FIELDS},
+        "chip_ids": [report.field("chip_id").hex()],
+    }
 
 
 # ---- all of it ---------------------------------------------------------------------------
 
 
-def verify_report(raw: bytes, vcek: bytes | None, ask: bytes | None, ark: bytes | None = None, *,
-                  report_data: bytes | None = None, policy: dict | None = None, simulated_ark: bytes | None = None,
-                  now: datetime.datetime | None = None) -> list[Check]:
+def verify_report(
+    raw: bytes,
+    vcek: bytes | None,
+    ask: bytes | None,
+    ark: bytes | None = None,
+    *,
+    report_data: bytes | None = None,
+    policy: dict | None = None,
+    simulated_ark: bytes | None = None,
+    now: datetime.datetime | None = None,
+) -> list[Check]:
     """Every check of a report, in order. Certificates are PEM or DER bytes; `policy` is
     parse_policy's result; `report_data`, when given, is what REPORT_DATA must be."""
     policy = policy or {}
@@ -484,17 +577,27 @@ def verify_report(raw: bytes, vcek: bytes | None, ask: bytes | None, ark: bytes 
         report = parse_report(raw)
     except ReportError as e:
         return [failed("snp report", str(e))]
-    checks = [passed("snp report", version=report.version, measurement=report.field("measurement").hex(),
-                     reported_tcb=report.field("reported_tcb").hex(), chip_id=report.field("chip_id").hex())]
+    checks = [
+        passed(
+            "snp report",
+            version=report.version,
+            measurement=report.field("measurement").hex(),
+            reported_tcb=report.field("reported_tcb").hex(),
+            chip_id=report.field("chip_id").hex(),
+        )
+    ]
     certs, reason = _certificates(vcek, ask, ark, simulated_ark)
     if reason is not None:
         checks.append(failed("certificate chain", reason))
-        checks += [failed("report signature", "no VCEK to check it with"),
-                   failed("VCEK matches report", "no VCEK to check it with")]
+        checks += [
+            failed("report signature", "no VCEK to check it with"),
+            failed("VCEK matches report", "no VCEK to check it with"),
+        ]
         product = "Milan"
     else:
-        chain, product = verify_chain(certs["vcek"], certs["ask"], certs["ark"], simulated_ark=certs["simulated"],
-                                      now=now)
+        chain, product = verify_chain(
+            certs["vcek"], certs["ask"], certs["ark"], simulated_ark=certs["simulated"], now=now
+        )
         product = product or "Milan"
         checks += [chain, report_signature(report, certs["vcek"]), vcek_matches(report, certs["vcek"], product)]
     checks += [debug_off(report), migration_agent_off(report)]
@@ -506,8 +609,10 @@ def verify_report(raw: bytes, vcek: bytes | None, ask: bytes | None, ark: bytes 
 def _certificates(vcek, ask, ark, simulated_ark) -> tuple[dict, str | None]:
     """The certificates read, or why one cannot be."""
     if vcek is None:
-        return {}, ("no VCEK: the host supplies none; fetch the one for this chip_id and reported_tcb from AMD's "
-                    "KDS (kdsintf.amd.com/vcek/v1) and give it with --vcek")
+        return {}, (
+            "no VCEK: the host supplies none; fetch the one for this chip_id and reported_tcb from AMD's "
+            "KDS (kdsintf.amd.com/vcek/v1) and give it with --vcek"
+        )
     if ask is None:
         return {}, "no ASK: give AMD's ASK of this product with --ask"
     certs = {}
@@ -517,7 +622,6 @@ def _certificates(vcek, ask, ark, simulated_ark) -> tuple[dict, str | None]:
         except ValueError as e:
             return {}, f"cannot read the {key.upper()} certificate: {e}"
     return certs, None
-
 
 
 # ---- the platform module of attest/verify (beside attest/tdx.py) ----------------------------
@@ -530,6 +634,7 @@ SIGNATURE_CHECK = "report signature"
 @dataclass(frozen=True)
 class Quote:
     """SEV-SNP evidence as attest/verify handles a platform's: the report, and the host's certificates."""
+
     report: Report
     host_certificates: dict = field(default_factory=dict)
 
@@ -554,10 +659,16 @@ def check(quote: Quote, policy, run, checks) -> dict | None:
     `snp_certificates` ({"vcek", "ask", "ark", "simulated_ark": bytes} from files, each optional;
     given ones take the place of the host's) and `now` (Unix seconds)."""
     given = getattr(run, "snp_certificates", None) or {}
-    now = datetime.datetime.fromtimestamp(run.now, datetime.UTC) if getattr(run, "now", None) else None
-    results = verify_report(quote.report.raw, given.get("vcek") or quote.host_certificates.get("vcek"),
-                            given.get("ask") or quote.host_certificates.get("ask"), given.get("ark"),
-                            policy=policy.snp or {}, simulated_ark=given.get("simulated_ark"), now=now)
+    now = datetime.datetime.fromtimestamp(run.now, datetime.UTC) if getattr(run, "now", None) is not None else None
+    results = verify_report(
+        quote.report.raw,
+        given.get("vcek") or quote.host_certificates.get("vcek"),
+        given.get("ask") or quote.host_certificates.get("ask"),
+        given.get("ark"),
+        policy=policy.snp or {},
+        simulated_ark=given.get("simulated_ark"),
+        now=now,
+    )
     for result in results:
         checks.report(result.name, result.reason, skip=result.result == "SKIP", **result.values)
     verdict = {result.name: result for result in results}

@@ -33,13 +33,32 @@ SIGNATURE_CHECK = "quote signature"
 QUOTE_HEADER_BYTES = 48
 TDX_TEE_TYPE = 0x81
 # The TD quote body (TDX 1.0 TDREPORT fields): (offset, bytes), in the order checked.
-BODY_FIELDS = {"mrtd": (136, 48), "rtmr0": (328, 48), "rtmr1": (376, 48), "rtmr2": (424, 48), "mrseam": (16, 48),
-               "xfam": (128, 8), "td_attributes": (120, 8)}
+BODY_FIELDS = {
+    "mrtd": (136, 48),
+    "rtmr0": (328, 48),
+    "rtmr1": (376, 48),
+    "rtmr2": (424, 48),
+    "mrseam": (16, 48),
+    "xfam": (128, 8),
+    "td_attributes": (120, 8),
+}
 RTMR3_AT, REPORT_DATA_AT, BODY_BYTES = 472, 520, 584
 DEBUG_BIT = 1  # bit 0 of TDATTRIBUTES: the host can read and write the TD's memory and registers
-CHECK_NAMES = {"mrtd": "MRTD", "rtmr0": "RTMR0", "rtmr1": "RTMR1", "rtmr2": "RTMR2", "mrseam": "MRSEAM",
-               "xfam": "XFAM", "td_attributes": "TD attributes", "fmspc": "FMSPC", "platform_ids": "platform ID",
-               "min_tcb_evaluation_data_number": "TCB evaluation data number"}
+CHECK_NAMES = {
+    "mrtd": "MRTD",
+    "rtmr0": "RTMR0",
+    "rtmr1": "RTMR1",
+    "rtmr2": "RTMR2",
+    "mrseam": "MRSEAM",
+    "xfam": "XFAM",
+    "td_attributes": "TD attributes",
+    "fmspc": "FMSPC",
+    "platform_ids": "platform ID",
+    "min_tcb_evaluation_data_number": "TCB evaluation data number",
+}
+# The TD's image: firmware (MRTD) and boot chain (RTMR0-2). Unpinned, RTMR3 is only the word
+# of whatever image ran: any TD on a genuine TDX machine can extend it with any digest.
+IMAGE_FIELDS = ("mrtd", "rtmr0", "rtmr1", "rtmr2")
 PLATFORM_VERIFIER_SECONDS = 300
 DAY_SECONDS = 86400
 
@@ -97,27 +116,47 @@ def check(quote: Quote, policy, run, checks) -> dict:
     """The TDX checks, in order; returns the policy fields this quote satisfies (--learn-policy).
     `run`: the run's settings (collateral, pccs, platform_verifier, now)."""
     debug = quote.body[BODY_FIELDS["td_attributes"][0]] & DEBUG_BIT
-    checks.report("TD not in debug mode", "the quote is from a debug TD" if debug else None,
-                  td_attributes=quote.value("td_attributes"))
+    checks.report(
+        "TD not in debug mode",
+        "the quote is from a debug TD" if debug else None,
+        td_attributes=quote.value("td_attributes"),
+    )
     learned = {name: [quote.value(name)] for name in BODY_FIELDS}
+    if unpinned := [name for name in IMAGE_FIELDS if not policy.names(name)]:
+        checks.note(
+            f"note: the policy pins no {', '.join(unpinned)}: RTMR3 is then only the word of whatever image "
+            "ran (any TD on a genuine TDX machine can extend it with the artifact's digest); pin them "
+            "(docs/verify.md)"
+        )
     for name in BODY_FIELDS:
         if policy.names(name):
-            checks.report(CHECK_NAMES[name], mismatch(name, quote.value(name), policy.allowed[name]),
-                          quote=quote.value(name), allowed=list(policy.allowed[name]))
+            checks.report(
+                CHECK_NAMES[name],
+                mismatch(name, quote.value(name), policy.allowed[name]),
+                quote=quote.value(name),
+                allowed=list(policy.allowed[name]),
+            )
     signature = check_signature(quote.raw, policy, run, checks)
     platform = pck_facts(quote.raw)
     learned.update({name: [value] for name, value in platform.items() if value is not None})
     for name in ("fmspc", "platform_ids"):
         if policy.names(name):
             value = platform[name]
-            reason = (f"policy {name}: the quote carries no PCK certificate to read it from" if value is None
-                      else mismatch(name, value, policy.allowed[name]))
+            reason = (
+                f"policy {name}: the quote carries no PCK certificate to read it from"
+                if value is None
+                else mismatch(name, value, policy.allowed[name])
+            )
             checks.report(CHECK_NAMES[name], reason, quote=value, allowed=list(policy.allowed[name]))
     if policy.names("min_tcb_evaluation_data_number"):
         number, floor = signature.evaluation_data_number, policy.min_tcb_evaluation_data_number
-        reason = ("policy min_tcb_evaluation_data_number: no collateral was checked (--collateral or --pccs)"
-                  if number is None else None if number >= floor else
-                  f"policy min_tcb_evaluation_data_number: the collateral's is {number}, the policy wants >= {floor}")
+        reason = (
+            "policy min_tcb_evaluation_data_number: no collateral was checked (--collateral or --pccs)"
+            if number is None
+            else None
+            if number >= floor
+            else f"policy min_tcb_evaluation_data_number: the collateral's is {number}, the policy wants >= {floor}"
+        )
         checks.report(CHECK_NAMES["min_tcb_evaluation_data_number"], reason, collateral=number, minimum=floor)
     if signature.status is not None:
         learned["tcb"] = list(dict.fromkeys(["UpToDate", signature.status]))
@@ -139,13 +178,24 @@ def check_signature(raw: bytes, policy, run, checks) -> Signature:
         if reason is None and said:
             checks.note(f"platform verifier: {said}")
     else:
-        signature = Signature("no collateral given (--collateral FILE or --pccs URL): "
-                              "the quote's Intel DCAP signature chain is not checked", skipped=True)
-    checks.report("quote signature", signature.reason, skip=signature.skipped, tcb_status=signature.status,
-                  tcb_date=signature.tcb_date.isoformat() if signature.tcb_date else None)
+        signature = Signature(
+            "no collateral given (--collateral FILE or --pccs URL): "
+            "the quote's Intel DCAP signature chain is not checked",
+            skipped=True,
+        )
+    checks.report(
+        "quote signature",
+        signature.reason,
+        skip=signature.skipped,
+        tcb_status=signature.status,
+        tcb_date=signature.tcb_date.isoformat() if signature.tcb_date else None,
+    )
     if policy.tcb is not None and not (run.collateral or run.pccs) and run.platform_verifier:
-        checks.report("TCB status", "policy tcb: only Intel DCAP collateral (--collateral or --pccs) tells the TCB "
-                      "status, and --platform-verifier gives none")
+        checks.report(
+            "TCB status",
+            "policy tcb: only Intel DCAP collateral (--collateral or --pccs) tells the TCB "
+            "status, and --platform-verifier gives none",
+        )
     return signature
 
 
@@ -204,16 +254,20 @@ def tcb_verdict(status: str, tcb_date, now: float, allowances) -> str | None:
         if allowance.grace_days is None:
             return None
         if tcb_date is None:
-            return (f"policy tcb: {status} is allowed for {allowance.grace_days} days, and the collateral has no "
-                    "TCB date")
+            return (
+                f"policy tcb: {status} is allowed for {allowance.grace_days} days, and the collateral has no TCB date"
+            )
         limit = tcb_date.timestamp() + allowance.grace_days * DAY_SECONDS
         if now <= limit:
             return None
-        return (f"policy tcb: TCB status {status}, allowed {allowance.grace_days} days from the TCB date "
-                f"{tcb_date.date()}, that is until {_day(limit)}; it is {_day(now)}")
+        return (
+            f"policy tcb: TCB status {status}, allowed {allowance.grace_days} days from the TCB date "
+            f"{tcb_date.date()}, that is until {_day(limit)}; it is {_day(now)}"
+        )
     allowed = ", ".join(a.status + (f" ({a.grace_days} days)" if a.grace_days is not None else "") for a in allowances)
-    return (f"policy tcb: the TCB status is {status}, the policy allows {allowed}; accept it with --accept-tcb or "
-            "a policy")
+    return (
+        f"policy tcb: the TCB status is {status}, the policy allows {allowed}; accept it with --accept-tcb or a policy"
+    )
 
 
 def _day(seconds: float) -> str:
@@ -241,8 +295,8 @@ def run_platform_verifier(command: str, raw: bytes) -> tuple[str | None, str | N
         with open(path, "wb") as f:
             f.write(raw)
         try:
-            done = subprocess.run([*shlex.split(command), path], capture_output=True, timeout=PLATFORM_VERIFIER_SECONDS,
-                                  check=False)
+            argv = [*shlex.split(command), path]  # the user's own --platform-verifier, run as given
+            done = subprocess.run(argv, capture_output=True, timeout=PLATFORM_VERIFIER_SECONDS, check=False)  # noqa: S603
         except (OSError, ValueError, subprocess.TimeoutExpired) as e:
             return f"could not run it: {e}", None
     said = (done.stdout if done.returncode == 0 else done.stderr or done.stdout).decode(errors="replace")

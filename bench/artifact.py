@@ -37,13 +37,27 @@ def healthz(port: int) -> bool:
 
 def cold_start(binary: Path, timeout: float = 10.0) -> float:
     port = free_port()
-    config = {"providers": {"up": {"base_url": "http://127.0.0.1:9/v1", "api": "openai"}},
-              "models": {"m": {"targets": ["up:m"]}}}
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TINYGW_HOST": "127.0.0.1", "TINYGW_PORT": str(port),
-           "TINYGW_CONFIG": json.dumps(config), "TINYGW_DRAIN_SECONDS": "0", "PROVIDER_LISTING_SECONDS": "0"}
+    config = {
+        "providers": {"up": {"base_url": "http://127.0.0.1:9/v1", "api": "openai"}},
+        "models": {"m": {"targets": ["up:m"]}},
+    }
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "TINYGW_HOST": "127.0.0.1",
+        "TINYGW_PORT": str(port),
+        "TINYGW_CONFIG": json.dumps(config),
+        "TINYGW_DRAIN_SECONDS": "0",
+        "PROVIDER_LISTING_SECONDS": "0",
+    }
     started = time.monotonic()
-    proc = subprocess.Popen([str(binary), "serve"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(binary), "serve"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         while not healthz(port):
             if proc.poll() is not None or time.monotonic() - started > timeout:
@@ -70,11 +84,15 @@ def main(argv: list[str] | None = None) -> int:
     size_mb = args.binary.stat().st_size / 1e6
     times = [cold_start(args.binary) for _ in range(args.starts)]
     median = statistics.median(times)
-    print(f"artifact: {args.binary.relative_to(ROOT) if args.binary.is_relative_to(ROOT) else args.binary}, "
-          f"{size_mb:.1f} MB; cold start to the first /healthz: median {median:.3f} s of {args.starts} "
-          f"({', '.join(f'{t:.3f}' for t in times)})")
-    for goal, value, limit, unit in (("artifact size", size_mb, ARTIFACT_MB_GOAL, " MB"),
-                                     ("frozen cold start to the first /healthz", median, COLD_START_GOAL_S, " s")):
+    print(
+        f"artifact: {args.binary.relative_to(ROOT) if args.binary.is_relative_to(ROOT) else args.binary}, "
+        f"{size_mb:.1f} MB; cold start to the first /healthz: median {median:.3f} s of {args.starts} "
+        f"({', '.join(f'{t:.3f}' for t in times)})"
+    )
+    for goal, value, limit, unit in (
+        ("artifact size", size_mb, ARTIFACT_MB_GOAL, " MB"),
+        ("frozen cold start to the first /healthz", median, COLD_START_GOAL_S, " s"),
+    ):
         print(f"goal: {goal} <= {limit:g}{unit}: {value:.3g} -> {'MET' if value <= limit else 'NOT MET'}")
     return 0
 

@@ -97,12 +97,26 @@ class Client:
 
 def scope(state: dict, body: bytes) -> dict:
     """What Granian hands the app for wrk's request."""
-    headers = [(b"host", b"%s:8080" % HOST.encode()), (b"content-length", b"%d" % len(body)),
-               (b"content-type", b"application/json")]
-    return {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-            "server": (HOST, 8080), "client": (HOST, 50000), "scheme": "http", "method": "POST", "root_path": "",
-            "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
-            "headers": headers, "state": state.copy()}
+    headers = [
+        (b"host", b"%s:8080" % HOST.encode()),
+        (b"content-length", b"%d" % len(body)),
+        (b"content-type", b"application/json"),
+    ]
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "server": (HOST, 8080),
+        "client": (HOST, 50000),
+        "scheme": "http",
+        "method": "POST",
+        "root_path": "",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "headers": headers,
+        "state": state.copy(),
+    }
 
 
 async def next_turn() -> None:
@@ -130,8 +144,9 @@ async def one(app, state: dict, body: bytes, counter: Counter | None) -> tuple[i
     return (None if client.received > 1 or counter is None else counter.n), client
 
 
-async def count(app, state: dict, body: bytes, requests: int, by_function: collections.Counter | None = None
-                ) -> list[int]:
+async def count(
+    app, state: dict, body: bytes, requests: int, by_function: collections.Counter | None = None
+) -> list[int]:
     for _ in range(WARMUP):
         await one(app, state, body, None)
     counts: list[int] = []
@@ -141,8 +156,10 @@ async def count(app, state: dict, body: bytes, requests: int, by_function: colle
             counts.append(n)
         if len(counts) == requests:
             return counts
-    raise RuntimeError(f"only {len(counts)} of {requests} requests ended before the gateway's watch for a client "
-                       "that leaves started: no count")
+    raise RuntimeError(
+        f"only {len(counts)} of {requests} requests ended before the gateway's watch for a client "
+        "that leaves started: no count"
+    )
 
 
 async def measure(requests: int, by_function: dict[str, collections.Counter]) -> dict[str, list[int]]:
@@ -171,8 +188,7 @@ async def measure(requests: int, by_function: dict[str, collections.Counter]) ->
         return {
             "plain": await count(app, state, plain, requests, by_function["plain"]),
             "short": await count(app, state, stream, requests, by_function["short"]),
-            "long": await count(app, state, stream.replace(b'"bench"', b'"bench-long"'), requests,
-                                by_function["long"]),
+            "long": await count(app, state, stream.replace(b'"bench"', b'"bench-long"'), requests, by_function["long"]),
         }
     finally:
         await startup.put({"type": "lifespan.shutdown"})
@@ -182,14 +198,17 @@ async def measure(requests: int, by_function: dict[str, collections.Counter]) ->
 def configure(short_port: int, long_port: int, metrics_dir: str) -> None:
     """The environment `tinygw serve` gives its one worker, with the benchmark's configuration."""
     config = {
-        "providers": {"up": {"base_url": f"http://{HOST}:{short_port}/v1", "api": "openai"},
-                      "up-long": {"base_url": f"http://{HOST}:{long_port}/v1", "api": "openai"}},
+        "providers": {
+            "up": {"base_url": f"http://{HOST}:{short_port}/v1", "api": "openai"},
+            "up-long": {"base_url": f"http://{HOST}:{long_port}/v1", "api": "openai"},
+        },
         "models": {"bench": {"targets": ["up:bench-model"]}, "bench-long": {"targets": ["up-long:bench-model"]}},
     }
     for name in [k for k in os.environ if k.startswith(("TINYGW_", "PROVIDER_"))]:
         del os.environ[name]
-    os.environ.update(TINYGW_HOST=HOST, TINYGW_LOG_LEVEL="info", TINYGW_CONFIG=json.dumps(config),
-                      TINYGW_METRICS_DIR=metrics_dir)
+    os.environ.update(
+        TINYGW_HOST=HOST, TINYGW_LOG_LEVEL="info", TINYGW_CONFIG=json.dumps(config), TINYGW_METRICS_DIR=metrics_dir
+    )
 
 
 def print_top(by_function: dict[str, collections.Counter], requests: int, top: int) -> None:
@@ -197,8 +216,12 @@ def print_top(by_function: dict[str, collections.Counter], requests: int, top: i
     print(f"per plain request, the top {top} functions (bytecodes, mean of {requests} requests):")
     for name, n in by_function["plain"].most_common(top):
         print(f"  {n / requests:8.1f}  {name}")
-    events = collections.Counter({k: (by_function["long"][k] - by_function["short"][k]) / requests
-                                  / (LONG_WORDS - SHORT_WORDS) for k in by_function["long"]})
+    events = collections.Counter(
+        {
+            k: (by_function["long"][k] - by_function["short"][k]) / requests / (LONG_WORDS - SHORT_WORDS)
+            for k in by_function["long"]
+        }
+    )
     print(f"per relayed event, the top {top} functions:")
     for name, n in events.most_common(top):
         print(f"  {n:8.1f}  {name}")
@@ -207,8 +230,13 @@ def print_top(by_function: dict[str, collections.Counter], requests: int, top: i
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=30, help="counted requests of each kind; median shown (30)")
-    ap.add_argument("--top", type=int, default=0, metavar="N",
-                    help="also list the N functions that execute the most bytecodes per plain request and per event")
+    ap.add_argument(
+        "--top",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also list the N functions that execute the most bytecodes per plain request and per event",
+    )
     args = ap.parse_args(argv)
     if args.requests < 1:
         ap.error("--requests must be at least 1")
@@ -239,8 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     access_lines = log_file.read().count(b'"msg":"request"')
     expected = 3 * (WARMUP + args.requests)
     if access_lines < expected:
-        raise SystemExit(f"bytecodes: {access_lines} access lines for at least {expected} requests: the access log "
-                         "is not on as in the product")
+        raise SystemExit(
+            f"bytecodes: {access_lines} access lines for at least {expected} requests: the access log "
+            "is not on as in the product"
+        )
     plain, short_med, long_med = (statistics.median(counts[k]) for k in ("plain", "short", "long"))
     per_event = (long_med - short_med) / (LONG_WORDS - SHORT_WORDS)
     print(f"bytecodes per plain request: {plain:.0f}")
@@ -248,8 +278,10 @@ def main(argv: list[str] | None = None) -> int:
     spread = ", ".join(f"{k} {min(v)}-{max(v)}" for k, v in counts.items())
     if args.top:
         print_top(by_function, args.requests, args.top)
-    print(f"(medians of {args.requests} requests each, Python {sys.version.split()[0]}; a {SHORT_WORDS + 2}-event "
-          f"stream: {short_med:.0f}; a {LONG_WORDS + 2}-event stream: {long_med:.0f}; min-max: {spread})")
+    print(
+        f"(medians of {args.requests} requests each, Python {sys.version.split()[0]}; a {SHORT_WORDS + 2}-event "
+        f"stream: {short_med:.0f}; a {LONG_WORDS + 2}-event stream: {long_med:.0f}; min-max: {spread})"
+    )
     for what, value, limit in (("plain request", plain, GOAL_PLAIN), ("relayed event", per_event, GOAL_EVENT)):
         print(f"goal: bytecodes per {what} <= {limit:,}: {value:,.0f} -> {'MET' if value <= limit else 'NOT MET'}")
     return 0

@@ -32,17 +32,36 @@ TARGETS = ("direct", "granian-hello", "granian-pool", "uvloop-pool", "tinygw")
 def start_granian(app: str, upstream_port: int) -> tuple[lib.Proc, int]:
     port = lib.free_port()
     env = dict(os.environ, FLOOR_UPSTREAM_PORT=str(upstream_port), PYTHONPATH=str(lib.ROOT))
-    argv = [lib.gateway_python(), "-m", "granian", "--interface", "asgi", "--loop", "uvloop", "--http", "1",
-            "--no-ws", "--workers", "1", "--host", lib.HOST, "--port", str(port), "--log-level", "warning",
-            f"floor_apps:{app}"]
+    argv = [
+        lib.gateway_python(),
+        "-m",
+        "granian",
+        "--interface",
+        "asgi",
+        "--loop",
+        "uvloop",
+        "--http",
+        "1",
+        "--no-ws",
+        "--workers",
+        "1",
+        "--host",
+        lib.HOST,
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        f"floor_apps:{app}",
+    ]
     proc = lib.Proc(f"granian-{app}", argv, env=env, cwd=lib.HERE)
     return proc, port
 
 
 def start_uvloop_pool(upstream_port: int) -> tuple[lib.Proc, int]:
     port = lib.free_port()
-    proc = lib.Proc("uvloop-pool", [lib.gateway_python(), str(lib.HERE / "floor_apps.py"), str(port),
-                                    str(upstream_port)])
+    proc = lib.Proc(
+        "uvloop-pool", [lib.gateway_python(), str(lib.HERE / "floor_apps.py"), str(port), str(upstream_port)]
+    )
     return proc, port
 
 
@@ -52,11 +71,15 @@ def print_goals(medians: dict[tuple[int, str], tuple[float, float | None]]) -> N
     (_, cpu), (_, floor_cpu) = medians[32, "tinygw"], medians[32, "granian-pool"]
     if cpu is not None and floor_cpu:
         ratio = cpu / floor_cpu
-        print(f"goal: c=32 tinygw CPU per request <= 1.5x granian-pool's: {ratio:.2f}x -> "
-              f"{'MET' if ratio <= 1.5 else 'NOT MET'}")
+        print(
+            f"goal: c=32 tinygw CPU per request <= 1.5x granian-pool's: {ratio:.2f}x -> "
+            f"{'MET' if ratio <= 1.5 else 'NOT MET'}"
+        )
     added = (medians[1, "tinygw"][0] - medians[1, "granian-pool"][0]) / 1000
-    print(f"goal: c=1 tinygw added p50 <= granian-pool's + 0.08 ms: +{added:.3f} ms over it -> "
-          f"{'MET' if added <= 0.08 else 'NOT MET'}")
+    print(
+        f"goal: c=1 tinygw added p50 <= granian-pool's + 0.08 ms: +{added:.3f} ms over it -> "
+        f"{'MET' if added <= 0.08 else 'NOT MET'}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,16 +106,19 @@ def main(argv: list[str] | None = None) -> int:
                 lib.wait_ready(proc, port, lib.PATH, 30)
             lib.check_once(port, name, proc)
         print(f"machine: {lib.machine()}")
-        print(f"runs:    1 s warm-up + {args.seconds:g} s, {args.repeats} per target, median; {lib.PATH} on "
-              f"{lib.HOST}; tinygw at its defaults (log level info, access log on)")
+        print(
+            f"runs:    1 s warm-up + {args.seconds:g} s, {args.repeats} per target, median; {lib.PATH} on "
+            f"{lib.HOST}; tinygw at its defaults (log level info, access log on)"
+        )
         rows, medians = [], {}
         for conns in (1, 32):
             results: dict[str, list[dict]] = {name: [] for name in TARGETS}
             for _ in range(args.repeats):
                 for name in TARGETS:
                     proc, port = started[name]
-                    results[name].append(lib.measured_run(wrk, lua.name, port, conns, args.seconds, 1.0,
-                                                          {"t": proc.pid}))
+                    results[name].append(
+                        lib.measured_run(wrk, lua.name, port, conns, args.seconds, 1.0, {"t": proc.pid})
+                    )
             direct_p50 = lib.median([r["p50_us"] for r in results["direct"]])
             for name in TARGETS:
                 rs = results[name]
@@ -100,13 +126,23 @@ def main(argv: list[str] | None = None) -> int:
                 p50 = lib.median([r["p50_us"] for r in rs])
                 cpu = lib.median([r["t_cpu_us_per_request"] for r in rs]) if name != "direct" else None
                 medians[conns, name] = (p50 - direct_p50, cpu)
-                rows.append([str(conns), name, f"{lib.median([r['rps'] for r in rs]):,.0f}", f"{p50 / 1000:.3f}",
-                             "-" if name == "direct" else f"+{(p50 - direct_p50) / 1000:.3f}",
-                             "-" if cpu is None else f"{cpu:.0f}", str(errors)])
+                rows.append(
+                    [
+                        str(conns),
+                        name,
+                        f"{lib.median([r['rps'] for r in rs]):,.0f}",
+                        f"{p50 / 1000:.3f}",
+                        "-" if name == "direct" else f"+{(p50 - direct_p50) / 1000:.3f}",
+                        "-" if cpu is None else f"{cpu:.0f}",
+                        str(errors),
+                    ]
+                )
         print()
         lib.print_rows(["conc", "target", "req/s", "p50 (ms)", "+p50 (ms)", "CPU/req (µs)", "wrk errors"], rows)
-        print("\nCPU/req: utime+stime of the target's process tree during its run / requests. granian-pool is "
-              "tinygw's floor on Granian; granian-pool - uvloop-pool is what Granian's threads cost a request.")
+        print(
+            "\nCPU/req: utime+stime of the target's process tree during its run / requests. granian-pool is "
+            "tinygw's floor on Granian; granian-pool - uvloop-pool is what Granian's threads cost a request."
+        )
         print()
         print_goals(medians)
     finally:

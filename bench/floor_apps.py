@@ -21,8 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tinygw, from 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from instant_upstream import _CHAT  # noqa: E402 - the same chat answer as the upstream's
-from tinygw.upstream.pool import Pool, Timeouts  # noqa: E402
+
 from tinygw.config.settings import Origin  # noqa: E402
+from tinygw.upstream.pool import Pool, Timeouts  # noqa: E402
 
 _CHAT_PATH = b"/v1/chat/completions"
 _REQUEST_HEADERS = [(b"content-type", b"application/json")]
@@ -32,8 +33,13 @@ _pool: Pool | None = None
 def _pool_for(port: int) -> Pool:
     global _pool
     if _pool is None:
-        _pool = Pool(Origin("http", "127.0.0.1", port, "/v1"), max_connections=256, timeouts=Timeouts(5, 30, 60),
-                     ssl_context=None, loop=asyncio.get_running_loop())
+        _pool = Pool(
+            Origin("http", "127.0.0.1", port, "/v1"),
+            max_connections=256,
+            timeouts=Timeouts(5, 30, 60),
+            ssl_context=None,
+            loop=asyncio.get_running_loop(),
+        )
     return _pool
 
 
@@ -58,11 +64,17 @@ async def pool_app(scope, receive, send) -> None:
         await _lifespan(receive, send)
         return
     body = (await receive())["body"]
-    response = await _pool_for(int(os.environ["FLOOR_UPSTREAM_PORT"])).request(b"POST", _CHAT_PATH, _REQUEST_HEADERS,
-                                                                                 body)
+    response = await _pool_for(int(os.environ["FLOOR_UPSTREAM_PORT"])).request(
+        b"POST", _CHAT_PATH, _REQUEST_HEADERS, body
+    )
     data = await response.read()
-    await send({"type": "http.response.start", "status": response.status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(data))]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": response.status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(data))],
+        }
+    )
     await send({"type": "http.response.body", "body": data})
 
 
@@ -95,8 +107,11 @@ class _Forwarding(asyncio.Protocol):
     async def _forward(self, body: bytes) -> None:
         response = await _pool_for(self.upstream_port).request(b"POST", _CHAT_PATH, _REQUEST_HEADERS, body)
         data = await response.read()
-        self.transport.write(b"HTTP/1.1 %d OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-                             % (response.status, len(data)) + data)
+        self.transport.write(
+            b"HTTP/1.1 %d OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+            % (response.status, len(data))
+            + data
+        )
 
 
 async def _serve(port: int, upstream_port: int) -> None:

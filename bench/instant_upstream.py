@@ -60,16 +60,25 @@ def _stream_response(events: int = 20) -> bytes:
     role-only chunk, `events` content chunks, a finish chunk and `[DONE]`."""
 
     def chunk(delta: dict, finish: str | None = None) -> bytes:
-        data = json.dumps({"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0,
-                           "model": "bench-model", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]},
-                          separators=(",", ":")).encode()
+        data = json.dumps(
+            {
+                "id": "chatcmpl-bench",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": "bench-model",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            },
+            separators=(",", ":"),
+        ).encode()
         return b"data: " + data + b"\n\n"
 
     sse = [chunk({"role": "assistant"})] + [chunk({"content": f" word{i}"}) for i in range(events)]
     sse += [chunk({}, "stop"), b"data: [DONE]\n\n"]
     body = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in sse) + b"0\r\n\r\n"
-    return (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
-            b"connection: keep-alive\r\n\r\n") + body
+    return (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
+        b"connection: keep-alive\r\n\r\n"
+    ) + body
 
 
 STREAM_EVENTS = 22  # relayed events per streamed answer: role, 20 words, finish ([DONE] aside)

@@ -34,11 +34,21 @@ async def provider(port: int, size_mib: int, ready: threading.Event) -> None:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = int(next((line.split(b":")[1] for line in head.split(b"\r\n")
-                                   if line.lower().startswith(b"content-length")), b"0"))
+                length = int(
+                    next(
+                        (
+                            line.split(b":")[1]
+                            for line in head.split(b"\r\n")
+                            if line.lower().startswith(b"content-length")
+                        ),
+                        b"0",
+                    )
+                )
                 await reader.readexactly(length)
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-                             % body_bytes + b'{"data":"')
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % body_bytes
+                    + b'{"data":"'
+                )
                 for _ in range(size_mib):
                     writer.write(PIECE)
                     await writer.drain()
@@ -70,8 +80,9 @@ def worker_of(pid: int) -> int:
 
 
 def fetch(url: str) -> int:
-    request = urllib.request.Request(url, data=json.dumps({"model": "m", "messages": []}).encode(),
-                                     headers={"content-type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps({"model": "m", "messages": []}).encode(), headers={"content-type": "application/json"}
+    )
     total = 0
     with urllib.request.urlopen(request, timeout=300) as response:
         while chunk := response.read(1 << 20):
@@ -89,10 +100,16 @@ def main() -> None:
     ready = threading.Event()
     threading.Thread(target=lambda: asyncio.run(provider(upstream_port, args.size_mib, ready)), daemon=True).start()
     ready.wait(10)
-    config = {"providers": {"p": {"base_url": f"http://127.0.0.1:{upstream_port}/v1", "api": "openai",
-                                  "listing": False}}, "models": {"m": {"targets": ["p:x"]}}}
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "TINYGW_CONFIG": json.dumps(config),
-           "TINYGW_PORT": str(port)}
+    config = {
+        "providers": {"p": {"base_url": f"http://127.0.0.1:{upstream_port}/v1", "api": "openai", "listing": False}},
+        "models": {"m": {"targets": ["p:x"]}},
+    }
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": str(ROOT),
+        "TINYGW_CONFIG": json.dumps(config),
+        "TINYGW_PORT": str(port),
+    }
     command = [os.environ["TINYGW_BINARY"]] if os.environ.get("TINYGW_BINARY") else [sys.executable, "-m", "tinygw"]
     gateway = subprocess.Popen([*command, "serve"], env=env, stderr=subprocess.DEVNULL)
     try:
@@ -105,8 +122,9 @@ def main() -> None:
                 time.sleep(0.05)
         worker = worker_of(gateway.pid)
         before = rss_kib(worker)
-        threads = [threading.Thread(target=fetch, args=(f"{url}/v1/chat/completions",))
-                   for _ in range(args.concurrency)]
+        threads = [
+            threading.Thread(target=fetch, args=(f"{url}/v1/chat/completions",)) for _ in range(args.concurrency)
+        ]
         started = time.monotonic()
         for t in threads:
             t.start()
@@ -115,9 +133,11 @@ def main() -> None:
         seconds = time.monotonic() - started
         time.sleep(1)
         peak, after = rss_kib(worker, "VmHWM"), rss_kib(worker)
-        print(f"| answers | worker RSS before | peak (VmHWM) | after | time |\n| --- | --- | --- | --- | --- |\n"
-              f"| {args.concurrency} × {args.size_mib} MiB | {before / 1024:.0f} MiB | {peak / 1024:.0f} MiB "
-              f"| {after / 1024:.0f} MiB | {seconds:.1f} s |")
+        print(
+            f"| answers | worker RSS before | peak (VmHWM) | after | time |\n| --- | --- | --- | --- | --- |\n"
+            f"| {args.concurrency} × {args.size_mib} MiB | {before / 1024:.0f} MiB | {peak / 1024:.0f} MiB "
+            f"| {after / 1024:.0f} MiB | {seconds:.1f} s |"
+        )
     finally:
         gateway.terminate()
         gateway.wait(30)

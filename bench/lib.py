@@ -44,7 +44,8 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 STREAM_BODY = '{"model":"bench","stream":true,"messages":[{"role":"user","content":"hi"}]}'
 STREAM_EVENTS = 22  # bench/instant_upstream.py's streamed answer: role, 20 words, finish ([DONE] aside)
 
-WRK_LUA = """
+WRK_LUA = (
+    """
 wrk.method = "POST"
 wrk.body = '%s'
 wrk.headers["Content-Type"] = "application/json"
@@ -57,7 +58,9 @@ done = function(summary, latency, requests)
     summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
     latency.mean, latency.max, e.connect, e.read, e.write, e.status, e.timeout))
 end
-""" % BODY
+"""  # noqa: UP031 (a Lua script full of braces: %-formatting leaves them alone)
+    % BODY
+)
 
 
 def log(msg: str) -> None:
@@ -70,8 +73,15 @@ def log(msg: str) -> None:
 class Proc:
     """A child in a new session (so its own process group), output to temp files."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str] | None = None, stdout=None,
-                 cwd: Path | str = ROOT, tmpdir: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        stdout=None,
+        cwd: Path | str = ROOT,
+        tmpdir: str | None = None,
+    ) -> None:
         self.name = name
         self.tmpdir = tmpdir  # removed by cleanup_files()
         self.err_file = tempfile.NamedTemporaryFile(prefix=f"bench-{name}-", suffix=".stderr", delete=False)
@@ -102,10 +112,11 @@ class Proc:
             lines = data.split(b"\n")
             for line in lines[:-1]:
                 if line.startswith(prefix.encode()):
-                    return line[len(prefix):].decode().strip()
+                    return line[len(prefix) :].decode().strip()
             if time.monotonic() > deadline or self.popen.poll() is not None:
-                raise RuntimeError(f"{self.name} did not print {prefix or 'its port'!r} within {timeout:g} s:\n"
-                                   f"{self.stderr_text()}")
+                raise RuntimeError(
+                    f"{self.name} did not print {prefix or 'its port'!r} within {timeout:g} s:\n{self.stderr_text()}"
+                )
             chunk = self.popen.stdout.read()
             if chunk:
                 data += chunk
@@ -224,8 +235,8 @@ def ensure_wrk() -> str:
     if path:
         return path
     log("bench: wrk is not on PATH; installing it with apt-get (Debian package 'wrk')")
-    subprocess.run("apt-get update -qq && apt-get install -y -qq wrk", shell=True, check=True, timeout=600,
-                   stdout=subprocess.DEVNULL)
+    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "wrk"]):
+        subprocess.run(command, check=True, timeout=600, stdout=subprocess.DEVNULL)
     path = shutil.which("wrk")
     if not path:
         raise SystemExit("bench: wrk is still not on PATH after apt-get install")
@@ -238,8 +249,11 @@ def ensure_nginx() -> str | None:
     if path:
         return path
     log("bench: nginx is not installed; installing it with apt-get (Debian package 'nginx')")
-    done = subprocess.run("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx",
-                          shell=True, timeout=600, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "nginx"]):
+        done = subprocess.run(command, env=environment, timeout=600, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if done.returncode != 0:
+            break
     if done.returncode != 0:
         print(f"WARNING: nginx could not be installed; no nginx peer: {done.stderr.decode()[-500:]}")
         return None
@@ -290,8 +304,9 @@ def start_nginx(nginx: str, upstream_port: int) -> tuple[Proc, int]:
 
 def start_upstream(words: int = STREAM_EVENTS - 2) -> tuple[Proc, int]:
     """bench/instant_upstream.py on a free port, `words` words in a streamed answer (`words` + 2 events)."""
-    proc = Proc("upstream", [sys.executable, str(HERE / "instant_upstream.py"), "0", str(words)],
-                stdout=subprocess.PIPE)
+    proc = Proc(
+        "upstream", [sys.executable, str(HERE / "instant_upstream.py"), "0", str(words)], stdout=subprocess.PIPE
+    )
     try:
         return proc, int(proc.read_stdout_line("", 15))
     except BaseException:
@@ -349,8 +364,9 @@ def wait_ready(proc: Proc, port: int, path: str, timeout: float) -> None:
     last = ""
     while True:
         if proc.popen.poll() is not None:
-            raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode} before it was ready:\n"
-                               f"{proc.stderr_text()}")
+            raise RuntimeError(
+                f"{proc.name} exited with {proc.popen.returncode} before it was ready:\n{proc.stderr_text()}"
+            )
         try:
             with urllib.request.urlopen(url(port, path), timeout=2, context=UNVERIFIED_TLS) as r:
                 if r.status == 200:
@@ -359,10 +375,11 @@ def wait_ready(proc: Proc, port: int, path: str, timeout: float) -> None:
         except (urllib.error.URLError, OSError) as e:
             last = str(e)
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{proc.name} did not answer GET {path} with 200 within {timeout:g} s "
-                               f"(last: {last}):\n{proc.stderr_text()}")
+            raise RuntimeError(
+                f"{proc.name} did not answer GET {path} with 200 within {timeout:g} s "
+                f"(last: {last}):\n{proc.stderr_text()}"
+            )
         time.sleep(0.1)
-
 
 
 def stream_text(words: int) -> str:
@@ -370,13 +387,24 @@ def stream_text(words: int) -> str:
     return "".join(f" word{i}" for i in range(words))
 
 
-def check_once(port: int, what: str, proc: Proc | None, body: str = BODY, headers: dict[str, str] | None = None,
-               words: int = STREAM_EVENTS - 2, path: str = PATH) -> int | None:
+def check_once(
+    port: int,
+    what: str,
+    proc: Proc | None,
+    body: str = BODY,
+    headers: dict[str, str] | None = None,
+    words: int = STREAM_EVENTS - 2,
+    path: str = PATH,
+) -> int | None:
     """One request before measuring, so a broken setup fails loudly, not as a fast table. A streamed
     answer must be SSE whose chunks carry the upstream's whole text (`words` words), then `data: [DONE]`;
     returns how many chunk events it had (None for a plain answer)."""
-    req = urllib.request.Request(url(port, path), data=body.encode(), method="POST",
-                                 headers={"Content-Type": "application/json", **(headers or {})})
+    req = urllib.request.Request(
+        url(port, path),
+        data=body.encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
     ctype = ""
     try:
         with urllib.request.urlopen(req, timeout=10, context=UNVERIFIED_TLS) as r:
@@ -387,8 +415,9 @@ def check_once(port: int, what: str, proc: Proc | None, body: str = BODY, header
     if status != 200 or b"chat.completion" not in answer:
         problem = f"answered {status}"
     elif '"stream":true' in body:
-        events = [line[5:].strip() for line in answer.decode("utf-8", "replace").splitlines()
-                  if line.startswith("data:")]
+        events = [
+            line[5:].strip() for line in answer.decode("utf-8", "replace").splitlines() if line.startswith("data:")
+        ]
         text = ""
         try:
             for data in events[:-1]:
@@ -410,14 +439,26 @@ def check_once(port: int, what: str, proc: Proc | None, body: str = BODY, header
     raise RuntimeError(f"{what}: POST {path} {problem}: {answer[:500]!r}{extra}")
 
 
-def run_wrk(wrk: str, lua: str, port: int, conns: int, seconds: float, headers: dict[str, str] | None = None,
-            path: str = PATH) -> dict:
+def run_wrk(
+    wrk: str, lua: str, port: int, conns: int, seconds: float, headers: dict[str, str] | None = None, path: str = PATH
+) -> dict:
     threads = min(2, conns)
     extra = [a for k, v in (headers or {}).items() for a in ("-H", f"{k}: {v}")]  # wrk adds them to wrk.headers
-    argv = [wrk, f"-t{threads}", f"-c{conns}", f"-d{seconds:g}s", "--timeout", "10s", "-s", lua, *extra,
-            url(port, path)]
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    argv = [
+        wrk,
+        f"-t{threads}",
+        f"-c{conns}",
+        f"-d{seconds:g}s",
+        "--timeout",
+        "10s",
+        "-s",
+        lua,
+        *extra,
+        url(port, path),
+    ]
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
     try:
         out, err = proc.communicate(timeout=seconds + 30)
     except subprocess.TimeoutExpired:
@@ -430,8 +471,9 @@ def run_wrk(wrk: str, lua: str, port: int, conns: int, seconds: float, headers: 
     text = out.decode("utf-8", "replace")
     line = next((ln for ln in text.splitlines() if ln.startswith("BENCH ")), None)
     if proc.returncode != 0 or line is None:
-        raise RuntimeError(f"wrk failed (exit {proc.returncode}): {shlex.join(argv)}\n{text}\n"
-                           f"{err.decode('utf-8', 'replace')}")
+        raise RuntimeError(
+            f"wrk failed (exit {proc.returncode}): {shlex.join(argv)}\n{text}\n{err.decode('utf-8', 'replace')}"
+        )
     fields = {k: int(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
     duration = fields["duration_us"] / 1e6
     errors = {k: fields[k] for k in ("connect", "read", "write", "status", "timeout")}
@@ -449,8 +491,17 @@ def run_wrk(wrk: str, lua: str, port: int, conns: int, seconds: float, headers: 
     }
 
 
-def measured_run(wrk, lua, port, conns, seconds, warmup, watch: dict[str, int],
-                 headers: dict[str, str] | None = None, path: str = PATH) -> dict:
+def measured_run(
+    wrk,
+    lua,
+    port,
+    conns,
+    seconds,
+    warmup,
+    watch: dict[str, int],
+    headers: dict[str, str] | None = None,
+    path: str = PATH,
+) -> dict:
     """Warm up, then one measured run; CPU deltas of each watched process tree."""
     if warmup > 0:
         run_wrk(wrk, lua, port, conns, warmup, headers, path)
@@ -487,8 +538,10 @@ def machine() -> str:
         mem = f", {kb / 1024 / 1024:.1f} GiB RAM"
     except (OSError, ValueError, IndexError):
         pass
-    return (f"nproc={os.cpu_count()} ({len(os.sched_getaffinity(0))} usable), {model or platform.machine()}{mem}, "
-            f"Linux {platform.release()}, Python {platform.python_version()}")
+    return (
+        f"nproc={os.cpu_count()} ({len(os.sched_getaffinity(0))} usable), {model or platform.machine()}{mem}, "
+        f"Linux {platform.release()}, Python {platform.python_version()}"
+    )
 
 
 def fmt(value, spec: str) -> str:
@@ -513,4 +566,3 @@ def tinygw_version() -> str:
     except OSError:
         pass
     return "?"
-

@@ -42,13 +42,22 @@ CONCURRENCY = 4
 
 
 def answer(status: int, text: str) -> bytes:
-    body = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "m",
-                       "choices": [{"index": 0, "finish_reason": "stop",
-                                    "message": {"role": "assistant", "content": text}}]}).encode()
+    body = json.dumps(
+        {
+            "id": "x",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "m",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+        }
+    ).encode()
     if status != 200:
         body = json.dumps({"error": {"message": text, "type": "server_error"}}).encode()
     return b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
-        status, len(body), body)
+        status,
+        len(body),
+        body,
+    )
 
 
 class Provider:
@@ -88,8 +97,14 @@ class Provider:
                 buffer += data
                 while b"\r\n\r\n" in buffer:
                     head, _, rest = buffer.partition(b"\r\n\r\n")
-                    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                                   if line.lower().startswith(b"content-length:")), 0)
+                    length = next(
+                        (
+                            int(line.split(b":")[1])
+                            for line in head.split(b"\r\n")
+                            if line.lower().startswith(b"content-length:")
+                        ),
+                        0,
+                    )
                     if len(rest) < length:
                         break
                     buffer = rest[length:]
@@ -106,13 +121,24 @@ class Provider:
 
 
 def start_tinygw(primary: Provider, fallback: Provider, port: int, workdir: str) -> subprocess.Popen:
-    config = {"providers": {
-        "primary": {"base_url": f"http://127.0.0.1:{primary.port}/v1", "api": "openai", "first_byte_timeout_s": 5,
-                    "listing": False},
-        "fallback": {"base_url": f"http://127.0.0.1:{fallback.port}/v1", "api": "openai", "listing": False}},
-        "models": {"m": {"targets": ["primary:x", "fallback:y"]}}}
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "TINYGW_CONFIG": json.dumps(config),
-           "TINYGW_PORT": str(port)}
+    config = {
+        "providers": {
+            "primary": {
+                "base_url": f"http://127.0.0.1:{primary.port}/v1",
+                "api": "openai",
+                "first_byte_timeout_s": 5,
+                "listing": False,
+            },
+            "fallback": {"base_url": f"http://127.0.0.1:{fallback.port}/v1", "api": "openai", "listing": False},
+        },
+        "models": {"m": {"targets": ["primary:x", "fallback:y"]}},
+    }
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": str(ROOT),
+        "TINYGW_CONFIG": json.dumps(config),
+        "TINYGW_PORT": str(port),
+    }
     command = [os.environ["TINYGW_BINARY"]] if os.environ.get("TINYGW_BINARY") else [sys.executable, "-m", "tinygw"]
     return subprocess.Popen([*command, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -141,28 +167,52 @@ general_settings:
 def start_litellm(primary: Provider, fallback: Provider, port: int, workdir: str) -> subprocess.Popen:
     config = Path(workdir) / "litellm.yaml"
     config.write_text(LITELLM_CONFIG.format(primary=primary.port, fallback=fallback.port))
-    return subprocess.Popen([str(LITELLM_CLI), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
-                             "--num_workers", "1"], env=litellm_env(), cwd=workdir, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [str(LITELLM_CLI), "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"],
+        env=litellm_env(),
+        cwd=workdir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def start_portkey(primary: Provider, fallback: Provider, port: int, workdir: str) -> subprocess.Popen:
-    return subprocess.Popen(portkey_argv(port, workdir), env=portkey_env(), cwd=workdir, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # on loopback only, as in make bench
+    return subprocess.Popen(
+        portkey_argv(port, workdir),
+        env=portkey_env(),
+        cwd=workdir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # on loopback only, as in make bench
 
 
 def portkey_headers(primary: Provider, fallback: Provider) -> dict[str, str]:
     """Portkey's fallback strategy, per request (its open-source build has no breaker)."""
+
     def target(p: Provider, model: str) -> dict:
-        return {"provider": "openai", "api_key": "dummy", "custom_host": f"http://127.0.0.1:{p.port}/v1",
-                "override_params": {"model": model}}
+        return {
+            "provider": "openai",
+            "api_key": "dummy",
+            "custom_host": f"http://127.0.0.1:{p.port}/v1",
+            "override_params": {"model": model},
+        }
 
-    return {"x-portkey-config": json.dumps({"strategy": {"mode": "fallback"}, "request_timeout": 5000,
-                                            "targets": [target(primary, "x"), target(fallback, "y")]})}
+    return {
+        "x-portkey-config": json.dumps(
+            {
+                "strategy": {"mode": "fallback"},
+                "request_timeout": 5000,
+                "targets": [target(primary, "x"), target(fallback, "y")],
+            }
+        )
+    }
 
 
-GATEWAYS = {"tinygw": (start_tinygw, "/healthz"), "litellm": (start_litellm, "/health/liveliness"),
-            "portkey": (start_portkey, "/")}
+GATEWAYS = {
+    "tinygw": (start_tinygw, "/healthz"),
+    "litellm": (start_litellm, "/health/liveliness"),
+    "portkey": (start_portkey, "/"),
+}
 
 
 def run_scenario(gateway_name: str, way: str, seconds: float, recover_at: float) -> dict:
@@ -226,7 +276,9 @@ def run_scenario(gateway_name: str, way: str, seconds: float, recover_at: float)
     latencies = sorted(r[1] for r in results)
     back = [r[0] for r in results if r[3] == "primary" and r[0] >= recover_at]
     return {
-        "gateway": gateway_name, "way": way, "requests": len(results),
+        "gateway": gateway_name,
+        "way": way,
+        "requests": len(results),
         "success": sum(1 for r in results if r[2] == 200) / len(results) * 100 if results else 0.0,
         "p50_ms": statistics.median(latencies) * 1000 if latencies else None,
         "p99_ms": latencies[int(len(latencies) * 0.99) - 1] * 1000 if latencies else None,
@@ -240,9 +292,12 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--recover-at", type=float, default=35.0)
     parser.add_argument("--scenarios", default="reset,hang,500")
-    parser.add_argument("--gateways", default="tinygw,litellm,portkey",
-                        help="tinygw; LiteLLM's proxy (installed with pip into bench/.venv-litellm when missing); "
-                             "Portkey's gateway (installed with npm into bench/.node-portkey when missing)")
+    parser.add_argument(
+        "--gateways",
+        default="tinygw,litellm,portkey",
+        help="tinygw; LiteLLM's proxy (installed with pip into bench/.venv-litellm when missing); "
+        "Portkey's gateway (installed with npm into bench/.node-portkey when missing)",
+    )
     args = parser.parse_args()
     if not 0 < args.recover_at < args.seconds <= 600:
         parser.error("need 0 < --recover-at < --seconds <= 600")
@@ -253,17 +308,24 @@ def main() -> int:
     if "portkey" in gateways and ensure_portkey() is None:
         print("portkey: npm/node missing or the install failed; left out")
         gateways.remove("portkey")
-    print(f"tinygw at product defaults (breaker 5 failures / 30 s, health checks every 10 s); LiteLLM's router "
-          f"with allowed_fails 5, cooldown 30 s, timeout 5 s, fallbacks; c={CONCURRENCY}, {args.seconds:g} s a "
-          f"scenario, the primary recovering at +{args.recover_at:g} s", flush=True)
+    print(
+        f"tinygw at product defaults (breaker 5 failures / 30 s, health checks every 10 s); LiteLLM's router "
+        f"with allowed_fails 5, cooldown 30 s, timeout 5 s, fallbacks; c={CONCURRENCY}, {args.seconds:g} s a "
+        f"scenario, the primary recovering at +{args.recover_at:g} s",
+        flush=True,
+    )
     rows = [run_scenario(g, way, args.seconds, args.recover_at) for way in args.scenarios.split(",") for g in gateways]
-    print("| primary fails by | gateway | requests | success | p50 | p99 | reached the failing primary "
-          "| back to the primary after recovery |")
+    print(
+        "| primary fails by | gateway | requests | success | p50 | p99 | reached the failing primary "
+        "| back to the primary after recovery |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         back = f"{r['back_s']:.1f} s" if r["back_s"] is not None else "not within the run"
-        print(f"| {r['way']} | {r['gateway']} | {r['requests']:,} | {r['success']:.1f}% | {r['p50_ms']:.1f} ms "
-              f"| {r['p99_ms']:.1f} ms | {r['reached']} | {back} |")
+        print(
+            f"| {r['way']} | {r['gateway']} | {r['requests']:,} | {r['success']:.1f}% | {r['p50_ms']:.1f} ms "
+            f"| {r['p99_ms']:.1f} ms | {r['reached']} | {back} |"
+        )
     return 0
 
 

@@ -32,8 +32,10 @@ class Connection:
 
     def __init__(self, port: int, path: str, body: str, headers: dict[str, str] | None) -> None:
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        self.request = (f"POST {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nContent-Type: application/json\r\n"
-                        f"Content-Length: {len(body.encode())}\r\n{extra}\r\n{body}").encode()
+        self.request = (
+            f"POST {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body.encode())}\r\n{extra}\r\n{body}"
+        ).encode()
         self.port, self.reconnects = port, -1
         self._connect()
 
@@ -65,7 +67,7 @@ class Connection:
         i = head.find(b"\r\ncontent-length:")
         if i >= 0:
             j = head.find(b"\r\n", i + 2)
-            total = rest + int(head[i + 17: j if j >= 0 else len(head)])
+            total = rest + int(head[i + 17 : j if j >= 0 else len(head)])
             while len(self.buffer) < total:
                 self._recv()
         else:  # chunked: the answers here are JSON, so the last chunk's marker cannot occur inside them
@@ -125,7 +127,7 @@ def measure(targets: dict[str, Connection], rounds: int, requests: int, warmup: 
     for r in range(rounds):
         samples: dict[str, list[int]] = {name: [] for name in targets}
         names = list(targets)
-        names = names[r % len(names):] + names[:r % len(names)]  # each round starts with another target
+        names = names[r % len(names) :] + names[: r % len(names)]  # each round starts with another target
         for _ in range(0, requests, block):
             for name in names:
                 conn = targets[name]
@@ -142,8 +144,10 @@ def print_table(results: list[dict], names: list[str]) -> None:
     print(f"| direct | {statistics.median(direct) / 1e6:.3f} ms | - | - |")
     for name in names:
         added = sorted((r[name] - r["direct"]) / 1e6 for r in results)
-        print(f"| {name} | {statistics.median(r[name] for r in results) / 1e6:.3f} ms | "
-              f"+{statistics.median(added):.3f} ms | {added[0]:+.3f} to {added[-1]:+.3f} ms |")
+        print(
+            f"| {name} | {statistics.median(r[name] for r in results) / 1e6:.3f} ms | "
+            f"+{statistics.median(added):.3f} ms | {added[0]:+.3f} to {added[-1]:+.3f} ms |"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,8 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=300, help="requests per target and round (default 300)")
     ap.add_argument("--warmup", type=int, default=200, help="requests per target before the first round (200)")
     ap.add_argument("--block", type=int, default=20, help="requests to one target before the next one's (20)")
-    ap.add_argument("--peers", default=",".join(DEFAULT_PEERS),
-                    help=f"peers beside tinygw and nginx, of {', '.join(PEERS)} ('' for none)")
+    ap.add_argument(
+        "--peers",
+        default=",".join(DEFAULT_PEERS),
+        help=f"peers beside tinygw and nginx, of {', '.join(PEERS)} ('' for none)",
+    )
     args = ap.parse_args(argv)
     wanted = [p.strip() for p in args.peers.split(",") if p.strip()]
     if set(wanted) - set(PEERS):
@@ -161,9 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.rounds, args.requests, args.block) < 1 or args.warmup < 0:
         ap.error("--rounds, --requests and --block must be at least 1, --warmup at least 0")
     print(f"machine: {machine()}")
-    print(f"method:  sequential plain requests on {HOST}, one keep-alive connection per target, blocks of "
-          f"{args.block} to each target in turn; {args.warmup} warm-up requests per target, then {args.rounds} rounds "
-          f"of {args.requests} per target; tinygw at its defaults (log level info, access log on)", flush=True)
+    print(
+        f"method:  sequential plain requests on {HOST}, one keep-alive connection per target, blocks of "
+        f"{args.block} to each target in turn; {args.warmup} warm-up requests per target, then {args.rounds} rounds "
+        f"of {args.requests} per target; tinygw at its defaults (log level info, access log on)",
+        flush=True,
+    )
     procs: list[Proc] = []
     targets: dict[str, Connection] = {}
     try:
@@ -173,8 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         print_table(results, [n for n in targets if n != "direct"])
         again = {n: c.reconnects for n, c in targets.items() if c.reconnects}
         if again:
-            print("connections the server closed while idle, opened again (the request then timed anew): "
-                  + ", ".join(f"{n} {k}" for n, k in again.items()))
+            print(
+                "connections the server closed while idle, opened again (the request then timed anew): "
+                + ", ".join(f"{n} {k}" for n, k in again.items())
+            )
     finally:
         for conn in targets.values():
             conn.close()

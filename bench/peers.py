@@ -41,19 +41,33 @@ def ensure_venv(name: str, venv: Path, requirement: str, dist: str) -> dict | No
     py, stamp = venv / "bin" / "python", venv / ".installed"
     install_s = None
     if not (stamp.exists() and py.exists() and stamp.read_text().startswith(requirement + " ")):
-        log(f"bench: installing the peer: python3 -m venv {rel} && pip install '{requirement}' "
-            "(first use only; may take minutes)")
+        log(
+            f"bench: installing the peer: python3 -m venv {rel} && pip install '{requirement}' "
+            "(first use only; may take minutes)"
+        )
         t0 = time.monotonic()
         python3 = shutil.which("python3") or sys.executable
         try:
-            subprocess.run([python3, "-m", "venv", "--clear", str(venv)], check=True, timeout=300,
-                           stdin=subprocess.DEVNULL, capture_output=True)
-            subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", requirement],
-                           check=True, timeout=PEER_INSTALL_TIMEOUT, stdin=subprocess.DEVNULL, capture_output=True)
+            subprocess.run(
+                [python3, "-m", "venv", "--clear", str(venv)],
+                check=True,
+                timeout=300,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+            )
+            subprocess.run(
+                [str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", requirement],
+                check=True,
+                timeout=PEER_INSTALL_TIMEOUT,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+            )
         except subprocess.CalledProcessError as e:
             tail = (e.stderr or b"").decode("utf-8", "replace").strip().splitlines()[-5:]
-            print(f"peer:    {name} could not be installed into {rel} "
-                  f"(exit {e.returncode}: {' | '.join(tail) or 'no output'}); running without the peer")
+            print(
+                f"peer:    {name} could not be installed into {rel} "
+                f"(exit {e.returncode}: {' | '.join(tail) or 'no output'}); running without the peer"
+            )
             return None
         except (subprocess.TimeoutExpired, OSError) as e:
             print(f"peer:    {name} could not be installed into {rel} ({e}); running without the peer")
@@ -61,11 +75,18 @@ def ensure_venv(name: str, venv: Path, requirement: str, dist: str) -> dict | No
         install_s = time.monotonic() - t0
         stamp.write_text(f"{requirement} installed in {install_s:.0f} s\n")
     try:
-        version = subprocess.run([str(py), "-c", f"import importlib.metadata as m; print(m.version({dist!r}))"],
-                                 capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+        version = subprocess.run(
+            [str(py), "-c", f"import importlib.metadata as m; print(m.version({dist!r}))"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.strip()
     except (subprocess.SubprocessError, OSError) as e:
-        print(f"peer:    the {name} venv {rel} is broken ({e}); running without the peer (delete that folder to "
-              "reinstall)")
+        print(
+            f"peer:    the {name} venv {rel} is broken ({e}); running without the peer (delete that folder to "
+            "reinstall)"
+        )
         return None
     return {"version": version, "install_s": install_s, "venv": rel, "python": str(py)}
 
@@ -74,8 +95,9 @@ def _installed(info: dict) -> str:
     return f"installed now in {info['install_s']:.0f} s" if info["install_s"] is not None else "already installed"
 
 
-def _start(proc: Proc, port: int, ready_path: str | None, peer: Peer, upstream_port: int, t0: float,
-           retry_seconds: float = 0) -> tuple[Proc, int, float]:
+def _start(
+    proc: Proc, port: int, ready_path: str | None, peer: Peer, upstream_port: int, t0: float, retry_seconds: float = 0
+) -> tuple[Proc, int, float]:
     """Wait until GET ready_path (if any) answers 200 and one plain chat request succeeds (retried for up to
     retry_seconds); the process is stopped if it does not. Returns (process, port, seconds from spawn)."""
     try:
@@ -106,20 +128,25 @@ LITELLM_CLI = LITELLM_VENV / "bin" / "litellm"
 def ensure_litellm() -> dict | None:
     info = ensure_venv("LiteLLM", LITELLM_VENV, "litellm[proxy]", "litellm")
     if info is not None:
-        info["describe"] = (f"LiteLLM {info['version']} (litellm[proxy] in {info['venv']}, {_installed(info)}); "
-                            "1 uvicorn worker, no database, no master key")
+        info["describe"] = (
+            f"LiteLLM {info['version']} (litellm[proxy] in {info['venv']}, {_installed(info)}); "
+            "1 uvicorn worker, no database, no master key"
+        )
     return info
 
 
 def litellm_env() -> dict[str, str]:
     """The environment LiteLLM runs in: none of ours that it reads, quiet, no telemetry, no fetch of the
     remote model cost map at start-up."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("LITELLM_", "DATABASE_", "REDIS_", "OPENAI_")) and k not in ("DIRECT_URL",)}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("LITELLM_", "DATABASE_", "REDIS_", "OPENAI_")) and k not in ("DIRECT_URL",)
+    }
     env.update(
         LITELLM_LOG="ERROR",
-        LITELLM_TELEMETRY="False",           # older releases
-        LITELLM_TELEMETRY_DISABLED="True",   # current releases' veto (litellm/proxy/telemetry/settings.py)
+        LITELLM_TELEMETRY="False",  # older releases
+        LITELLM_TELEMETRY_DISABLED="True",  # current releases' veto (litellm/proxy/telemetry/settings.py)
         LITELLM_LOCAL_MODEL_COST_MAP="True",  # no fetch of the cost map from the internet at start-up
     )
     return env
@@ -136,7 +163,6 @@ model_list:
 general_settings:
   dangerously_permit_weak_or_unset_master_key: true
 """
-
 
 
 def start_litellm(info: dict, upstream_port: int) -> tuple[Proc, int, float]:
@@ -160,7 +186,8 @@ PORTKEY_VERSION = "1.15.2"
 # One install for every script: the release PORTKEY_VERSION, in the git-ignored bench/.node-portkey
 # (PORTKEY), made with the project's npm. The release declares "@hono/node-server": "^1.3.3", so npm
 # takes the newest 1.x, whose lightweight Response (since 1.14.2, honojs/node-server#242) hands back an
-# upstream fetch answer's immutable headers: Portkey's updateHeaders() then throws `TypeError: immutable` on every streamed answer,
+# upstream fetch answer's immutable headers: Portkey's updateHeaders() then throws
+# `TypeError: immutable` on every streamed answer,
 # which the client sees as a 500 {"status":"failure","message":"Something went wrong"}
 # (Portkey-AI/gateway issues #1389 and #1550). So the install is pinned, with npm overrides, to the
 # release before that change, and to the @hono/node-ws whose peer range allows it (the newest wants
@@ -219,21 +246,30 @@ def ensure_portkey() -> dict | None:
     except (OSError, ValueError):
         data = {}
     install_s = None
-    if (not PORTKEY.exists() or _npm_version(PORTKEY.parents[1] / "package.json") != PORTKEY_VERSION
-            or _portkey_hono_version() != PORTKEY_OVERRIDES["@hono/node-server"]
-            or data.get("overrides") != PORTKEY_OVERRIDES
-            or (data.get("dependencies") or {}).get("@portkey-ai/gateway") != PORTKEY_VERSION):
-        log(f"bench: installing the peer: npm install --prefix {rel} @portkey-ai/gateway@{PORTKEY_VERSION} with "
-            f"overrides {json.dumps(PORTKEY_OVERRIDES)} (first use only)")
+    if (
+        not PORTKEY.exists()
+        or _npm_version(PORTKEY.parents[1] / "package.json") != PORTKEY_VERSION
+        or _portkey_hono_version() != PORTKEY_OVERRIDES["@hono/node-server"]
+        or data.get("overrides") != PORTKEY_OVERRIDES
+        or (data.get("dependencies") or {}).get("@portkey-ai/gateway") != PORTKEY_VERSION
+    ):
+        log(
+            f"bench: installing the peer: npm install --prefix {rel} @portkey-ai/gateway@{PORTKEY_VERSION} with "
+            f"overrides {json.dumps(PORTKEY_OVERRIDES)} (first use only)"
+        )
         t0 = time.monotonic()
         data.setdefault("dependencies", {})["@portkey-ai/gateway"] = PORTKEY_VERSION  # exact, not ^
         data["overrides"] = PORTKEY_OVERRIDES
         try:
             PORTKEY_DIR.mkdir(parents=True, exist_ok=True)
             manifest.write_text(json.dumps(data, indent=2) + "\n")
-            done = subprocess.run([npm, "install", "--loglevel=error", "--no-audit", "--no-fund", "--prefix",
-                                   str(PORTKEY_DIR)], stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  timeout=PORTKEY_INSTALL_TIMEOUT)
+            done = subprocess.run(
+                [npm, "install", "--loglevel=error", "--no-audit", "--no-fund", "--prefix", str(PORTKEY_DIR)],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=PORTKEY_INSTALL_TIMEOUT,
+            )
         except (subprocess.SubprocessError, OSError) as e:
             print(f"peer:    Portkey left out: npm install into {rel} failed ({e})")
             return None
@@ -244,19 +280,24 @@ def ensure_portkey() -> dict | None:
         install_s = time.monotonic() - t0
     version, hono = _npm_version(PORTKEY.parents[1] / "package.json"), _portkey_hono_version()
     if not PORTKEY.exists() or version != PORTKEY_VERSION or hono != PORTKEY_OVERRIDES["@hono/node-server"]:
-        print(f"peer:    Portkey left out: {rel} holds @portkey-ai/gateway {version} with @hono/node-server {hono}, "
-              f"not {PORTKEY_VERSION} with {PORTKEY_OVERRIDES['@hono/node-server']} (delete that folder to reinstall)")
+        print(
+            f"peer:    Portkey left out: {rel} holds @portkey-ai/gateway {version} with @hono/node-server {hono}, "
+            f"not {PORTKEY_VERSION} with {PORTKEY_OVERRIDES['@hono/node-server']} (delete that folder to reinstall)"
+        )
         return None
     try:
-        node_version = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30,
-                                      check=True).stdout.strip()
+        node_version = subprocess.run(
+            [node, "--version"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout.strip()
     except (subprocess.SubprocessError, OSError) as e:
         print(f"peer:    Portkey left out: `node --version` failed ({e})")
         return None
     info = {"version": version, "node": node_version, "hono": hono, "install_s": install_s, "dir": rel}
-    info["describe"] = (f"Portkey gateway {version} (npm @portkey-ai/gateway in {rel}, {_installed(info)}; node "
-                        f"{node_version}, @hono/node-server pinned to {hono}); 1 node process, its target per request "
-                        "in an x-portkey-config header")
+    info["describe"] = (
+        f"Portkey gateway {version} (npm @portkey-ai/gateway in {rel}, {_installed(info)}; node "
+        f"{node_version}, @hono/node-server pinned to {hono}); 1 node process, its target per request "
+        "in an x-portkey-config header"
+    )
     return info
 
 
@@ -305,8 +346,10 @@ TENSORZERO_ENV = {
 def ensure_tensorzero() -> dict | None:
     info = ensure_venv("TensorZero", TENSORZERO_VENV, f"tensorzero=={TENSORZERO_VERSION}", "tensorzero")
     if info is not None:
-        info["describe"] = (f"TensorZero {info['version']} (its Rust gateway, from the tensorzero wheel in "
-                            f"{info['venv']}, {_installed(info)}); bench/tensorzero.toml, observability off")
+        info["describe"] = (
+            f"TensorZero {info['version']} (its Rust gateway, from the tensorzero wheel in "
+            f"{info['venv']}, {_installed(info)}); bench/tensorzero.toml, observability off"
+        )
     return info
 
 
@@ -317,14 +360,23 @@ def start_tensorzero(info: dict, upstream_port: int) -> tuple[Proc, int, float]:
     tmpdir = tempfile.mkdtemp(prefix=f"bench-{name}-")
     config = Path(tmpdir) / "tensorzero.toml"
     config.write_text(TENSORZERO_CONFIG.read_text().replace("{upstream_port}", str(upstream_port)))
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TENSORZERO_", "OPENAI_", "RUST_")) and k != "LD_PRELOAD"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TENSORZERO_", "OPENAI_", "RUST_")) and k != "LD_PRELOAD"
+    }
     env.update(TENSORZERO_ENV)
     if info.get("preload"):
         env["LD_PRELOAD"] = info["preload"]
     t0 = time.monotonic()
-    proc = Proc(name, [info["python"], str(HERE / "tensorzero_gateway.py"), str(config)], env=env, cwd=tmpdir,
-                tmpdir=tmpdir, stdout=subprocess.PIPE)
+    proc = Proc(
+        name,
+        [info["python"], str(HERE / "tensorzero_gateway.py"), str(config)],
+        env=env,
+        cwd=tmpdir,
+        tmpdir=tmpdir,
+        stdout=subprocess.PIPE,
+    )
     try:
         port = int(proc.read_stdout_line("tensorzero-port=", 60))
     except BaseException:
@@ -376,8 +428,13 @@ def ensure_tensorzero_nodelay() -> dict | None:
             print("peer:    tensorzero-nodelay left out: no C compiler (cc) for its TCP_NODELAY preload")
             return None
         source.write_text(NODELAY_C)
-        done = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(library), str(source), "-ldl"],
-                              capture_output=True, text=True, timeout=120, check=False)
+        done = subprocess.run(
+            [cc, "-shared", "-fPIC", "-O2", "-o", str(library), str(source), "-ldl"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         if done.returncode != 0:
             print(f"peer:    tensorzero-nodelay left out: cc failed: {done.stderr.strip()[-500:]}")
             return None
@@ -409,9 +466,19 @@ class Peer:
 PEERS = {
     "litellm": Peer("litellm", ensure_litellm, start_litellm),
     "portkey": Peer("portkey", ensure_portkey, start_portkey, config_header=portkey_headers),
-    "tensorzero": Peer("tensorzero", ensure_tensorzero, start_tensorzero, path="/openai/v1/chat/completions",
-                       model="tensorzero::model_name::bench"),
-    "tensorzero-nodelay": Peer("tensorzero-nodelay", ensure_tensorzero_nodelay, start_tensorzero,
-                               path="/openai/v1/chat/completions", model="tensorzero::model_name::bench"),
+    "tensorzero": Peer(
+        "tensorzero",
+        ensure_tensorzero,
+        start_tensorzero,
+        path="/openai/v1/chat/completions",
+        model="tensorzero::model_name::bench",
+    ),
+    "tensorzero-nodelay": Peer(
+        "tensorzero-nodelay",
+        ensure_tensorzero_nodelay,
+        start_tensorzero,
+        path="/openai/v1/chat/completions",
+        model="tensorzero::model_name::bench",
+    ),
 }
 DEFAULT_PEERS = ("litellm", "portkey", "tensorzero")  # tensorzero-nodelay only when asked for

@@ -50,6 +50,8 @@ from peers import DEFAULT_PEERS, PEERS  # noqa: E402
 PEER_NAMES = tuple(PEERS)  # --peers: the other gateways, beside tinygw and nginx
 GATEWAYS = ("tinygw", "tinygw-tls", *PEER_NAMES, "nginx")
 STREAM_EVENTS = 22  # events in a streamed answer: role, the words (--stream-words, 20), finish ([DONE] aside)
+
+
 def ratio(a, b) -> str:
     return "-" if a is None or b is None or b <= 0 or a < 0 else f"{a / b:.3g}x"
 
@@ -82,17 +84,33 @@ def print_goals(summary: list[dict], stream: bool) -> None:
         g, p = (top or {}).get("targets", {}).get("tinygw"), (top or {}).get("targets", {}).get(peer)
         if g and p:
             line(f"c=32 tinygw req/s / {peer}'s >= 1", g["rps"] / p["rps"] if p["rps"] else None, 1, ".2f", True)
-            cpu = (g["cpu_us_per_request"] / p["cpu_us_per_request"]
-                   if g["cpu_us_per_request"] is not None and p["cpu_us_per_request"] else None)
+            cpu = (
+                g["cpu_us_per_request"] / p["cpu_us_per_request"]
+                if g["cpu_us_per_request"] is not None and p["cpu_us_per_request"]
+                else None
+            )
             line(f"c=32 tinygw CPU per request / {peer}'s <= 1", cpu, 1, ".2f")
     if one and "tensorzero" in one["added_p50_ms"] and one["added_p50_ms"]["tensorzero"] > 0:
-        line("c=1 tinygw added p50 / tensorzero's <= 1",
-             one["added_p50_ms"]["tinygw"] / one["added_p50_ms"]["tensorzero"], 1, ".2f")
+        line(
+            "c=1 tinygw added p50 / tensorzero's <= 1",
+            one["added_p50_ms"]["tinygw"] / one["added_p50_ms"]["tensorzero"],
+            1,
+            ".2f",
+        )
 
 
 def print_table(summary: list[dict], names: list[str], stream: bool = False) -> None:
-    head = ["conc", "target", "req/s", "p50 (ms)", "p99 (ms)", "+p50 (ms)", "CPU/req (µs)", "peak RSS (MiB)",
-            "wrk errors"] + (["CPU/event (µs)"] if stream else [])
+    head = [
+        "conc",
+        "target",
+        "req/s",
+        "p50 (ms)",
+        "p99 (ms)",
+        "+p50 (ms)",
+        "CPU/req (µs)",
+        "peak RSS (MiB)",
+        "wrk errors",
+    ] + (["CPU/event (µs)"] if stream else [])
     rows = []
     for s in summary:
         for t in names:
@@ -101,16 +119,24 @@ def print_table(summary: list[dict], names: list[str], stream: bool = False) -> 
                 continue
             gw = t in GATEWAYS
             rss = s["peak_rss_bytes"].get(t)
-            rows.append([
-                str(s["concurrency"]), t,
-                fmt(m["rps"], ",.0f"),
-                fmt(m["p50_us"] / 1000, ".3f"), fmt(m["p99_us"] / 1000, ".3f"),
-                fmt(s["added_p50_ms"].get(t), "+.3f") if gw else "-",
-                fmt(m["cpu_us_per_request"], ",.0f") if gw else "-",
-                fmt(rss / 2**20 if rss is not None else None, ".1f") if gw else "-",
-                str(m["errors"]),
-            ] + ([fmt(m["cpu_us_per_request"] / STREAM_EVENTS, ".1f") if gw and m["cpu_us_per_request"] else "-"]
-                 if stream else []))
+            rows.append(
+                [
+                    str(s["concurrency"]),
+                    t,
+                    fmt(m["rps"], ",.0f"),
+                    fmt(m["p50_us"] / 1000, ".3f"),
+                    fmt(m["p99_us"] / 1000, ".3f"),
+                    fmt(s["added_p50_ms"].get(t), "+.3f") if gw else "-",
+                    fmt(m["cpu_us_per_request"], ",.0f") if gw else "-",
+                    fmt(rss / 2**20 if rss is not None else None, ".1f") if gw else "-",
+                    str(m["errors"]),
+                ]
+                + (
+                    [fmt(m["cpu_us_per_request"] / STREAM_EVENTS, ".1f") if gw and m["cpu_us_per_request"] else "-"]
+                    if stream
+                    else []
+                )
+            )
     print_rows(head, rows)
     pairs = [(s, peer) for s in summary for peer in PEER_NAMES if peer in s["targets"] and "tinygw" in s["targets"]]
     if pairs:
@@ -119,13 +145,17 @@ def print_table(summary: list[dict], names: list[str], stream: bool = False) -> 
         rows = []
         for s, peer in pairs:
             g, p = s["targets"]["tinygw"], s["targets"][peer]
-            rows.append([str(s["concurrency"]), f"tinygw / {peer}", ratio(g["rps"], p["rps"]),
-                         ratio(s["added_p50_ms"]["tinygw"], s["added_p50_ms"][peer]),
-                         ratio(g["cpu_us_per_request"], p["cpu_us_per_request"]),
-                         ratio(s["peak_rss_bytes"]["tinygw"], s["peak_rss_bytes"][peer])])
+            rows.append(
+                [
+                    str(s["concurrency"]),
+                    f"tinygw / {peer}",
+                    ratio(g["rps"], p["rps"]),
+                    ratio(s["added_p50_ms"]["tinygw"], s["added_p50_ms"][peer]),
+                    ratio(g["cpu_us_per_request"], p["cpu_us_per_request"]),
+                    ratio(s["peak_rss_bytes"]["tinygw"], s["peak_rss_bytes"][peer]),
+                ]
+            )
         print_rows(head, rows)
-
-
 
 
 # ---- main ---------------------------------------------------------------------------
@@ -140,24 +170,41 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seconds", type=float, default=5.0, help="length of each measured run (default 5)")
     ap.add_argument("--warmup", type=float, default=1.0, help="warm-up before each measured run (default 1)")
     ap.add_argument("--repeats", type=int, default=3, help="measured runs per configuration; median reported (3)")
-    ap.add_argument("--concurrency", default="1,32",
-                    help="comma-separated connection counts (default 1,32); wrk threads = min(2, c)")
-    ap.add_argument("--peers", default=",".join(DEFAULT_PEERS),
-                    help="comma-separated peers measured beside tinygw and nginx (default litellm,portkey,tensorzero): "
-                         "LiteLLM's proxy (pip, into bench/.venv-litellm), Portkey's gateway (npm, into "
-                         "bench/.node-portkey) and TensorZero's gateway (pip, into bench/.venv-tensorzero), each "
-                         "installed on first use; also tensorzero-nodelay (TensorZero with TCP_NODELAY forced on "
-                         "its accepted sockets); '' for none")
+    ap.add_argument(
+        "--concurrency",
+        default="1,32",
+        help="comma-separated connection counts (default 1,32); wrk threads = min(2, c)",
+    )
+    ap.add_argument(
+        "--peers",
+        default=",".join(DEFAULT_PEERS),
+        help="comma-separated peers measured beside tinygw and nginx (default litellm,portkey,tensorzero): "
+        "LiteLLM's proxy (pip, into bench/.venv-litellm), Portkey's gateway (npm, into "
+        "bench/.node-portkey) and TensorZero's gateway (pip, into bench/.venv-tensorzero), each "
+        "installed on first use; also tensorzero-nodelay (TensorZero with TCP_NODELAY forced on "
+        "its accepted sockets); '' for none",
+    )
     ap.add_argument("--no-peer", action="store_true", help="no peers at all (the same as --peers '')")
     ap.add_argument("--json", metavar="PATH", help="also write the raw numbers as JSON to PATH")
-    ap.add_argument("--stream", action="store_true",
-                    help="streamed answers (stream: true; 22 events, chunked) instead of plain ones; adds CPU/event")
-    ap.add_argument("--stream-words", type=int, default=20, metavar="N",
-                    help="words in a streamed answer (default 20: 22 events); a run with more shows what one more "
-                         "event costs, without the request's own cost")
+    ap.add_argument(
+        "--stream",
+        action="store_true",
+        help="streamed answers (stream: true; 22 events, chunked) instead of plain ones; adds CPU/event",
+    )
+    ap.add_argument(
+        "--stream-words",
+        type=int,
+        default=20,
+        metavar="N",
+        help="words in a streamed answer (default 20: 22 events); a run with more shows what one more "
+        "event costs, without the request's own cost",
+    )
     ap.add_argument("--no-nginx", action="store_true", help="skip the nginx peer (Debian's nginx, proxy_pass)")
-    ap.add_argument("--tls", action="store_true",
-                    help="also measure tinygw with attested TLS (TINYGW_TLS=attested; wrk over https, keep-alive)")
+    ap.add_argument(
+        "--tls",
+        action="store_true",
+        help="also measure tinygw with attested TLS (TINYGW_TLS=attested; wrk over https, keep-alive)",
+    )
     args = ap.parse_args(argv)
     if args.stream_words < 1:
         ap.error("--stream-words must be at least 1")
@@ -168,8 +215,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--concurrency needs positive integers")
     args.wanted = [] if args.no_peer else [p.strip() for p in args.peers.split(",") if p.strip()]
     if set(args.wanted) - set(PEERS):
-        ap.error(f"--peers: unknown {', '.join(sorted(set(args.wanted) - set(PEERS)))} "
-                 f"(known: {', '.join(PEER_NAMES)})")
+        ap.error(
+            f"--peers: unknown {', '.join(sorted(set(args.wanted) - set(PEERS)))} (known: {', '.join(PEER_NAMES)})"
+        )
     return args
 
 
@@ -196,8 +244,9 @@ def install_peers(args) -> dict[str, dict]:
 class Target:
     """One thing wrk measures: its port, process (None for direct), extra headers, path and Lua script."""
 
-    def __init__(self, name: str, port: int, proc: Proc | None, lua: str, headers: dict | None = None,
-                 path: str = PATH) -> None:
+    def __init__(
+        self, name: str, port: int, proc: Proc | None, lua: str, headers: dict | None = None, path: str = PATH
+    ) -> None:
         self.name, self.port, self.proc, self.lua, self.headers, self.path = name, port, proc, lua, headers, path
 
 
@@ -211,8 +260,16 @@ def lua_for(body: str, files: dict[str, str]) -> str:
     return files[body]
 
 
-def start_targets(args, conns: int, up_port: int, nginx: str | None, peers: dict, procs: list[Proc],
-                  stderr_of: dict[str, str], luas: dict[str, str]) -> tuple[list[Target], dict]:
+def start_targets(
+    args,
+    conns: int,
+    up_port: int,
+    nginx: str | None,
+    peers: dict,
+    procs: list[Proc],
+    stderr_of: dict[str, str],
+    luas: dict[str, str],
+) -> tuple[list[Target], dict]:
     """A fresh gateway (and nginx, and peers) for one concurrency level, so its peak RSS belongs to that level.
     Returns the targets and the chunk events each streamed in its check (or None for plain)."""
     body = PEERS["litellm"].body(args.stream)  # model "bench", as tinygw and nginx take it
@@ -220,8 +277,10 @@ def start_targets(args, conns: int, up_port: int, nginx: str | None, peers: dict
     gateway, gw_port = start_gateway(up_port)
     procs.append(gateway)
     events = {"tinygw": check_once(gw_port, "tinygw", gateway, body, words=words)}
-    targets = [Target("direct", up_port, None, lua_for(body, luas)), Target("tinygw", gw_port, gateway,
-                                                                             lua_for(body, luas))]
+    targets = [
+        Target("direct", up_port, None, lua_for(body, luas)),
+        Target("tinygw", gw_port, gateway, lua_for(body, luas)),
+    ]
     if nginx is not None:
         nginx_proc, nginx_port = start_nginx(nginx, up_port)
         procs.append(nginx_proc)
@@ -240,8 +299,9 @@ def start_targets(args, conns: int, up_port: int, nginx: str | None, peers: dict
         try:
             peer_proc, peer_port, start_s = peer.start(peers[name]["_info"], up_port)
         except RuntimeError as e:
-            print(f"WARNING: {name} did not start or answer for c={conns}; this level runs without it: "
-                  f"{str(e)[-3000:]}")
+            print(
+                f"WARNING: {name} did not start or answer for c={conns}; this level runs without it: {str(e)[-3000:]}"
+            )
             continue
         procs.append(peer_proc)
         try:
@@ -264,19 +324,25 @@ def run_level(args, wrk: str, conns: int, targets: list[Target], upstream: Proc,
     for name, u in idle.items():
         log(f"bench: c={conns}: {name} pids {u['pids']} (RSS {u['rss_bytes'] / 2**20:.1f} MiB idle)")
     if args.stream:
-        log(f"bench: c={conns}: chunk events in one streamed answer: "
-            + ", ".join(f"{t} {n}" for t, n in events.items()))
+        log(
+            f"bench: c={conns}: chunk events in one streamed answer: "
+            + ", ".join(f"{t} {n}" for t, n in events.items())
+        )
     runs: dict[str, list[dict]] = {t.name: [] for t in targets}
     for rep in range(args.repeats):
         for t in targets:
             r = measured_run(wrk, t.lua, t.port, conns, args.seconds, args.warmup, watch, t.headers, t.path)
             runs[t.name].append(r)
-            log(f"bench: c={conns} rep {rep + 1}/{args.repeats} {t.name}: {r['rps']:,.0f} req/s, "
-                f"p50 {r['p50_us']} µs, p99 {r['p99_us']} µs, errors {r['error_count']}")
+            log(
+                f"bench: c={conns} rep {rep + 1}/{args.repeats} {t.name}: {r['rps']:,.0f} req/s, "
+                f"p50 {r['p50_us']} µs, p99 {r['p99_us']} µs, errors {r['error_count']}"
+            )
             for other in targets:
                 if other.proc is not None and other.proc.popen.poll() is not None:
-                    raise RuntimeError(f"{other.proc.name} exited with {other.proc.popen.returncode} during the "
-                                       f"c={conns} runs:\n{other.proc.stderr_text()}")
+                    raise RuntimeError(
+                        f"{other.proc.name} exited with {other.proc.popen.returncode} during the "
+                        f"c={conns} runs:\n{other.proc.stderr_text()}"
+                    )
     end = {name: tree_usage(pid) for name, pid in watch.items() if name in GATEWAYS}
     med: dict[str, dict] = {}
     for t, rs in runs.items():
@@ -286,8 +352,12 @@ def run_level(args, wrk: str, conns: int, targets: list[Target], upstream: Proc,
         med[t]["errors"] = sum(r["error_count"] for r in rs)
     # CPU a gateway burnt while the *other* targets were measured (its own timers, idle work):
     # it competes with them for the machine's CPUs, so it is recorded.
-    background = {g: median([r[f"{g}_cpu_s"] / r["duration_s"] * 100 for t, rs in runs.items() if t != g
-                             for r in rs if r["duration_s"]]) for g in end}
+    background = {
+        g: median(
+            [r[f"{g}_cpu_s"] / r["duration_s"] * 100 for t, rs in runs.items() if t != g for r in rs if r["duration_s"]]
+        )
+        for g in end
+    }
     return {
         "concurrency": conns,
         "wrk_threads": min(2, conns),
@@ -304,58 +374,89 @@ def run_level(args, wrk: str, conns: int, targets: list[Target], upstream: Proc,
 
 def print_report(args, raw: dict, summary: list[dict], peers: dict, stderr_of: dict[str, str]) -> None:
     names = ["direct", "nginx", "tinygw", "tinygw-tls", *PEER_NAMES]
-    described = {"litellm": "peer, 1 uvicorn worker", "portkey": "peer, Portkey's gateway, 1 node process",
-                 "tensorzero": "peer, TensorZero's Rust gateway from its wheel",
-                 "tensorzero-nodelay": "the same with TCP_NODELAY forced on its accepted sockets"}
+    described = {
+        "litellm": "peer, 1 uvicorn worker",
+        "portkey": "peer, Portkey's gateway, 1 node process",
+        "tensorzero": "peer, TensorZero's Rust gateway from its wheel",
+        "tensorzero-nodelay": "the same with TCP_NODELAY forced on its accepted sockets",
+    }
     print()
-    print(f"direct = the instant upstream; tinygw {raw['tinygw_version']} (this tree, 1 Granian worker)"
-          + "".join(f"; {name} {peers[name]['version']} ({described[name]})" for name in PEER_NAMES
-                    if peers[name]["enabled"]))
-    print(f"answers: {'streamed, ' + str(STREAM_EVENTS) + ' events each (chunked)' if args.stream else 'plain'}; "
-          f"gateways at the product's defaults (log level info, access log on); nginx with its access log on")
+    print(
+        f"direct = the instant upstream; tinygw {raw['tinygw_version']} (this tree, 1 Granian worker)"
+        + "".join(
+            f"; {name} {peers[name]['version']} ({described[name]})" for name in PEER_NAMES if peers[name]["enabled"]
+        )
+    )
+    print(
+        f"answers: {'streamed, ' + str(STREAM_EVENTS) + ' events each (chunked)' if args.stream else 'plain'}; "
+        f"gateways at the product's defaults (log level info, access log on); nginx with its access log on"
+    )
     print_table(summary, names, args.stream)
     print()
     print_goals(summary, args.stream)
     print()
-    print("p50/p99: wrk latency percentiles. +p50: the gateway's p50 - direct p50. CPU/req: utime+stime of the "
-          "gateway's process tree during its measured run / requests completed. peak RSS: VmHWM summed over "
-          "that tree, at the end of the level's runs."
-          + (" Ratios: tinygw's median / the peer's median (below 1 means tinygw's is lower: better for "
-             "+p50, CPU/req and RSS, worse for req/s)." if any(p in s["targets"] for s in summary for p in PEERS)
-             else ""))
+    print(
+        "p50/p99: wrk latency percentiles. +p50: the gateway's p50 - direct p50. CPU/req: utime+stime of the "
+        "gateway's process tree during its measured run / requests completed. peak RSS: VmHWM summed over "
+        "that tree, at the end of the level's runs."
+        + (
+            " Ratios: tinygw's median / the peer's median (below 1 means tinygw's is lower: better for "
+            "+p50, CPU/req and RSS, worse for req/s)."
+            if any(p in s["targets"] for s in summary for p in PEERS)
+            else ""
+        )
+    )
     for name in PEER_NAMES:
         if peers[name]["enabled"] and peers[name]["start_s"]:
-            print(f"{name} start-up (spawn to first answered chat): "
-                  + ", ".join(f"c={c}: {t:.1f} s" for c, t in peers[name]["start_s"].items()))
+            print(
+                f"{name} start-up (spawn to first answered chat): "
+                + ", ".join(f"c={c}: {t:.1f} s" for c, t in peers[name]["start_s"].items())
+            )
     if args.stream and any("portkey" in s["targets"] for s in summary):
-        print("portkey: its stream reader waits 25 ms before it relays the first event of every streamed answer "
-              "(readStream in its src/handlers/streamHandler.ts): most of its +p50 at c=1")
+        print(
+            "portkey: its stream reader waits 25 ms before it relays the first event of every streamed answer "
+            "(readStream in its src/handlers/streamHandler.ts): most of its +p50 at c=1"
+        )
     if args.stream and any(t.startswith("tensorzero") for s in summary for t in s["targets"]):
-        print("tensorzero: its server leaves Nagle's algorithm on for the sockets it accepts, so a stream's last "
-              "small writes wait for the client's delayed ACK (~40 ms): most of its +p50 (see bench/README.md); "
-              "it also merges the role event into the first word's, one event fewer")
+        print(
+            "tensorzero: its server leaves Nagle's algorithm on for the sockets it accepts, so a stream's last "
+            "small writes wait for the client's delayed ACK (~40 ms): most of its +p50 (see bench/README.md); "
+            "it also merges the role event into the first word's, one event fewer"
+        )
     for s in summary:
         odd = {t: n for t, n in (s["stream_events"] or {}).items() if n != STREAM_EVENTS}
         if odd:
-            print(f"c={s['concurrency']}: chunk events in one streamed answer other than the upstream's "
-                  f"{STREAM_EVENTS}: " + ", ".join(f"{t} {n}" for t, n in odd.items())
-                  + f" (CPU/event divides by {STREAM_EVENTS} for every target)")
+            print(
+                f"c={s['concurrency']}: chunk events in one streamed answer other than the upstream's "
+                f"{STREAM_EVENTS}: "
+                + ", ".join(f"{t} {n}" for t, n in odd.items())
+                + f" (CPU/event divides by {STREAM_EVENTS} for every target)"
+            )
     for s in summary:
         bg = {g: v for g, v in s["background_cpu_percent_of_a_core"].items() if v is not None}
         if bg and len(s["targets"]) > 2:
-            print(f"c={s['concurrency']}: CPU used in the background while the other targets were measured: "
-                  + ", ".join(f"{g} {v:.1f}% of a core" for g, v in bg.items()))
+            print(
+                f"c={s['concurrency']}: CPU used in the background while the other targets were measured: "
+                + ", ".join(f"{g} {v:.1f}% of a core" for g, v in bg.items())
+            )
     for s in summary:
         for t, m in s["targets"].items():
             if m["errors"]:
-                print(f"WARNING: c={s['concurrency']} {t}: wrk counted {m['errors']} errors "
-                      "(connect/read/write/non-2xx/timeout); see --json for details")
+                print(
+                    f"WARNING: c={s['concurrency']} {t}: wrk counted {m['errors']} errors "
+                    "(connect/read/write/non-2xx/timeout); see --json for details"
+                )
     for name, text in stderr_of.items():
         # the access log (one line a request, the product's default) is counted, not shown
         # (and the JSON fragments where a tail's limit cut a line)
         # (and TensorZero's warning for each request wrk leaves unanswered when its run ends)
-        other = [ln for ln in text.splitlines() if '"msg":"request"' not in ln and "connection_drop_guard" not in ln
-                 and not (ln.endswith("}") and not ln.startswith("{"))]
+        other = [
+            ln
+            for ln in text.splitlines()
+            if '"msg":"request"' not in ln
+            and "connection_drop_guard" not in ln
+            and not (ln.endswith("}") and not ln.startswith("{"))
+        ]
         if "\n".join(other).strip():
             print(f"--- {name} stderr (access log left out) ---\n" + "\n".join(other)[-8000:])
 
@@ -365,21 +466,37 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     STREAM_EVENTS = args.stream_words + 2
     signal.signal(signal.SIGTERM, _on_sigterm)
-    command = shlex.join([os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(str(ROOT))
-                          else sys.executable, os.path.relpath(__file__, ROOT), *sys.argv[1:]])
+    command = shlex.join(
+        [
+            os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(str(ROOT)) else sys.executable,
+            os.path.relpath(__file__, ROOT),
+            *sys.argv[1:],
+        ]
+    )
     print(f"command: {command}")
     print(f"machine: {machine()}")
-    print(f"runs:    {args.warmup:g} s warm-up + {args.seconds:g} s measured, {args.repeats} repeat(s) per "
-          f"configuration, median shown; POST {PATH} ({'streamed' if args.stream else 'non-streaming'}) on {HOST}")
+    print(
+        f"runs:    {args.warmup:g} s warm-up + {args.seconds:g} s measured, {args.repeats} repeat(s) per "
+        f"configuration, median shown; POST {PATH} ({'streamed' if args.stream else 'non-streaming'}) on {HOST}"
+    )
     sys.stdout.flush()
     wrk = ensure_wrk()
     wrk_version = subprocess.run([wrk, "-v"], capture_output=True, text=True, timeout=10).stdout.splitlines()
     peers = install_peers(args)
     procs: list[Proc] = []
     luas: dict[str, str] = {}
-    raw: dict = {"command": command, "machine": machine(), "nproc": os.cpu_count(),
-                 "wrk": wrk_version[0] if wrk_version else "", "seconds": args.seconds, "warmup": args.warmup,
-                 "repeats": args.repeats, "tinygw_version": tinygw_version(), "peers": peers, "levels": []}
+    raw: dict = {
+        "command": command,
+        "machine": machine(),
+        "nproc": os.cpu_count(),
+        "wrk": wrk_version[0] if wrk_version else "",
+        "seconds": args.seconds,
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "tinygw_version": tinygw_version(),
+        "peers": peers,
+        "levels": [],
+    }
     failed = False
     stderr_of: dict[str, str] = {"tinygw": "", "tinygw-tls": "", "nginx": "", **{name: "" for name in PEERS}}
     nginx = None if args.no_nginx else ensure_nginx()

@@ -6,7 +6,8 @@ Run from the repository root: `.venv/bin/python bench/soak.py [--seconds 180]
 Two fake providers (tinygw.fake.upstream, each in a child process of its own) answer
 every request by a random script: mostly well, sometimes 500, a closed connection, no
 answer at all, a stream or body cut short; each is SIGKILLed every 20-30 s (b's first
-kill 10 s later than a's would be) and restarted on the same port after 1.5-3 s. A real `tinygw serve` (one Granian worker, a model with
+kill 10 s later than a's would be) and restarted on the same port after 1.5-3 s. A real
+`tinygw serve` (one Granian worker, a model with
 both providers as targets, short timeouts and breaker pauses) stands in front of them.
 `--concurrency` clients (half of them streaming) send chat requests over keep-alive
 HTTP/1.1 connections (h11, framing checked strictly), each with a nonce that the fake
@@ -93,8 +94,7 @@ def chaos_script(name: str):
             return sse_reply(events[: rng.randrange(len(events))], EVENT_DELAY, cut=True)
         good = well_behaved(name, words, EVENT_DELAY)(request)
         if chaos == "cut":  # a non-streamed body cut halfway
-            return Reply(status=200, headers=good.headers, chunks=[(0, good.body[: len(good.body) // 2])],
-                         action="cut")
+            return Reply(status=200, headers=good.headers, chunks=[(0, good.body[: len(good.body) // 2])], action="cut")
         if chaos == "answer_close":
             good.action = "answer_close"
         return good
@@ -172,8 +172,7 @@ def start_gateway(upstreams: list[Upstream]) -> tuple[Proc, int]:
     provider = {"api": "openai", "connect_timeout_s": 1, "first_byte_timeout_s": 1.5, "timeout_s": 20}
     config = {
         "providers": {u.name: {**provider, "base_url": f"http://{HOST}:{u.port}/v1"} for u in upstreams},
-        "models": {"soak": {"targets": [f"{u.name}:soak-{u.name}" for u in upstreams],
-                            "strategy": "round_robin"}},
+        "models": {"soak": {"targets": [f"{u.name}:soak-{u.name}" for u in upstreams], "strategy": "round_robin"}},
     }
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TINYGW_", "PROVIDER_"))}
     env.update(GATEWAY_ENV, TINYGW_PORT=str(port), TINYGW_CONFIG=json.dumps(config), PYTHONPATH=str(ROOT))
@@ -239,8 +238,15 @@ class Client:
             self.reader, self.writer = await asyncio.open_connection(HOST, self.port)
             self.conn = h11.Connection(h11.CLIENT)
         conn = self.conn
-        head = h11.Request(method="POST", target=PATH, headers=[
-            ("host", f"{HOST}:{self.port}"), ("content-type", "application/json"), ("content-length", str(len(body)))])
+        head = h11.Request(
+            method="POST",
+            target=PATH,
+            headers=[
+                ("host", f"{HOST}:{self.port}"),
+                ("content-type", "application/json"),
+                ("content-length", str(len(body))),
+            ],
+        )
         self.writer.write(conn.send(head) + conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage()))
         await self.writer.drain()
         response, chunks, eof = None, [], False
@@ -325,9 +331,10 @@ async def client_loop(cid: int, port: int, tally: Tally, running: dict, limit: i
     stream, client, seq = cid % 2 == 1, Client(port), 0
     while running["go"] and tally.requests < limit:
         seq += 1
-        nonce = "n%016x" % random.getrandbits(64)
-        body = json.dumps({"model": "soak", "stream": stream, "max_tokens": 8,
-                           "messages": [{"role": "user", "content": nonce}]}).encode()
+        nonce = f"n{random.getrandbits(64):016x}"
+        body = json.dumps(
+            {"model": "soak", "stream": stream, "max_tokens": 8, "messages": [{"role": "user", "content": nonce}]}
+        ).encode()
         tally.requests += 1
         tally.streamed += stream
         try:
@@ -345,8 +352,9 @@ async def client_loop(cid: int, port: int, tally: Tally, running: dict, limit: i
             tally.status[classify(status, headers, answer, nonce, stream)] += 1
         except (Malformed, ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
             tally.status[f"{status} (malformed)"] += 1
-            tally.malformed.append(f"client {cid} request {seq}: {status} {type(e).__name__}: {e}; "
-                                   f"body {answer[:300]!r}")
+            tally.malformed.append(
+                f"client {cid} request {seq}: {status} {type(e).__name__}: {e}; body {answer[:300]!r}"
+            )
     client.close()
 
 
@@ -364,8 +372,9 @@ async def chaos_monkey(upstream: Upstream, stop: asyncio.Event, offset: float) -
         await asyncio.to_thread(upstream.start)
 
 
-async def traffic(gateway: Proc, port: int, concurrency: int, seconds: float, tally: Tally, limit: int,
-                  upstreams: list[Upstream] = ()) -> float:
+async def traffic(
+    gateway: Proc, port: int, concurrency: int, seconds: float, tally: Tally, limit: int, upstreams: list[Upstream] = ()
+) -> float:
     """`concurrency` clients for `seconds` (or until `limit` requests); the seconds it took."""
     running, stop, started = {"go": True}, asyncio.Event(), time.monotonic()
     clients = [asyncio.create_task(client_loop(i, port, tally, running, limit)) for i in range(concurrency)]
@@ -431,10 +440,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--seconds must be in (0, 3600], --concurrency in [1, 1024], --max-requests >= 1")
     signal.signal(signal.SIGTERM, _interrupt)
     print(f"machine: {machine()}")
-    print(f"soak:    {WARMUP_SECONDS} s warm-up + {args.seconds:g} s chaos, c={args.concurrency} (half streamed), "
-          f"at most {args.max_requests} requests; chaos per request: "
-          + ", ".join(f"{w} {p:.0%}" for w, p in CHAOS)
-          + f"; each upstream SIGKILLed every {KILL_EVERY[0]:g}-{KILL_EVERY[1]:g} s", flush=True)
+    print(
+        f"soak:    {WARMUP_SECONDS} s warm-up + {args.seconds:g} s chaos, c={args.concurrency} (half streamed), "
+        f"at most {args.max_requests} requests; chaos per request: "
+        + ", ".join(f"{w} {p:.0%}" for w, p in CHAOS)
+        + f"; each upstream SIGKILLed every {KILL_EVERY[0]:g}-{KILL_EVERY[1]:g} s",
+        flush=True,
+    )
     upstreams = [Upstream("a"), Upstream("b")]
     gateway, tally, failures = None, Tally(), []
     try:
@@ -461,20 +473,24 @@ def main(argv: list[str] | None = None) -> int:
         if gateway is not None:
             gateway.stop()
     log = Path(gateway.err_file.name).read_text(errors="replace").splitlines() if gateway else []
-    log_errors = [line for line in log if not line.startswith("{") or '"level":"error"' in line
-                  or '"level":"critical"' in line]
+    log_errors = [
+        line for line in log if not line.startswith("{") or '"level":"error"' in line or '"level":"critical"' in line
+    ]
     if failures:  # the soak could not run to its end
         print("\n".join(line for line in log if '"msg":"request"' not in line)[-4000:])
-        print(f"FAILED: {failures[0]} (after {tally.requests} requests; gateway log: "
-              f"{gateway.err_file.name if gateway else '-'})")
+        print(
+            f"FAILED: {failures[0]} (after {tally.requests} requests; gateway log: "
+            f"{gateway.err_file.name if gateway else '-'})"
+        )
         return 1
 
     def row(what: str, value) -> None:
         print(f"| {what} | {value} |")
 
     def use(key: str) -> str:
-        return " → ".join(f"{usage[k][key]:,.1f}" if key == "rss_mib" else str(usage[k][key])
-                          for k in ("start", "end", "settled"))
+        return " → ".join(
+            f"{usage[k][key]:,.1f}" if key == "rss_mib" else str(usage[k][key]) for k in ("start", "end", "settled")
+        )
 
     print("\n| soak | |\n| --- | --- |")
     row("duration (warm-up + chaos)", f"{usage['duration']:.1f} s")
@@ -485,10 +501,16 @@ def main(argv: list[str] | None = None) -> int:
     row("**malformed answers**", len(tally.malformed))
     row("**client-side resets**", len(tally.resets))
     row("upstream kills (a, b)", f"{upstreams[0].kills}, {upstreams[1].kills}")
-    row("circuits opened / closed", f"{metric_sum(metrics, 'tinygw_circuit_transitions_total', state='open'):.0f} / "
-        f"{metric_sum(metrics, 'tinygw_circuit_transitions_total', state='closed'):.0f}")
-    row("fallbacks / quick retries", f"{metric_sum(metrics, 'tinygw_provider_retries_total', reason='fallback'):.0f} / "
-        f"{metric_sum(metrics, 'tinygw_provider_retries_total', reason='transient_retry'):.0f}")
+    row(
+        "circuits opened / closed",
+        f"{metric_sum(metrics, 'tinygw_circuit_transitions_total', state='open'):.0f} / "
+        f"{metric_sum(metrics, 'tinygw_circuit_transitions_total', state='closed'):.0f}",
+    )
+    row(
+        "fallbacks / quick retries",
+        f"{metric_sum(metrics, 'tinygw_provider_retries_total', reason='fallback'):.0f} / "
+        f"{metric_sum(metrics, 'tinygw_provider_retries_total', reason='transient_retry'):.0f}",
+    )
     row("worker RSS MiB (start → end → settled)", use("rss_mib"))
     row("worker open fds (start → end → settled)", use("fds"))
     row("gateway log lines: error or not JSON", len(log_errors))

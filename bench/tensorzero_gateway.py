@@ -19,8 +19,9 @@ from tensorzero import _start_http_gateway
 def main(config_file: str) -> None:
     port_out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # the gateway's log lines go to stderr: stdout is a pipe that nobody reads after the port
-    gateway = _start_http_gateway(config_file=config_file, clickhouse_url=None, postgres_url=None, valkey_url=None,
-                                  async_setup=False)
+    gateway = _start_http_gateway(
+        config_file=config_file, clickhouse_url=None, postgres_url=None, valkey_url=None, async_setup=False
+    )
     address = urlsplit(gateway.base_url)
     if address.hostname not in ("127.0.0.1", "localhost"):
         gateway.close()

@@ -72,7 +72,8 @@ def lock_entries(lock: Path) -> dict[str, tuple[str, str, set[str]]]:
 
 
 def build_pins() -> list[tuple[str, str, str, Path]]:
-    """(name, version, lines, lock) of what the build installs: runtime.lock, then the build tool's closure in dev.lock."""
+    """(name, version, lines, lock) of what the build installs: runtime.lock, then the build
+    tool's closure in dev.lock."""
     runtime, dev = lock_entries(RUNTIME_LOCK), lock_entries(DEV_LOCK)
     tools = {BUILD_TOOL}
     while grown := {name for name, (_, _, needed_by) in dev.items() if needed_by & tools} - tools:
@@ -97,15 +98,24 @@ def lock_mismatches() -> list[str]:
 def build_root(manifest: Path) -> dict:
     """release.json's `build_root`, from the manifest build/buildroot.sh wrote: the Debian packages
     the build ran on, each with the sha256 of its .deb, and where and when their lists were fetched."""
-    record: dict = {"distribution": "debian", "release": None, "include": [], "packages": [],
-                    "package_lists": {"fetched": None, "sources": []},
-                    "mmdebstrap": None, "apt_options": [], "recipe_sha256": None, "tar_sha256": None}
+    record: dict = {
+        "distribution": "debian",
+        "release": None,
+        "include": [],
+        "packages": [],
+        "package_lists": {"fetched": None, "sources": []},
+        "mmdebstrap": None,
+        "apt_options": [],
+        "recipe_sha256": None,
+        "tar_sha256": None,
+    }
     for line in manifest.read_text().splitlines():
         kind, _, value = line.partition(" ")
         if kind == "package":
             name, version, architecture, sha256 = value.split(" ")
-            record["packages"].append({"name": name, "version": version, "architecture": architecture,
-                                       "sha256": sha256})
+            record["packages"].append(
+                {"name": name, "version": version, "architecture": architecture, "sha256": sha256}
+            )
         elif kind == "source":
             uri, suite, date = value.split(" ", 2)
             record["package_lists"]["sources"].append({"uri": uri, "suite": suite, "date": date})
@@ -133,8 +143,13 @@ def _digests(path: Path) -> tuple[int, str, str]:
     return path.stat().st_size, sha256.hexdigest(), sha384.hexdigest()
 
 
-def release(artifact: Path, source_commit: str, source_date_epoch: int, source_tree_clean: bool | None = None,
-            root_manifest: Path | None = None) -> dict:
+def release(
+    artifact: Path,
+    source_commit: str,
+    source_date_epoch: int,
+    source_tree_clean: bool | None = None,
+    root_manifest: Path | None = None,
+) -> dict:
     """The release record of `artifact`, in the schema attest/verify reads."""
     import PyInstaller
 

@@ -47,8 +47,9 @@ from pathlib import Path
 from PyInstaller.archive.readers import CArchiveReader
 
 ROOT = Path(__file__).resolve().parent.parent
-IGNORED_WITHOUT_GIT = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".pytest_cache", "dist", "work",
-                                             "artifacts")
+IGNORED_WITHOUT_GIT = shutil.ignore_patterns(
+    ".git", ".venv", "__pycache__", ".pytest_cache", "dist", "work", "artifacts"
+)
 DEBIAN_PYTHON = Path("/usr/bin/python3")
 # Fields of release.json that differ between two builds of the same inputs: when, and from
 # which mirror, the build root's package lists were fetched.
@@ -60,8 +61,11 @@ def copy_tree(destination: Path) -> None:
     if not (ROOT / ".git").exists():
         shutil.copytree(ROOT, destination, ignore=IGNORED_WITHOUT_GIT, symlinks=True)
         return
-    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            check=True, capture_output=True).stdout
+    listed = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        check=True,
+        capture_output=True,
+    ).stdout
     for name in filter(None, listed.decode().split("\0")):
         source = ROOT / name
         if source.is_file():  # a tracked file deleted in the work tree is not part of it
@@ -75,12 +79,16 @@ def source_identity() -> dict[str, str]:
         return {}
     git = ["git", "-C", str(ROOT)]
     return {
-        "SOURCE_COMMIT": subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True,
-                                        text=True).stdout.strip(),
-        "SOURCE_DATE_EPOCH": os.environ.get("SOURCE_DATE_EPOCH") or subprocess.run(
-            [*git, "log", "-1", "--format=%ct"], check=True, capture_output=True, text=True).stdout.strip(),
-        "SOURCE_TREE_CLEAN": "false" if subprocess.run([*git, "status", "--porcelain"], check=True,
-                                                       capture_output=True, text=True).stdout.strip() else "true",
+        "SOURCE_COMMIT": subprocess.run(
+            [*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+        ).stdout.strip(),
+        "SOURCE_DATE_EPOCH": os.environ.get("SOURCE_DATE_EPOCH")
+        or subprocess.run(
+            [*git, "log", "-1", "--format=%ct"], check=True, capture_output=True, text=True
+        ).stdout.strip(),
+        "SOURCE_TREE_CLEAN": "false"
+        if subprocess.run([*git, "status", "--porcelain"], check=True, capture_output=True, text=True).stdout.strip()
+        else "true",
     }
 
 
@@ -88,8 +96,8 @@ def host_pythons() -> tuple[Path, Path]:
     """The Python behind .venv (pyenv's here) and Debian's, installed with apt-get when missing."""
     if not DEBIAN_PYTHON.exists():
         print(f"reproduce: {DEBIAN_PYTHON} is missing; installing Debian's python3 with apt-get")
-        subprocess.run("apt-get update -qq && apt-get install -y -qq python3", shell=True, check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(["apt-get", "update", "-qq"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "python3"], check=True, stdout=subprocess.DEVNULL)
     first = Path(sys.base_prefix) / "bin" / "python3"
     if first.resolve() == DEBIAN_PYTHON.resolve():
         print(f"reproduce: warning: .venv is Debian's Python too; both builds have {first} first on PATH")
@@ -100,12 +108,14 @@ def build(source: Path, identity: dict[str, str], python: Path) -> Path:
     """`make build` in the copy at `source`, from a fresh build root, with `python` first on PATH."""
     env = {key: value for key, value in os.environ.items() if key not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     env.update(identity, PATH=f"{python.parent}{os.pathsep}{env.get('PATH', '')}", BUILDROOT_FRESH="1")
-    version = subprocess.run([python, "-c", "import platform; print(platform.python_version())"], check=True,
-                             capture_output=True, text=True).stdout.strip()
+    version = subprocess.run(
+        [python, "-c", "import platform; print(platform.python_version())"], check=True, capture_output=True, text=True
+    ).stdout.strip()
     print(f"reproduce: building in {source} with {python} (Python {version}) first on PATH", flush=True)
     started = time.monotonic()
-    subprocess.run(["make", "--no-print-directory", "-C", str(source), "build", f"PYTHON={python}"], check=True,
-                   env=env)
+    subprocess.run(
+        ["make", "--no-print-directory", "-C", str(source), "build", f"PYTHON={python}"], check=True, env=env
+    )
     print(f"reproduce: built in {source} in {time.monotonic() - started:.1f} s", flush=True)
     return source / "build" / "dist" / "tinygw"
 
@@ -136,9 +146,13 @@ def first_difference(a: Path, b: Path) -> str:
     if archive_a.options != archive_b.options:
         return f"the archives' runtime options differ: {archive_a.options} vs {archive_b.options}"
     bytes_a, bytes_b = a.read_bytes(), b.read_bytes()
-    offset = next((i for i, (x, y) in enumerate(zip(bytes_a, bytes_b)) if x != y), min(len(bytes_a), len(bytes_b)))
-    return (f"every archive member is identical; the files first differ at byte {offset} "
-            f"(sizes {len(bytes_a)} and {len(bytes_b)}): the bootloader, ELF sections or archive layout")
+    offset = next(
+        (i for i, (x, y) in enumerate(zip(bytes_a, bytes_b, strict=False)) if x != y), min(len(bytes_a), len(bytes_b))
+    )
+    return (
+        f"every archive member is identical; the files first differ at byte {offset} "
+        f"(sizes {len(bytes_a)} and {len(bytes_b)}): the bootloader, ELF sections or archive layout"
+    )
 
 
 def _first_pyz_difference(archive_a: CArchiveReader, archive_b: CArchiveReader, name: str) -> str:
@@ -158,10 +172,13 @@ def _first_zip_difference(data_a: bytes, data_b: bytes) -> str:
         infos_a, infos_b = zip_a.infolist(), zip_b.infolist()
         names_a, names_b = [info.filename for info in infos_a], [info.filename for info in infos_b]
         if names_a != names_b:
-            i = next((i for i, (x, y) in enumerate(zip(names_a, names_b)) if x != y), min(len(names_a), len(names_b)))
+            i = next(
+                (i for i, (x, y) in enumerate(zip(names_a, names_b, strict=False)) if x != y),
+                min(len(names_a), len(names_b)),
+            )
             first = names_a[i] if i < len(names_a) else names_b[i]
             return f"; its member list differs in name or order from position {i} ({first!r})"
-        for info_a, info_b in zip(infos_a, infos_b):
+        for info_a, info_b in zip(infos_a, infos_b, strict=True):  # same names, checked above
             if zip_a.read(info_a) != zip_b.read(info_b):
                 return f"; its first differing entry is {info_a.filename!r}"
             if info_a.date_time != info_b.date_time:
@@ -181,8 +198,11 @@ def compare(first: Path, second: Path) -> int:
 def differing_fields(a, b, path: str = "") -> list[str]:
     """The dotted paths at which two release records differ (a list counts as one value)."""
     if isinstance(a, dict) and isinstance(b, dict):
-        return [field for key in sorted(a.keys() | b.keys())
-                for field in differing_fields(a.get(key), b.get(key), f"{path}.{key}" if path else key)]
+        return [
+            field
+            for key in sorted(a.keys() | b.keys())
+            for field in differing_fields(a.get(key), b.get(key), f"{path}.{key}" if path else key)
+        ]
     return [] if a == b else [path]
 
 
@@ -208,11 +228,15 @@ def package_differences(reference: list[dict], built: list[dict]) -> list[str]:
         elif mine is None:
             lines.append(f"{name}: {ref['version']} ({ref['architecture']}) in the reference's root; not in this one")
         elif (ref["version"], ref["architecture"]) != (mine["version"], mine["architecture"]):
-            lines.append(f"{name}: {ref['version']} ({ref['architecture']}) in the reference's root, "
-                         f"{mine['version']} ({mine['architecture']}) in this one")
+            lines.append(
+                f"{name}: {ref['version']} ({ref['architecture']}) in the reference's root, "
+                f"{mine['version']} ({mine['architecture']}) in this one"
+            )
         elif ref["sha256"] != mine["sha256"]:
-            lines.append(f"{name} {mine['version']}: the same version from another .deb "
-                         f"(sha256 {ref['sha256']} vs {mine['sha256']})")
+            lines.append(
+                f"{name} {mine['version']}: the same version from another .deb "
+                f"(sha256 {ref['sha256']} vs {mine['sha256']})"
+            )
     return lines
 
 
@@ -224,27 +248,36 @@ def compare_with_reference(reference_path: Path, artifact: Path) -> int:
     if wanted == got:
         print(f"reproduce: identical to the release in {reference_path}: sha256 {got}")
         return 0
-    print(f"reproduce: DIFFERENT from the release in {reference_path}: its sha256 is {wanted}, this build's {got}",
-          file=sys.stderr)
-    packages = package_differences((reference.get("build_root") or {}).get("packages", []),
-                                   (built.get("build_root") or {}).get("packages", []))
+    print(
+        f"reproduce: DIFFERENT from the release in {reference_path}: its sha256 is {wanted}, this build's {got}",
+        file=sys.stderr,
+    )
+    packages = package_differences(
+        (reference.get("build_root") or {}).get("packages", []), (built.get("build_root") or {}).get("packages", [])
+    )
     for line in packages:
         print(f"reproduce:   build root: {line}", file=sys.stderr)
     if packages:
         fetched = (reference.get("build_root") or {}).get("package_lists", {}).get("fetched") or ""
-        print(f"reproduce:   (the reference's package lists were fetched {fetched}: rebuild from Debian's snapshot "
-              f"archive of that time with DEBIAN_SNAPSHOT={fetched.replace('-', '').replace(':', '')}; see README)",
-              file=sys.stderr)
+        print(
+            f"reproduce:   (the reference's package lists were fetched {fetched}: rebuild from Debian's snapshot "
+            f"archive of that time with DEBIAN_SNAPSHOT={fetched.replace('-', '').replace(':', '')}; see README)",
+            file=sys.stderr,
+        )
     ignored = ("artifact", "measurement", "build_root.packages", *FETCH_FIELDS)
     for field in differing_fields(_without(reference, ignored), _without(built, ignored)):
-        print(f"reproduce:   input {field}: {_get(reference, field)!r} in the reference, {_get(built, field)!r} here",
-              file=sys.stderr)
+        print(
+            f"reproduce:   input {field}: {_get(reference, field)!r} in the reference, {_get(built, field)!r} here",
+            file=sys.stderr,
+        )
     theirs = reference_path.parent / reference["artifact"]["name"]
     if theirs.is_file() and sha256(theirs.read_bytes()) == wanted:
         print(f"reproduce:   {first_difference(theirs, artifact)}", file=sys.stderr)
     else:
-        print(f"reproduce:   (put the release's artifact at {theirs} to name the first differing archive member)",
-              file=sys.stderr)
+        print(
+            f"reproduce:   (put the release's artifact at {theirs} to name the first differing archive member)",
+            file=sys.stderr,
+        )
     return 1
 
 
@@ -275,8 +308,10 @@ def reproduce(reference: Path | None) -> int:
         return 1
     releases = [json.loads((path.parent / "release.json").read_text()) for path in (first, second)]
     if moved := differing_fields(_without(releases[0], FETCH_FIELDS), _without(releases[1], FETCH_FIELDS)):
-        print(f"reproduce: the artifacts match but their release.json files differ in {', '.join(moved)}; "
-              f"kept in {work}", file=sys.stderr)
+        print(
+            f"reproduce: the artifacts match but their release.json files differ in {', '.join(moved)}; kept in {work}",
+            file=sys.stderr,
+        )
         return 1
     print("reproduce: identical")
     status = compare_with_reference(reference, first) if reference else 0

@@ -17,17 +17,25 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tinygw.fake.upstream import FakeUpstream, well_behaved
+from tinygw.lifecycle import adopt_orphans
+
 # Hypothesis: a few derandomized examples a test in `make test` (reproducible, fast), many
 # random ones in `make fuzz` (HYPOTHESIS_PROFILE=long). No example database in the tree.
 _NOT_CHECKED = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example]
-settings.register_profile("default", max_examples=100, deadline=None, derandomize=True, database=None,
-                          print_blob=True, suppress_health_check=_NOT_CHECKED)
-settings.register_profile("long", max_examples=5_000, deadline=None, database=None,
-                          print_blob=True, suppress_health_check=_NOT_CHECKED)
+settings.register_profile(
+    "default",
+    max_examples=100,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    suppress_health_check=_NOT_CHECKED,
+)
+settings.register_profile(
+    "long", max_examples=5_000, deadline=None, database=None, print_blob=True, suppress_health_check=_NOT_CHECKED
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
-
-from tinygw.fake.upstream import FakeUpstream, well_behaved
-from tinygw.lifecycle import adopt_orphans
 
 ROOT = Path(__file__).resolve().parent.parent
 START_SECONDS = 20  # a gateway that is not answering /healthz by then has failed
@@ -69,19 +77,33 @@ def gateway_command() -> list[str]:
     return [binary] if binary else [sys.executable, "-m", "tinygw"]
 
 
-def run_tinygw(args: list[str], environ: dict[str, str], seconds: float = 30,
-               prefix: list[str] | None = None) -> subprocess.CompletedProcess:
+def run_tinygw(
+    args: list[str], environ: dict[str, str], seconds: float = 30, prefix: list[str] | None = None
+) -> subprocess.CompletedProcess:
     """One run of the command line to its end, with `environ` as its whole environment."""
     full = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT), **environ}
-    return subprocess.run([*(prefix or []), *gateway_command(), *args], env=full, cwd=ROOT, capture_output=True,
-                          text=True, timeout=seconds)
+    return subprocess.run(
+        [*(prefix or []), *gateway_command(), *args],
+        env=full,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=seconds,
+    )
 
 
 class Gateway:
     """A real `tinygw serve` process on a free loopback port."""
 
-    def __init__(self, config: dict, env: dict[str, str], log_path: Path, soft_open_files: int | None = None,
-                 prefix: list[str] | None = None, port: int | None = None) -> None:
+    def __init__(
+        self,
+        config: dict,
+        env: dict[str, str],
+        log_path: Path,
+        soft_open_files: int | None = None,
+        prefix: list[str] | None = None,
+        port: int | None = None,
+    ) -> None:
         self.port = port or free_port()
         self.log_path = log_path
         self.env = {
@@ -92,14 +114,19 @@ class Gateway:
             **env,
         }
         self._log = open(log_path, "wb")
+
         def limit_open_files() -> None:  # as on hosts whose default soft limit is low
             if soft_open_files is not None:
                 hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
                 resource.setrlimit(resource.RLIMIT_NOFILE, (soft_open_files, hard))
 
         self.process = subprocess.Popen(
-            [*(prefix or []), *gateway_command(), "serve"], env=self.env, cwd=ROOT, stdout=self._log,
-            stderr=subprocess.STDOUT, preexec_fn=limit_open_files,
+            [*(prefix or []), *gateway_command(), "serve"],
+            env=self.env,
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=limit_open_files,
         )
         try:
             wait_until(self._ready, START_SECONDS, "the gateway to answer /healthz")
@@ -180,8 +207,13 @@ def module_fake():
 def start_gateway(tmp_path):
     started: list[Gateway] = []
 
-    def start(config: dict, soft_open_files: int | None = None, prefix: list[str] | None = None,
-              port: int | None = None, **env: str) -> Gateway:
+    def start(
+        config: dict,
+        soft_open_files: int | None = None,
+        prefix: list[str] | None = None,
+        port: int | None = None,
+        **env: str,
+    ) -> Gateway:
         gateway = Gateway(config, env, tmp_path / f"gateway-{len(started)}.log", soft_open_files, prefix, port)
         started.append(gateway)
         return gateway
@@ -285,6 +317,7 @@ def children() -> dict[int, str]:
 def pytest_sessionfinish(session, exitstatus):
     """Fail the session when a process it started is still alive (and end that process,
     and then what it leaves: its own children come to this process as they are orphaned)."""
+
     def alive() -> dict[int, str]:
         for pid, state in children().items():
             if state.startswith("Z"):

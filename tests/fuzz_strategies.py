@@ -24,17 +24,20 @@ SSE_SEEDS = sorted(CORPUS.glob("sse-*"))
 
 def seeded(paths: list[Path]):
     """Every file in `paths` as an @example of the decorated one-argument test."""
+
     def decorate(test):
         for path in reversed(paths):
             test = example(path.read_bytes())(test)
         return test
+
     return decorate
 
 
 def weighted(*choices: tuple[int, st.SearchStrategy]) -> st.SearchStrategy:
     """One of the strategies, each as often as its weight (one_of's choice is not even)."""
     return st.sampled_from([i for i, (weight, _) in enumerate(choices) for _ in range(weight)]).flatmap(
-        lambda i: choices[i][1])
+        lambda i: choices[i][1]
+    )
 
 
 def at_depth(frames: int, function, *args):
@@ -101,21 +104,68 @@ class Lit(str):
     """A JSON token written as is: numbers Python holds differently, escapes of lone surrogates."""
 
 
-LITERALS = ["1e400", "-1e400", "1E-400", "-0", "-0.0", "0e0", "123456789012345678901234567890",
-            "-12345678901234567890123456789e-5", "1.7976931348623157e308", "1.8e308", "5e-324",
-            '"\\ud800"', '"\\udc00\\ud800"', '"\\u0000"', '"\\/"', '"\\ud83d\\ude00"']
-TRICKY_STRINGS = ['"model": "gpt-x"', '\\"model\\": \\"x\\"', "model", '{"model":"x"}', "\u2028", "\x00",
-                  "\r\n\r\n", "data: [DONE]\n\n", "caf\u00e9", "\U0001f600", "\\u0065"]
-KEYS = st.sampled_from(["model", "stream", "messages", "content", "role", "tools", "type", "choices", "delta",
-                        "error", "finish_reason", "text", "stop_reason"]) | st.text(max_size=8)
+LITERALS = [
+    "1e400",
+    "-1e400",
+    "1E-400",
+    "-0",
+    "-0.0",
+    "0e0",
+    "123456789012345678901234567890",
+    "-12345678901234567890123456789e-5",
+    "1.7976931348623157e308",
+    "1.8e308",
+    "5e-324",
+    '"\\ud800"',
+    '"\\udc00\\ud800"',
+    '"\\u0000"',
+    '"\\/"',
+    '"\\ud83d\\ude00"',
+]
+TRICKY_STRINGS = [
+    '"model": "gpt-x"',
+    '\\"model\\": \\"x\\"',
+    "model",
+    '{"model":"x"}',
+    "\u2028",
+    "\x00",
+    "\r\n\r\n",
+    "data: [DONE]\n\n",
+    "caf\u00e9",
+    "\U0001f600",
+    "\\u0065",
+]
+KEYS = st.sampled_from(
+    [
+        "model",
+        "stream",
+        "messages",
+        "content",
+        "role",
+        "tools",
+        "type",
+        "choices",
+        "delta",
+        "error",
+        "finish_reason",
+        "text",
+        "stop_reason",
+    ]
+) | st.text(max_size=8)
 json_numbers = st.from_regex(r"-?(0|[1-9][0-9]{0,30})(\.[0-9]{1,20})?([eE][+-]?[0-9]{1,4})?", fullmatch=True)
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
-    st.text(max_size=20), st.sampled_from(TRICKY_STRINGS),
-    st.sampled_from(LITERALS).map(Lit), json_numbers.map(Lit),
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=20),
+    st.sampled_from(TRICKY_STRINGS),
+    st.sampled_from(LITERALS).map(Lit),
+    json_numbers.map(Lit),
 )
 values = st.recursive(
-    scalars, lambda inner: st.lists(inner, max_size=4) | st.lists(st.tuples(KEYS, inner), max_size=4).map(Obj),
+    scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.lists(st.tuples(KEYS, inner), max_size=4).map(Obj),
     max_leaves=12,
 )
 WHITESPACE = st.sampled_from(["", "", "", " ", "\n", "\t", "\r\n  "])
@@ -169,9 +219,14 @@ def written(draw, value) -> str:
             return string(v)
         if isinstance(v, list):
             return "[" + ws + ",".join(write(x) + draw(WHITESPACE) for x in v) + "]"
-        return "{" + ws + ",".join(
-            string(k) + draw(WHITESPACE) + ":" + draw(WHITESPACE) + write(x) + draw(WHITESPACE) for k, x in v.pairs
-        ) + "}"
+        return (
+            "{"
+            + ws
+            + ",".join(
+                string(k) + draw(WHITESPACE) + ":" + draw(WHITESPACE) + write(x) + draw(WHITESPACE) for k, x in v.pairs
+            )
+            + "}"
+        )
 
     return draw(WHITESPACE) + write(value) + draw(WHITESPACE)
 
@@ -204,7 +259,7 @@ def mutated(draw, bodies):
         if operation == "insert":
             body[at:at] = draw(st.binary(min_size=1, max_size=4) | st.sampled_from([b'"', b"\\", b"{", b"]", b","]))
         elif operation == "delete":
-            del body[at:at + draw(st.integers(1, 4))]
+            del body[at : at + draw(st.integers(1, 4))]
         elif operation == "replace" and at < len(body):
             body[at] = draw(st.integers(0, 255))
         else:
@@ -226,8 +281,13 @@ def deep_bodies(draw, depth=None):
     return b'{"x":' + inner + b',"model":"gpt-x"}'
 
 
-any_bodies = st.one_of(st.binary(max_size=512), json_bodies(), values.flatmap(written).map(str.encode),
-                       mutated(json_bodies()), deep_bodies())
+any_bodies = st.one_of(
+    st.binary(max_size=512),
+    json_bodies(),
+    values.flatmap(written).map(str.encode),
+    mutated(json_bodies()),
+    deep_bodies(),
+)
 
 
 def canonical(value) -> str:
@@ -238,14 +298,43 @@ def canonical(value) -> str:
 # ---- headers ------------------------------------------------------------------------------
 
 TOKEN = st.from_regex(r"[!#$%&'*+.^_`|~0-9a-z-]{1,16}", fullmatch=True)
-HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
-              "trailer", "transfer-encoding", "upgrade"}
-NOT_FORWARDED = HOP_BY_HOP | {"authorization", "x-api-key", "host", "content-length", "expect", "accept-encoding",
-                              "x-request-id"}  # the gateway sends its own request id
-REQUEST_NAMES = sorted(NOT_FORWARDED | {"content-type", "anthropic-version", "anthropic-beta", "openai-organization",
-                                        "x-request-id", "cookie", "x-forwarded-for", "user-agent", "x-tinygw-debug"})
-header_values = st.binary(max_size=40).map(lambda v: bytes(c for c in v if c == 9 or 32 <= c <= 126 or c >= 128)
-                                           .strip(b" \t"))
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+}
+NOT_FORWARDED = HOP_BY_HOP | {
+    "authorization",
+    "x-api-key",
+    "host",
+    "content-length",
+    "expect",
+    "accept-encoding",
+    "x-request-id",
+}  # the gateway sends its own request id
+REQUEST_NAMES = sorted(
+    NOT_FORWARDED
+    | {
+        "content-type",
+        "anthropic-version",
+        "anthropic-beta",
+        "openai-organization",
+        "x-request-id",
+        "cookie",
+        "x-forwarded-for",
+        "user-agent",
+        "x-tinygw-debug",
+    }
+)
+header_values = st.binary(max_size=40).map(
+    lambda v: bytes(c for c in v if c == 9 or 32 <= c <= 126 or c >= 128).strip(b" \t")
+)
 
 
 @st.composite
@@ -271,30 +360,76 @@ def named_in_connection(headers) -> set[bytes]:
 
 # ---- server-sent events ----------------------------------------------------------------------
 
-SSE_PIECES = [b"data: ", b"data:", b"event: ", b"event: error\n", b"event:ping", b"id: 1", b": keep-alive", b"retry: 9",
-              b"\n", b"\r", b"\r\n", b"\n\n", b"\r\r", b"\r\n\r\n", b"[DONE]", b" ", b"x", b"\xff", b"\x00",
-              b'{"choices":[{"delta":{"content":"x"},"finish_reason":null}]}',
-              b'{"choices":[{"delta":{},"finish_reason":"stop"}]}', b'{"choices":[{"delta":{"role":"assistant"}}]}',
-              b'{"type":"message_stop"}', b'{"type":"ping"}', b'{"error":{"message":"x"}}', b'{"type":"error"}',
-              b'{"type":"message_delta","delta":{"stop_reason":"end_turn"}}', b'{"type":"response.completed"}']
-SSE_EVENTS = [b'data: {"choices":[{"delta":{"role":"assistant"},"finish_reason":null}]}\n\n',
-              b'data: {"choices":[{"delta":{"content":"Hi"},"finish_reason":null}]}\n\n',
-              b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\n', b"data: [DONE]\n\n", b": ping\n\n",
-              b'event: content_block_delta\ndata: {"type":"content_block_delta","delta":{"text":"x"}}\n\n',
-              b'event: message_stop\ndata: {"type":"message_stop"}\n\n', b'data: {"error":{"message":"x"}}\n\n']
+SSE_PIECES = [
+    b"data: ",
+    b"data:",
+    b"event: ",
+    b"event: error\n",
+    b"event:ping",
+    b"id: 1",
+    b": keep-alive",
+    b"retry: 9",
+    b"\n",
+    b"\r",
+    b"\r\n",
+    b"\n\n",
+    b"\r\r",
+    b"\r\n\r\n",
+    b"[DONE]",
+    b" ",
+    b"x",
+    b"\xff",
+    b"\x00",
+    b'{"choices":[{"delta":{"content":"x"},"finish_reason":null}]}',
+    b'{"choices":[{"delta":{},"finish_reason":"stop"}]}',
+    b'{"choices":[{"delta":{"role":"assistant"}}]}',
+    b'{"type":"message_stop"}',
+    b'{"type":"ping"}',
+    b'{"error":{"message":"x"}}',
+    b'{"type":"error"}',
+    b'{"type":"message_delta","delta":{"stop_reason":"end_turn"}}',
+    b'{"type":"response.completed"}',
+]
+SSE_EVENTS = [
+    b'data: {"choices":[{"delta":{"role":"assistant"},"finish_reason":null}]}\n\n',
+    b'data: {"choices":[{"delta":{"content":"Hi"},"finish_reason":null}]}\n\n',
+    b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\n',
+    b"data: [DONE]\n\n",
+    b": ping\n\n",
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","delta":{"text":"x"}}\n\n',
+    b'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+    b'data: {"error":{"message":"x"}}\n\n',
+]
 sse_streams = st.one_of(
     st.lists(st.sampled_from(SSE_PIECES) | st.binary(max_size=6), max_size=40).map(b"".join),
     st.binary(max_size=200),
     st.lists(st.sampled_from(SSE_EVENTS) | st.sampled_from(SSE_PIECES), max_size=12).map(b"".join),
 )
-EVENT_TYPES = ["message_start", "ping", "content_block_start", "content_block_delta", "content_block_stop",
-               "message_delta", "message_stop", "error", "response.created", "response.completed",
-               "response.failed", "response.output_text.delta"]
-choices = st.builds(lambda delta, finish, text: Obj([("delta", delta), ("finish_reason", finish), ("text", text)]),
-                    values | st.builds(lambda c: Obj([("content", c)]), values), values, values)
+EVENT_TYPES = [
+    "message_start",
+    "ping",
+    "content_block_start",
+    "content_block_delta",
+    "content_block_stop",
+    "message_delta",
+    "message_stop",
+    "error",
+    "response.created",
+    "response.completed",
+    "response.failed",
+    "response.output_text.delta",
+]
+choices = st.builds(
+    lambda delta, finish, text: Obj([("delta", delta), ("finish_reason", finish), ("text", text)]),
+    values | st.builds(lambda c: Obj([("content", c)]), values),
+    values,
+    values,
+)
 provider_values = st.builds(
     lambda kind, chs, error, delta: Obj([("type", kind), ("choices", chs), ("error", error), ("delta", delta)]),
-    st.sampled_from(EVENT_TYPES) | values, st.lists(choices | values, max_size=3) | values, values,
+    st.sampled_from(EVENT_TYPES) | values,
+    st.lists(choices | values, max_size=3) | values,
+    values,
     values | st.builds(lambda reason: Obj([("stop_reason", reason)]), values),
 )
 data_events = st.tuples(

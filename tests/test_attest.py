@@ -34,16 +34,17 @@ from types import SimpleNamespace
 import pytest
 
 import conftest
-from tinygw.worker.gateway import Gateway
 from conftest import ROOT, call, wait_until
+from tinygw.worker.gateway import Gateway
 
 sys.path.insert(0, str(ROOT / "attest"))
 from fake_tdx import FakeTdx  # noqa: E402 (attest/ is not a package)
+
 from tinygw import __version__
-from tinygw.trust import attestation
 from tinygw.api.attestation import attestation_page
 from tinygw.config import environment
 from tinygw.fake.upstream import FakeUpstream
+from tinygw.trust import attestation
 
 LAUNCH = ROOT / "attest" / "launch"
 VERIFY = ROOT / "attest" / "verify"
@@ -109,7 +110,9 @@ def write_release(artifact: Path, path: Path) -> dict:
 
 def gateway_config(upstream_url: str) -> dict:
     return {
-        "providers": {"up": {"base_url": f"{upstream_url}/v1", "api": "openai", "api_key_env": "UP_KEY", "listing": False}},
+        "providers": {
+            "up": {"base_url": f"{upstream_url}/v1", "api": "openai", "api_key_env": "UP_KEY", "listing": False}
+        },
         "models": {"m": {"targets": ["up:m"]}},
     }
 
@@ -123,16 +126,25 @@ def launched_gateway(artifact: Path, upstream_url: str, env: dict[str, str], log
 
 def launch(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [str(LAUNCH), *args], env={"PATH": os.environ["PATH"], **env}, cwd=cwd,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [str(LAUNCH), *args],
+        env={"PATH": os.environ["PATH"], **env},
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
 def verify(*args: str) -> tuple[int, dict[str, str], str]:
     """attest/verify's exit status, {check: PASS | FAIL | SKIP}, and its output."""
     # with the test's interpreter, which has the verifier's packages (requirements/verify.lock)
-    done = subprocess.run([sys.executable, str(VERIFY), *args], capture_output=True, text=True, timeout=60,
-                          env={"PATH": os.environ["PATH"]})
+    done = subprocess.run(
+        [sys.executable, str(VERIFY), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": os.environ["PATH"]},
+    )
     verdicts = {}
     for line in done.stdout.splitlines():
         verdict, _, rest = line.partition(" ")
@@ -203,7 +215,12 @@ def test_launch_extends_rtmr3_logs_the_event_and_execs(tmp_path, tiny_artifact):
         out, err = process.communicate(timeout=10)
         assert process.returncode == 0
         assert out == f"ran {process.pid} serve --x\n"  # the same process: exec, not a child
-        event = {"register": "rtmr3", "type": "tinygw.artifact", "digest_sha384": digest, "artifact": str(tiny_artifact)}
+        event = {
+            "register": "rtmr3",
+            "type": "tinygw.artifact",
+            "digest_sha384": digest,
+            "artifact": str(tiny_artifact),
+        }
         assert events_of(log) == [event]
         assert "extended rtmr3" in err and digest in err
 
@@ -234,12 +251,19 @@ def measured(tmp_path_factory):
     event_log = root / "run" / "event-log.jsonl"
     gateway = None
     try:
-        gateway = launched_gateway(artifact, upstream.url, {**tdx.env(), "TINYGW_EVENT_LOG": str(event_log)},
-                                   root / "gateway.log")
+        gateway = launched_gateway(
+            artifact, upstream.url, {**tdx.env(), "TINYGW_EVENT_LOG": str(event_log)}, root / "gateway.log"
+        )
         wait_until(lambda: tdx.rtmr3.hex() == release["measurement"]["expected_rtmr3"], what="the launch's measurement")
         yield SimpleNamespace(
-            root=root, tdx=tdx, artifact=artifact, release=release, release_path=root / "release.json",
-            event_log=event_log, gateway=gateway, config_sha256=environment.from_environ(gateway.env).config_sha256(),
+            root=root,
+            tdx=tdx,
+            artifact=artifact,
+            release=release,
+            release_path=root / "release.json",
+            event_log=event_log,
+            gateway=gateway,
+            config_sha256=environment.from_environ(gateway.env).config_sha256(),
         )
     finally:
         if gateway is not None:
@@ -270,8 +294,11 @@ def test_attestation_answers_with_the_quote_and_the_event_log(measured):
     assert SECRET.encode() not in body
 
     # The measured gateway is the gateway: it proxies.
-    status, _, body = call("POST", f"{measured.gateway.url}/v1/chat/completions",
-                           {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    status, _, body = call(
+        "POST",
+        f"{measured.gateway.url}/v1/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert status == 200, body
 
 
@@ -299,8 +326,12 @@ def test_attestation_rejects_a_bad_nonce(measured, query):
 def test_attestation_without_hardware_says_so(tmp_path, start_gateway, fake):
     """Not launched, no TSM interface: evidence "none" and an empty log, and verify fails
     it (or, with --allow-no-evidence, skips the quote checks but still finds no measurement)."""
-    gateway = start_gateway(gateway_config(fake.url), UP_KEY=SECRET,
-                            TINYGW_TSM_REPORT_DIR=str(tmp_path / "no-tsm"), TINYGW_EVENT_LOG=str(tmp_path / "no-log"))
+    gateway = start_gateway(
+        gateway_config(fake.url),
+        UP_KEY=SECRET,
+        TINYGW_TSM_REPORT_DIR=str(tmp_path / "no-tsm"),
+        TINYGW_EVENT_LOG=str(tmp_path / "no-log"),
+    )
     for nonce in ("ab" * 32, "cd" * 64):
         status, _, body = call("GET", f"{gateway.url}/attestation?nonce={nonce}")
         assert status == 200, body
@@ -311,18 +342,33 @@ def test_attestation_without_hardware_says_so(tmp_path, start_gateway, fake):
     artifact = make_artifact(tmp_path / "dist")
     code, verdicts, output = verify("--artifact", str(artifact), "--url", gateway.url)
     assert code == 1, output
-    assert verdicts == {"nonce echoed": "PASS", "report_data": "FAIL", "event log replays to RTMR3": "FAIL",
-                        "artifact measured": "FAIL", "quote signature": "FAIL"}, output
+    assert verdicts == {
+        "nonce echoed": "PASS",
+        "report_data": "FAIL",
+        "event log replays to RTMR3": "FAIL",
+        "artifact measured": "FAIL",
+        "quote signature": "FAIL",
+    }, output
     assert "no hardware evidence" in output
     code, verdicts, output = verify("--artifact", str(artifact), "--url", gateway.url, "--allow-no-evidence")
     assert code == 1, output
-    assert verdicts == {"nonce echoed": "PASS", "report_data": "SKIP", "event log replays to RTMR3": "SKIP",
-                        "artifact measured": "FAIL", "quote signature": "SKIP"}, output
+    assert verdicts == {
+        "nonce echoed": "PASS",
+        "report_data": "SKIP",
+        "event log replays to RTMR3": "SKIP",
+        "artifact measured": "FAIL",
+        "quote signature": "SKIP",
+    }, output
 
 
 def in_process_attestation(report_dir: Path, nonce: bytes) -> tuple[int, dict]:
-    settings = environment.from_environ({"TINYGW_CONFIG": "{}", "TINYGW_TSM_REPORT_DIR": str(report_dir),
-                                    "TINYGW_EVENT_LOG": str(report_dir / "no-log")})
+    settings = environment.from_environ(
+        {
+            "TINYGW_CONFIG": "{}",
+            "TINYGW_TSM_REPORT_DIR": str(report_dir),
+            "TINYGW_EVENT_LOG": str(report_dir / "no-log"),
+        }
+    )
     sent = []
 
     async def send(message):
@@ -370,21 +416,41 @@ def test_a_silent_tsm_provider_is_a_bounded_503(tmp_path, monkeypatch):
 
 # ---- attest/verify ---------------------------------------------------------------------------
 
-ALL_CHECKS = ["nonce echoed", "report_data", "event log replays to RTMR3", "artifact measured", "config",
-              "TD not in debug mode", "quote signature"]
+ALL_CHECKS = [
+    "nonce echoed",
+    "report_data",
+    "event log replays to RTMR3",
+    "artifact measured",
+    "config",
+    "TD not in debug mode",
+    "quote signature",
+]
 UNVERIFIED = 4  # attest/verify's exit status when nothing FAILed but a check was SKIPped
 
 
 def test_verify_passes_the_genuine_gateway(measured, tmp_path):
-    code, verdicts, output = verify("--release", str(measured.release_path), "--url", measured.gateway.url,
-                                    "--config-sha256", measured.config_sha256)
+    code, verdicts, output = verify(
+        "--release",
+        str(measured.release_path),
+        "--url",
+        measured.gateway.url,
+        "--config-sha256",
+        measured.config_sha256,
+    )
     assert code == UNVERIFIED, output  # consistent, but nothing checked the quote's signature
     assert list(verdicts) == ALL_CHECKS, output
     assert set(verdicts.values()) == {"PASS", "SKIP"} and verdicts["quote signature"] == "SKIP", output
     assert "signature chain is not checked" in output and "UNVERIFIED" not in output
 
-    code, verdicts, output = verify("--artifact", str(measured.artifact), "--url", measured.gateway.url,
-                                    "--accept-unverified", "--expect-mrtd", "00" * 48)
+    code, verdicts, output = verify(
+        "--artifact",
+        str(measured.artifact),
+        "--url",
+        measured.gateway.url,
+        "--accept-unverified",
+        "--expect-mrtd",
+        "00" * 48,
+    )
     assert code == 0 and "config" not in verdicts and verdicts["MRTD"] == "PASS", output
     assert output.splitlines()[-1].startswith("UNVERIFIED")
 
@@ -392,11 +458,18 @@ def test_verify_passes_the_genuine_gateway(measured, tmp_path):
     checker = tmp_path / "check-quote"
     checker.write_text(f"#!{sys.executable}\nimport sys\nsys.exit(open(sys.argv[-1], 'rb').read(2) != b'\\x04\\x00')\n")
     checker.chmod(0o755)
-    code, verdicts, output = verify("--release", str(measured.release_path), "--url", measured.gateway.url,
-                                    "--platform-verifier", f"{checker} --strict")
+    code, verdicts, output = verify(
+        "--release",
+        str(measured.release_path),
+        "--url",
+        measured.gateway.url,
+        "--platform-verifier",
+        f"{checker} --strict",
+    )
     assert code == 0 and verdicts["quote signature"] == "PASS", output
-    code, verdicts, output = verify("--release", str(measured.release_path), "--url", measured.gateway.url,
-                                    "--platform-verifier", "false")
+    code, verdicts, output = verify(
+        "--release", str(measured.release_path), "--url", measured.gateway.url, "--platform-verifier", "false"
+    )
     assert code == 1 and verdicts["quote signature"] == "FAIL", output
 
 
@@ -475,8 +548,9 @@ def test_verify_fails_a_debug_td_and_another_image(measured):
     with always_answering(json.dumps(answer).encode()) as url:
         code, verdicts, output = verify("--release", str(measured.release_path), "--url", url)
     assert code == 1 and verdicts["TD not in debug mode"] == "FAIL", output
-    code, verdicts, output = verify("--release", str(measured.release_path), "--url", measured.gateway.url,
-                                    "--expect-mrtd", "11" * 48)
+    code, verdicts, output = verify(
+        "--release", str(measured.release_path), "--url", measured.gateway.url, "--expect-mrtd", "11" * 48
+    )
     assert code == 1 and verdicts["MRTD"] == "FAIL", output
 
 
@@ -490,8 +564,10 @@ def test_verify_counts_every_rtmr3_event_and_only_those(measured):
     with always_answering(json.dumps(answer).encode()) as url:
         code, verdicts, output = verify("--release", str(measured.release_path), "--url", url)
     assert code == 1 and verdicts["artifact measured"] == "FAIL" and "no rtmr3 event" in output, output
-    answer["event_log"] = [{"register": "rtmr3", "type": "tinygw.artifact", "digest_sha384": genuine},
-                           {"register": "rtmr3", "type": "config", "digest_sha384": "0" * 96}]
+    answer["event_log"] = [
+        {"register": "rtmr3", "type": "tinygw.artifact", "digest_sha384": genuine},
+        {"register": "rtmr3", "type": "config", "digest_sha384": "0" * 96},
+    ]
     with always_answering(json.dumps(answer).encode()) as url:
         code, verdicts, output = verify("--release", str(measured.release_path), "--url", url)
     assert code == 1 and verdicts["artifact measured"] == "FAIL" and "also measures 'config'" in output, output
@@ -500,10 +576,13 @@ def test_verify_counts_every_rtmr3_event_and_only_those(measured):
 def test_verify_fails_a_changed_configuration(measured):
     other = gateway_config("http://127.0.0.1:1")
     other["routing"] = {"max_attempts": 3}
-    other_sha256 = environment.from_environ({**measured.gateway.env, "TINYGW_CONFIG": json.dumps(other)}).config_sha256()
+    other_sha256 = environment.from_environ(
+        {**measured.gateway.env, "TINYGW_CONFIG": json.dumps(other)}
+    ).config_sha256()
     assert other_sha256 != measured.config_sha256
-    code, verdicts, output = verify("--release", str(measured.release_path), "--url", measured.gateway.url,
-                                    "--config-sha256", other_sha256)
+    code, verdicts, output = verify(
+        "--release", str(measured.release_path), "--url", measured.gateway.url, "--config-sha256", other_sha256
+    )
     assert code == 1, output
     assert [name for name, verdict in verdicts.items() if verdict == "FAIL"] == ["config"], output
 
@@ -541,8 +620,14 @@ SAMPLE_TIME = "1751328000"  # 2025-07-01T00:00:00Z
 
 
 def test_a_real_intel_quote_verifies_at_its_time():
-    code, verdicts, output = verify("--quote", str(DCAP_SAMPLE / "tdx_quote"),
-                                    "--collateral", str(DCAP_SAMPLE / "tdx_quote_collateral.json"), "--now", SAMPLE_TIME)
+    code, verdicts, output = verify(
+        "--quote",
+        str(DCAP_SAMPLE / "tdx_quote"),
+        "--collateral",
+        str(DCAP_SAMPLE / "tdx_quote_collateral.json"),
+        "--now",
+        SAMPLE_TIME,
+    )
     assert code == 0 and verdicts == {"quote signature": "PASS"}, output
     assert "TCB status UpToDate, advisories: none" in output
 
@@ -552,21 +637,31 @@ def test_a_real_intel_quote_with_one_bit_flipped_fails(tmp_path):
     quote[568] ^= 1  # a bit of REPORTDATA, inside what the quote's signature covers
     flipped = tmp_path / "flipped"
     flipped.write_bytes(bytes(quote))
-    code, verdicts, output = verify("--quote", str(flipped),
-                                    "--collateral", str(DCAP_SAMPLE / "tdx_quote_collateral.json"), "--now", SAMPLE_TIME)
+    code, verdicts, output = verify(
+        "--quote", str(flipped), "--collateral", str(DCAP_SAMPLE / "tdx_quote_collateral.json"), "--now", SAMPLE_TIME
+    )
     assert code == 1 and verdicts == {"quote signature": "FAIL"}, output
     assert "signature is invalid" in output
 
 
 def test_expired_collateral_fails_today():
-    code, verdicts, output = verify("--quote", str(DCAP_SAMPLE / "tdx_quote"),
-                                    "--collateral", str(DCAP_SAMPLE / "tdx_quote_collateral.json"))
+    code, verdicts, output = verify(
+        "--quote", str(DCAP_SAMPLE / "tdx_quote"), "--collateral", str(DCAP_SAMPLE / "tdx_quote_collateral.json")
+    )
     assert code == 1 and verdicts == {"quote signature": "FAIL"}, output
 
 
 def test_a_quote_not_signed_by_intel_fails_the_signature_check(measured):
-    code, verdicts, output = verify("--release", str(measured.release_path), "--url", measured.gateway.url,
-                                    "--collateral", str(DCAP_SAMPLE / "tdx_quote_collateral.json"),
-                                    "--now", SAMPLE_TIME, "--accept-unverified")
+    code, verdicts, output = verify(
+        "--release",
+        str(measured.release_path),
+        "--url",
+        measured.gateway.url,
+        "--collateral",
+        str(DCAP_SAMPLE / "tdx_quote_collateral.json"),
+        "--now",
+        SAMPLE_TIME,
+        "--accept-unverified",
+    )
     assert code == 1 and verdicts["quote signature"] == "FAIL", output
     assert verdicts["report_data"] == "PASS" and verdicts["event log replays to RTMR3"] == "PASS", output

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tinygw.config.settings import Breaker
 from tinygw.resilience.breaker import (
     TRANSITIONS,
     Breakers,
@@ -13,7 +14,6 @@ from tinygw.resilience.breaker import (
     Outcome,
     State,
 )
-from tinygw.config.settings import Breaker
 
 S, F, N = Outcome.SUCCESS, Outcome.FAILURE, Outcome.NEUTRAL
 

@@ -14,8 +14,8 @@ import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "build"))
-import release  # noqa: E402
-import reproduce  # noqa: E402
+import release  # noqa: E402 -- build/ is on sys.path only from here
+import reproduce  # noqa: E402 -- as above
 
 MANIFEST = """\
 release bookworm
@@ -37,14 +37,18 @@ def test_the_root_gets_the_runtime_lock_and_pyinstallers_pins_only():
     runtime = set(release.lock_entries(release.RUNTIME_LOCK))
     assert {name for name, lock in pins.items() if lock == "runtime.lock"} == runtime
     # PyInstaller and what dev.lock says it needs, found through the lock's "# via" lines.
-    assert {name for name, lock in pins.items() if lock == "dev.lock"} >= {"pyinstaller", "altgraph",
-                                                                          "pyinstaller-hooks-contrib"}
+    assert {name for name, lock in pins.items() if lock == "dev.lock"} >= {
+        "pyinstaller",
+        "altgraph",
+        "pyinstaller-hooks-contrib",
+    }
     assert not pins.keys() & {"pytest", "openai", "anthropic", "hypothesis", "prometheus-client"}
 
 
 def test_the_requirements_carry_the_locks_hashes():
-    printed = subprocess.run([sys.executable, str(ROOT / "build" / "release.py"), "requirements"], check=True,
-                             capture_output=True, text=True).stdout
+    printed = subprocess.run(
+        [sys.executable, str(ROOT / "build" / "release.py"), "requirements"], check=True, capture_output=True, text=True
+    ).stdout
     blocks = re.split(r"\n(?=\S)", printed.strip())  # a pin, then its hashes and comments
     assert sorted(block.split("==")[0] for block in blocks) == sorted(name for name, *_ in release.build_pins())
     assert all("\n    --hash=sha256:" in block for block in blocks)
@@ -55,12 +59,23 @@ def test_release_json_records_the_build_root_from_its_manifest(tmp_path):
     root = release.build_root(tmp_path / "manifest")
     assert root["release"] == "bookworm" and root["mmdebstrap"] == "1.3.5"
     assert root["include"] == ["python3", "python3-venv", "libpython3.11", "binutils", "usr-is-merged"]
-    assert root["packages"][1] == {"name": "python3-pip-whl", "version": "23.0.1+dfsg-1", "architecture": "all",
-                                   "sha256": "2" * 64}
-    assert root["package_lists"] == {"fetched": "2026-11-30T09:18:00Z", "sources": [
-        {"uri": "http://deb.debian.org/debian/", "suite": "bookworm", "date": "Sat, 11 Jul 2026 10:16:37 UTC"},
-        {"uri": "http://deb.debian.org/debian-security/", "suite": "bookworm-security",
-         "date": "Sat, 28 Nov 2026 02:53:00 UTC"}]}
+    assert root["packages"][1] == {
+        "name": "python3-pip-whl",
+        "version": "23.0.1+dfsg-1",
+        "architecture": "all",
+        "sha256": "2" * 64,
+    }
+    assert root["package_lists"] == {
+        "fetched": "2026-11-30T09:18:00Z",
+        "sources": [
+            {"uri": "http://deb.debian.org/debian/", "suite": "bookworm", "date": "Sat, 11 Jul 2026 10:16:37 UTC"},
+            {
+                "uri": "http://deb.debian.org/debian-security/",
+                "suite": "bookworm-security",
+                "date": "Sat, 28 Nov 2026 02:53:00 UTC",
+            },
+        ],
+    }
     assert root["apt_options"] == ['Acquire::Check-Valid-Until "false";']
     assert (root["recipe_sha256"], root["tar_sha256"]) == ("1" * 64, "3" * 64)
     (tmp_path / "manifest").write_text(MANIFEST + "surprise line\n")
@@ -71,19 +86,30 @@ def test_release_json_records_the_build_root_from_its_manifest(tmp_path):
 def _release(tmp_path, name: str, sha256: str, packages: list[tuple[str, str]], commit: str = "c" * 40):
     folder = tmp_path / name
     folder.mkdir()
-    record = {"version": "0.1.0", "source_commit": commit, "lock_sha256": "l" * 64,
-              "artifact": {"name": "tinygw", "sha256": sha256},
-              "build_root": {"release": "bookworm", "package_lists": {"fetched": "2026-11-30T09:18:00Z"},
-                             "packages": [{"name": n, "version": v, "architecture": "amd64", "sha256": v * 4}
-                                          for n, v in packages]}}
+    record = {
+        "version": "0.1.0",
+        "source_commit": commit,
+        "lock_sha256": "l" * 64,
+        "artifact": {"name": "tinygw", "sha256": sha256},
+        "build_root": {
+            "release": "bookworm",
+            "package_lists": {"fetched": "2026-11-30T09:18:00Z"},
+            "packages": [{"name": n, "version": v, "architecture": "amd64", "sha256": v * 4} for n, v in packages],
+        },
+    }
     (folder / "release.json").write_text(json.dumps(record))
     return folder
 
 
 def test_reproduce_against_a_release_names_moved_packages_first(tmp_path, capsys):
     built = _release(tmp_path, "built", "b" * 64, [("libc6", "2.36-9+deb12u14"), ("python3.11", "3.11.2-6+deb12u9")])
-    reference = _release(tmp_path, "ref", "a" * 64, [("libc6", "2.36-9+deb12u14"), ("python3.11", "3.11.2-6+deb12u8"),
-                                                       ("perl", "5.36.0-7")], commit="d" * 40)
+    reference = _release(
+        tmp_path,
+        "ref",
+        "a" * 64,
+        [("libc6", "2.36-9+deb12u14"), ("python3.11", "3.11.2-6+deb12u8"), ("perl", "5.36.0-7")],
+        commit="d" * 40,
+    )
     assert reproduce.compare_with_reference(reference / "release.json", built / "tinygw") == 1
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].startswith(f"reproduce: DIFFERENT from the release in {reference / 'release.json'}")
@@ -107,7 +133,11 @@ def test_two_builds_may_differ_only_in_when_their_lists_were_fetched():
     first = {"artifact": {"sha256": "a"}, "build_root": {"tar_sha256": "t", "package_lists": {"fetched": "09:18"}}}
     later = json.loads(json.dumps(first))
     later["build_root"]["package_lists"]["fetched"] = "09:31"
-    assert reproduce.differing_fields(reproduce._without(first, reproduce.FETCH_FIELDS),
-                                      reproduce._without(later, reproduce.FETCH_FIELDS)) == []
+    assert (
+        reproduce.differing_fields(
+            reproduce._without(first, reproduce.FETCH_FIELDS), reproduce._without(later, reproduce.FETCH_FIELDS)
+        )
+        == []
+    )
     later["build_root"]["tar_sha256"] = "u"
     assert reproduce.differing_fields(first, later) == ["build_root.package_lists.fetched", "build_root.tar_sha256"]

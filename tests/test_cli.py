@@ -15,14 +15,17 @@ from tinygw import __version__
 from tinygw.fake.upstream import EMBEDDING
 
 COMMANDS = ["serve", "check", "version", "demo", "fake"]
-CONFIG = {"providers": {"p": {"base_url": "http://127.0.0.1:9/v1", "api": "openai"}},
-          "models": {"m": {"targets": ["p:m"]}}}
+CONFIG = {
+    "providers": {"p": {"base_url": "http://127.0.0.1:9/v1", "api": "openai"}},
+    "models": {"m": {"targets": ["p:m"]}},
+}
 
 
 def run(args: list[str], timeout: float = 20, **env: str) -> subprocess.CompletedProcess:
     environment = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", **env}
-    return subprocess.run([*gateway_command(), *args], env=environment, cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [*gateway_command(), *args], env=environment, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.parametrize("flag", ["--help", "-h", "help"])
@@ -54,16 +57,19 @@ def test_each_command_has_help_and_does_nothing_else(command, flag):
     assert done.stderr == ""
 
 
-@pytest.mark.parametrize("args,named", [
-    (["bogus"], "unknown command 'bogus'"),
-    ([], "no command given"),
-    (["serve", "--bogus"], "unexpected argument '--bogus'"),
-    (["check", "extra"], "unexpected argument 'extra'"),
-    (["version", "-x"], "unexpected argument '-x'"),
-    (["fake", "not-a-port"], "unexpected argument 'not-a-port'"),
-    (["fake", "8000", "9000"], "unexpected argument '9000'"),
-    (["fake", "70000"], "unexpected argument '70000'"),
-])
+@pytest.mark.parametrize(
+    "args,named",
+    [
+        (["bogus"], "unknown command 'bogus'"),
+        ([], "no command given"),
+        (["serve", "--bogus"], "unexpected argument '--bogus'"),
+        (["check", "extra"], "unexpected argument 'extra'"),
+        (["version", "-x"], "unexpected argument '-x'"),
+        (["fake", "not-a-port"], "unexpected argument 'not-a-port'"),
+        (["fake", "8000", "9000"], "unexpected argument '9000'"),
+        (["fake", "70000"], "unexpected argument '70000'"),
+    ],
+)
 def test_unknown_arguments_are_a_usage_error(args, named):
     done = run(args, TINYGW_CONFIG=json.dumps(CONFIG), TINYGW_PORT=str(free_port()))
     assert done.returncode == 2
@@ -77,8 +83,14 @@ def test_unknown_arguments_are_a_usage_error(args, named):
 
 @pytest.fixture(scope="module")
 def fake_process():
-    process = subprocess.Popen([*gateway_command(), "fake"], env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [*gateway_command(), "fake"],
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     port = int(process.stdout.readline())  # its first line, once it listens
     yield port
     process.terminate()
@@ -88,15 +100,27 @@ def fake_process():
 @pytest.fixture
 def gateway(fake_process, start_gateway):
     url = f"http://127.0.0.1:{fake_process}"
-    return start_gateway({
-        "providers": {"oa": {"base_url": f"{url}/v1", "api": "openai"}, "an": {"base_url": url, "api": "anthropic"}},
-        "models": {"gpt": {"targets": ["oa:gpt-up"]}, "claude": {"targets": ["an:claude-up"]}},
-    }, PROVIDER_LISTING_SECONDS="0")
+    return start_gateway(
+        {
+            "providers": {
+                "oa": {"base_url": f"{url}/v1", "api": "openai"},
+                "an": {"base_url": url, "api": "anthropic"},
+            },
+            "models": {"gpt": {"targets": ["oa:gpt-up"]}, "claude": {"targets": ["an:claude-up"]}},
+        },
+        PROVIDER_LISTING_SECONDS="0",
+    )
 
 
-WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
-                                            "unit": {"type": "string", "enum": ["c", "f"]}},
-           "required": ["city", "days", "unit"]}
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string"},
+        "days": {"type": "integer"},
+        "unit": {"type": "string", "enum": ["c", "f"]},
+    },
+    "required": ["city", "days", "unit"],
+}
 
 
 def test_fake_answers_text_and_base64_embeddings(gateway):
@@ -126,8 +150,9 @@ def test_fake_calls_a_tool_for_openai_clients(gateway):
     assert json.loads(arguments) == {"city": "fake", "days": 1, "unit": "c"}
     no_tool = client.chat.completions.create(model="gpt", messages=messages, tools=tools, tool_choice="none")
     assert no_tool.choices[0].message.content == "Hello from fake."
-    response = client.responses.create(model="gpt", input="weather?",
-                                       tools=[{"type": "function", "name": "weather", "parameters": WEATHER}])
+    response = client.responses.create(
+        model="gpt", input="weather?", tools=[{"type": "function", "name": "weather", "parameters": WEATHER}]
+    )
     [item] = response.output
     assert (item.type, item.name, json.loads(item.arguments)["days"]) == ("function_call", "weather", 1)
 

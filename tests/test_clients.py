@@ -9,16 +9,24 @@ import json
 
 import anthropic
 import pytest
-from conftest import Gateway, call, closed_port, metric_value, module_fake, wait_until
 
+from conftest import Gateway, call, closed_port, metric_value, module_fake, wait_until
 from tinygw.config import environment
 from tinygw.errors import ConfigError
 from tinygw.fake.upstream import Reply, anthropic_stream_events, json_reply
 
 GATEWAY_KEY = "gw-key-clients"
 ANTHROPIC_KEY = "anth-key-clients"
-ANTHROPIC_TYPES = {"invalid_request_error", "authentication_error", "permission_error", "not_found_error",
-                   "request_too_large", "rate_limit_error", "api_error", "overloaded_error"}
+ANTHROPIC_TYPES = {
+    "invalid_request_error",
+    "authentication_error",
+    "permission_error",
+    "not_found_error",
+    "request_too_large",
+    "rate_limit_error",
+    "api_error",
+    "overloaded_error",
+}
 
 fake, fresh_fake = module_fake()
 
@@ -40,8 +48,17 @@ def gateway(fake, tmp_path_factory):
         },
     }
     log = tmp_path_factory.mktemp("gw") / "gateway.log"
-    gw = Gateway(config, {"AN_KEY": ANTHROPIC_KEY, "TINYGW_API_KEYS": GATEWAY_KEY, "TINYGW_MAX_BODY_BYTES": "4000",
-                          "PROVIDER_BREAKER_FAILURES": "1", "PROVIDER_HEALTH_CHECK_SECONDS": "0"}, log)
+    gw = Gateway(
+        config,
+        {
+            "AN_KEY": ANTHROPIC_KEY,
+            "TINYGW_API_KEYS": GATEWAY_KEY,
+            "TINYGW_MAX_BODY_BYTES": "4000",
+            "PROVIDER_BREAKER_FAILURES": "1",
+            "PROVIDER_HEALTH_CHECK_SECONDS": "0",
+        },
+        log,
+    )
     yield gw
     gw.stop()
 
@@ -57,11 +74,14 @@ def message(model: str, **extra) -> dict:
 # ---- model patterns ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("requested,upstream", [
-    ("claude-sonnet-4-5", "claude-sonnet-4-5"),  # "claude-*" -> an:*: the name as sent
-    ("claude-opus-4-8", "opus-pinned"),  # the longer pattern wins
-    ("claude-exact", "exact-upstream"),  # an exact alias beats any pattern
-])
+@pytest.mark.parametrize(
+    "requested,upstream",
+    [
+        ("claude-sonnet-4-5", "claude-sonnet-4-5"),  # "claude-*" -> an:*: the name as sent
+        ("claude-opus-4-8", "opus-pinned"),  # the longer pattern wins
+        ("claude-exact", "exact-upstream"),  # an exact alias beats any pattern
+    ],
+)
 def test_a_pattern_serves_the_names_it_matches(gateway, fake, requested, upstream):
     status, _, body = call("POST", f"{gateway.url}/v1/messages", message(requested), headers=auth())
     assert status == 200, body
@@ -73,8 +93,11 @@ def test_a_pattern_is_the_label_of_its_requests(gateway, fake):
         assert call("POST", f"{gateway.url}/v1/messages", message(name), headers=auth())[0] == 200
     assert metric_value(gateway, "tinygw_requests_total", model="claude-*", route="/v1/messages") >= 2
     assert metric_value(gateway, "tinygw_requests_total", model="claude-haiku-9") is None
-    lines = wait_until(lambda: [r for r in gateway.log_records() if r.get("msg") == "request"
-                                and r.get("model") == "claude-*"], 5, "the access lines")
+    lines = wait_until(
+        lambda: [r for r in gateway.log_records() if r.get("msg") == "request" and r.get("model") == "claude-*"],
+        5,
+        "the access lines",
+    )
     assert not [r for r in gateway.log_records() if r.get("model") in ("claude-haiku-9", "claude-haiku-10")]
     assert lines
 
@@ -86,16 +109,23 @@ def test_a_target_of_star_has_no_circuit_of_its_own(gateway):
 
 
 def test_a_pattern_serves_only_its_own_api(gateway):
-    status, _, body = call("POST", f"{gateway.url}/v1/chat/completions", {"model": "claude-x"},
-                           headers={"Authorization": f"Bearer {GATEWAY_KEY}"})
+    status, _, body = call(
+        "POST",
+        f"{gateway.url}/v1/chat/completions",
+        {"model": "claude-x"},
+        headers={"Authorization": f"Bearer {GATEWAY_KEY}"},
+    )
     assert status == 404 and json.loads(body)["error"]["code"] == "model_not_found"
 
 
-@pytest.mark.parametrize("models,where", [
-    ({"a*b": {"targets": ["p:m"]}}, "$.models.a*b"),
-    ({"a**": {"targets": ["p:m"]}}, "$.models.a**"),
-    ({"claude-*": {"targets": ["p:claude-*"]}}, "$.models.claude-*.targets[0]"),
-])
+@pytest.mark.parametrize(
+    "models,where",
+    [
+        ({"a*b": {"targets": ["p:m"]}}, "$.models.a*b"),
+        ({"a**": {"targets": ["p:m"]}}, "$.models.a**"),
+        ({"claude-*": {"targets": ["p:claude-*"]}}, "$.models.claude-*.targets[0]"),
+    ],
+)
 def test_a_misplaced_star_stops_the_start(models, where):
     document = {"providers": {"p": {"base_url": "http://127.0.0.1:1", "api": "anthropic"}}, "models": models}
     with pytest.raises(ConfigError) as raised:
@@ -114,12 +144,15 @@ def anthropic_error(body: bytes) -> dict:
 
 
 @pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
-@pytest.mark.parametrize("body,headers,status,kind,code", [
-    (message("claude-x"), {"anthropic-version": "2023-06-01"}, 401, "authentication_error", "invalid_api_key"),
-    (b"{not json", None, 400, "invalid_request_error", "invalid_body"),
-    (message("nope"), None, 404, "not_found_error", "model_not_found"),
-    (message("claude-x", pad="x" * 5000), None, 413, "request_too_large", "request_too_large"),
-])
+@pytest.mark.parametrize(
+    "body,headers,status,kind,code",
+    [
+        (message("claude-x"), {"anthropic-version": "2023-06-01"}, 401, "authentication_error", "invalid_api_key"),
+        (b"{not json", None, 400, "invalid_request_error", "invalid_body"),
+        (message("nope"), None, 404, "not_found_error", "model_not_found"),
+        (message("claude-x", pad="x" * 5000), None, 413, "request_too_large", "request_too_large"),
+    ],
+)
 def test_anthropic_routes_answer_errors_in_anthropic_shape(gateway, path, body, headers, status, kind, code):
     answered, _, text = call("POST", f"{gateway.url}{path}", body, headers=auth() if headers is None else headers)
     assert answered == status
@@ -137,7 +170,11 @@ def test_provider_failures_keep_the_gateway_fields_in_anthropic_shape(gateway):
     assert status == 502
     error = anthropic_error(body)
     assert (error["type"], error["cause"], error["provider"], error["provider_model"]) == (
-        "api_error", "connect_error", "down", "x")
+        "api_error",
+        "connect_error",
+        "down",
+        "x",
+    )
     status, headers, body = call("POST", f"{gateway.url}/v1/messages", message("claude-down"), headers=auth())
     assert status == 503 and int(headers["Retry-After"]) >= 1
     error = anthropic_error(body)
@@ -172,8 +209,9 @@ def test_a_provider_error_passes_through_as_it_is(gateway, fake):
 
 def test_a_cut_anthropic_stream_ends_with_an_anthropic_error_event(gateway, fake):
     events = anthropic_stream_events("m", ["Hel", "lo"])[:4]  # message_start ... the first text delta
-    fake.script = lambda r: Reply(headers=[("content-type", "text/event-stream")], chunks=[(0, e) for e in events],
-                                  action="cut")
+    fake.script = lambda r: Reply(
+        headers=[("content-type", "text/event-stream")], chunks=[(0, e) for e in events], action="cut"
+    )
     status, _, body = call("POST", f"{gateway.url}/v1/messages", message("claude-exact", stream=True), headers=auth())
     assert status == 200
     last = body.decode().strip().split("\n\n")[-1]
@@ -182,8 +220,12 @@ def test_a_cut_anthropic_stream_ends_with_an_anthropic_error_event(gateway, fake
 
 
 def test_openai_routes_keep_openai_shape(gateway):
-    status, _, body = call("POST", f"{gateway.url}/v1/chat/completions", {"model": "nope"},
-                           headers={"Authorization": f"Bearer {GATEWAY_KEY}"})
+    status, _, body = call(
+        "POST",
+        f"{gateway.url}/v1/chat/completions",
+        {"model": "nope"},
+        headers={"Authorization": f"Bearer {GATEWAY_KEY}"},
+    )
     assert status == 404
     assert json.loads(body)["error"]["type"] == "invalid_request_error"
     status, _, body = call("POST", f"{gateway.url}/v1/chat/completions", {"model": "gpt-x"})
@@ -210,8 +252,10 @@ def test_the_request_line_has_the_query_and_the_user_agent(gateway):
     query = "beta=true&key=sk-secret-1&api_key=sk-secret-2&X-Api-Key=sk-secret-3&access_token=sk-secret-4&limit=3"
     call("POST", f"{gateway.url}/v1/messages?{query}", message("claude-x"), headers=auth({"User-Agent": agent}))
     call("GET", f"{gateway.url}/v1/v1/messages?token=sk-secret-5", headers={"User-Agent": "lost-client/1"})
+
     def lines():
         return [r for r in gateway.log_records() if r.get("msg") == "request"]
+
     wait_until(lambda: any(r.get("status") == 404 and r.get("route") is None for r in lines()), 5, "the 404's line")
     proxied = [r for r in lines() if r.get("path", "").startswith("/v1/messages?beta")][-1]
     assert proxied["path"] == "/v1/messages?beta=true&key=***&api_key=***&X-Api-Key=***&access_token=***&limit=3"

@@ -12,8 +12,8 @@ import pytest
 
 from conftest import ROOT, free_port, run_tinygw
 from tinygw.config.environment import from_environ
-from tinygw.secret import Secret
 from tinygw.errors import ConfigError
+from tinygw.secret import Secret
 
 PROVIDERS = {"a": {"base_url": "https://api.example.com/v1", "api": "openai", "api_key_env": "A_KEY"}}
 GOOD = {"providers": PROVIDERS, "models": {"m": {"targets": ["a:up"]}}}
@@ -57,8 +57,10 @@ def test_defaults():
         ({"PROVIDER_BREAKER_FAILURES": "five"}, "PROVIDER_BREAKER_FAILURES"),
         ({"PROVIDER_BREAKER_FAILURES": "-1"}, "PROVIDER_BREAKER_FAILURES"),
         ({"PROVIDER_BREAKER_OPEN_SECONDS": "nan"}, "PROVIDER_BREAKER_OPEN_SECONDS"),
-        ({"PROVIDER_BREAKER_OPEN_SECONDS": "60", "PROVIDER_BREAKER_MAX_OPEN_SECONDS": "30"},
-         "PROVIDER_BREAKER_MAX_OPEN_SECONDS"),
+        (
+            {"PROVIDER_BREAKER_OPEN_SECONDS": "60", "PROVIDER_BREAKER_MAX_OPEN_SECONDS": "30"},
+            "PROVIDER_BREAKER_MAX_OPEN_SECONDS",
+        ),
         ({"PROVIDER_BREAKER_HALF_OPEN_PROBES": "0"}, "PROVIDER_BREAKER_HALF_OPEN_PROBES"),
         ({"PROVIDER_RETRY_FAST_FAILURES": "maybe"}, "PROVIDER_RETRY_FAST_FAILURES"),
         ({"PROVIDER_HEALTH_CHECK_SECONDS": "-5"}, "PROVIDER_HEALTH_CHECK_SECONDS"),
@@ -88,15 +90,21 @@ def test_bad_environment_values_name_the_variable(extra, where):
         ({"providers": {"a": {**PROVIDERS["a"], "base_url": "ftp://x"}}}, "TINYGW_CONFIG $.providers.a.base_url"),
         ({"providers": {"a": {**PROVIDERS["a"], "colour": "red"}}}, "TINYGW_CONFIG $.providers.a"),
         ({"providers": {"a": {"api": "openai"}}}, "TINYGW_CONFIG $.providers.a"),
-        ({"providers": {"a": {**PROVIDERS["a"], "headers": {"Authorization": "x"}}}},
-         "TINYGW_CONFIG $.providers.a.headers.Authorization"),
-        ({"providers": {"a": {**PROVIDERS["a"], "headers": {"Transfer-Encoding": "chunked"}}}},
-         "TINYGW_CONFIG $.providers.a.headers.Transfer-Encoding"),
+        (
+            {"providers": {"a": {**PROVIDERS["a"], "headers": {"Authorization": "x"}}}},
+            "TINYGW_CONFIG $.providers.a.headers.Authorization",
+        ),
+        (
+            {"providers": {"a": {**PROVIDERS["a"], "headers": {"Transfer-Encoding": "chunked"}}}},
+            "TINYGW_CONFIG $.providers.a.headers.Transfer-Encoding",
+        ),
         ({"providers": PROVIDERS, "models": {"m": {"targets": ["b:up"]}}}, "TINYGW_CONFIG $.models.m.targets[0]"),
         ({"providers": PROVIDERS, "models": {"m": {"targets": ["a"]}}}, "TINYGW_CONFIG $.models.m.targets[0]"),
         ({"providers": PROVIDERS, "models": {"m": {"targets": []}}}, "TINYGW_CONFIG $.models.m.targets"),
-        ({"providers": PROVIDERS, "models": {"m": {"targets": ["a:x"], "strategy": "best"}}},
-         "TINYGW_CONFIG $.models.m.strategy"),
+        (
+            {"providers": PROVIDERS, "models": {"m": {"targets": ["a:x"], "strategy": "best"}}},
+            "TINYGW_CONFIG $.models.m.strategy",
+        ),
         ({"providers": PROVIDERS, "routing": {"max_attempts": 0}}, "TINYGW_CONFIG $.routing.max_attempts"),
     ],
 )
@@ -132,8 +140,9 @@ def test_keys_from_files_drop_one_trailing_newline(tmp_path):
 
 def test_key_pool_and_inbound_keys_allow_any_host():
     doc = {"providers": {"a": {**PROVIDERS["a"], "api_key_env": ["K1", "K2"]}}}
-    settings = from_environ({"TINYGW_CONFIG": json.dumps(doc), "K1": "one", "K2": "two",
-                             "TINYGW_API_KEYS": "x,y", "TINYGW_HOST": "0.0.0.0"})
+    settings = from_environ(
+        {"TINYGW_CONFIG": json.dumps(doc), "K1": "one", "K2": "two", "TINYGW_API_KEYS": "x,y", "TINYGW_HOST": "0.0.0.0"}
+    )
     assert [k.reveal() for k in settings.providers["a"].keys] == ["one", "two"]
     assert settings.host == "0.0.0.0"
 
@@ -176,8 +185,9 @@ def test_check_exits_2_with_one_line_naming_the_path():
 
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_serve_with_a_bad_value_exits_2_naming_the_variable(workers):
-    done = run_cli(["serve"], env(TINYGW_WORKERS=workers, PROVIDER_BREAKER_OPEN_SECONDS="soon",
-                                  TINYGW_PORT=str(free_port())))
+    done = run_cli(
+        ["serve"], env(TINYGW_WORKERS=workers, PROVIDER_BREAKER_OPEN_SECONDS="soon", TINYGW_PORT=str(free_port()))
+    )
     assert done.returncode == 2
     assert "PROVIDER_BREAKER_OPEN_SECONDS" in done.stderr
     assert "secret-a" not in done.stderr
@@ -192,9 +202,23 @@ def test_a_worker_whose_startup_fails_stops_the_server():
     full = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT), **env(A_KEY="")}
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "granian", "--interface", "asgi", "--port", str(port), "--workers", "2",
-         "tinygw.api.app:app"],
-        env=full, cwd=ROOT, capture_output=True, text=True, timeout=30,
+        [
+            sys.executable,
+            "-m",
+            "granian",
+            "--interface",
+            "asgi",
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+            "tinygw.api.app:app",
+        ],
+        env=full,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert done.returncode != 0
     assert "A_KEY" in done.stderr
@@ -209,10 +233,19 @@ def test_version():
 # ---- SPEC section 10: what a careless operator may set -------------------------------
 
 
-@pytest.mark.parametrize("url", ["http://api example.com/v1", "http://api.example.com/v1\r\nX-Injected: 1",
-                                 "http://api.example.com:0/v1", "http://api.example.com:/v1",
-                                 "http://api.exa%20mple.com/v1", "https://api.example.com/v1?key=1",
-                                 "http://a..b/v1", f"http://{'x' * 64}.example.com/v1"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://api example.com/v1",
+        "http://api.example.com/v1\r\nX-Injected: 1",
+        "http://api.example.com:0/v1",
+        "http://api.example.com:/v1",
+        "http://api.exa%20mple.com/v1",
+        "https://api.example.com/v1?key=1",
+        "http://a..b/v1",
+        f"http://{'x' * 64}.example.com/v1",
+    ],
+)
 def test_check_refuses_a_base_url_that_cannot_be_a_request_target(url):
     doc = {"providers": {"a": {**PROVIDERS["a"], "base_url": url}}, "models": GOOD["models"]}
     done = run_cli(["check"], env(doc))

@@ -13,13 +13,36 @@ from conftest import ROOT, call
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "tinygw.json"
 # Words of PromQL in the queries that are not metric names.
-PROMQL = {"sum", "by", "rate", "histogram_quantile", "min", "time", "le", "status", "model", "provider",
-          "provider_model", "kind", "outcome", "reason", "state", "worker", "version", "artifact_sha256"}
+PROMQL = {
+    "sum",
+    "by",
+    "rate",
+    "histogram_quantile",
+    "min",
+    "time",
+    "le",
+    "status",
+    "model",
+    "provider",
+    "provider_model",
+    "kind",
+    "outcome",
+    "reason",
+    "state",
+    "worker",
+    "version",
+    "artifact_sha256",
+}
 
 
 def test_every_query_names_a_family_the_gateway_exports(fake, start_gateway):
-    gateway = start_gateway({"providers": {"p": {"base_url": f"{fake.url}/v1", "api": "openai", "listing": False}},
-                             "models": {"m": {"targets": ["p:x"]}}}, TINYGW_WORKERS="2")
+    gateway = start_gateway(
+        {
+            "providers": {"p": {"base_url": f"{fake.url}/v1", "api": "openai", "listing": False}},
+            "models": {"m": {"targets": ["p:x"]}},
+        },
+        TINYGW_WORKERS="2",
+    )
     assert call("POST", f"{gateway.url}/v1/chat/completions", {"model": "m"})[0] == 200
     assert call("POST", f"{gateway.url}/v1/chat/completions", {"model": "m", "stream": True})[0] == 200
     text = call("GET", f"{gateway.url}/metrics")[2].decode()
@@ -38,6 +61,11 @@ def test_every_query_names_a_family_the_gateway_exports(fake, start_gateway):
         assert names, query
         assert names <= exported, f"{query}: {names - exported} not exported"
         named |= names
-    for family in ("tinygw_tokens_total", "tinygw_stream_first_token_seconds_bucket", "tinygw_requests_in_flight",
-                   "process_resident_memory_bytes", "tinygw_circuit_open"):
+    for family in (
+        "tinygw_tokens_total",
+        "tinygw_stream_first_token_seconds_bucket",
+        "tinygw_requests_in_flight",
+        "process_resident_memory_bytes",
+        "tinygw_circuit_open",
+    ):
         assert family in named, family

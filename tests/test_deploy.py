@@ -50,6 +50,7 @@ IS_ROOT = os.geteuid() == 0
 
 # ---- reading the recipes ---------------------------------------------------------------
 
+
 def unit_settings(path: Path = UNIT) -> dict[str, list[str]]:
     """`Section.Key` -> every value given, in order (systemd's repeated settings add up)."""
     settings: dict[str, list[str]] = {}
@@ -78,7 +79,7 @@ def assignments(lines: list[str]) -> dict[str, str]:
 
 
 def env_file(path: Path = UNIT_ENV) -> dict[str, str]:
-    return assignments([l for l in path.read_text().splitlines() if l.strip() and not l.startswith("#")])
+    return assignments([line for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")])
 
 
 def manifests() -> dict[str, dict]:
@@ -92,8 +93,11 @@ def manifests() -> dict[str, dict]:
 
 def containerfile() -> list[tuple[str, list[str]]]:
     """(instruction, JSON or split arguments) per instruction, comments and continuations read."""
-    text = re.sub(r"\\\n\s*", " ", "\n".join(l for l in CONTAINERFILE.read_text().splitlines()
-                                            if not l.lstrip().startswith("#")))
+    text = re.sub(
+        r"\\\n\s*",
+        " ",
+        "\n".join(line for line in CONTAINERFILE.read_text().splitlines() if not line.lstrip().startswith("#")),
+    )
     instructions = []
     for line in text.splitlines():
         if line.strip():
@@ -105,13 +109,18 @@ def containerfile() -> list[tuple[str, list[str]]]:
 
 # ---- tools -------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def systemd_analyze() -> str:
     """systemd-analyze, installed from Debian's systemd package where missing (root only)."""
     found = shutil.which("systemd-analyze")
     if found is None and IS_ROOT and shutil.which("apt-get"):
-        subprocess.run(["bash", "-c", "apt-get update -qq && apt-get install -y -qq systemd"],
-                       capture_output=True, text=True, timeout=INSTALL_SECONDS)
+        subprocess.run(
+            ["bash", "-c", "apt-get update -qq && apt-get install -y -qq systemd"],
+            capture_output=True,
+            text=True,
+            timeout=INSTALL_SECONDS,
+        )
         found = shutil.which("systemd-analyze")
     if found is None:
         pytest.skip("systemd-analyze is missing and could not be installed (`apt-get install systemd`, as root)")
@@ -122,16 +131,23 @@ def with_private_opt(command: list[str]) -> subprocess.CompletedProcess:
     """`command` in a mount namespace of its own whose /opt/tinygw holds attest/launch and a
     stand-in artifact, as the unit expects (verify checks that ExecStart's files exist);
     the machine's own /opt is untouched."""
-    setup = ("mount -t tmpfs tmpfs /opt && mkdir /opt/tinygw && cp \"$0\" /opt/tinygw/launch"
-             " && printf '#!/bin/sh\\n' >/opt/tinygw/tinygw && chmod 755 /opt/tinygw/* && exec \"$@\"")
-    return subprocess.run(["unshare", "--mount", "sh", "-c", setup, str(ROOT / "attest" / "launch"), *command],
-                          capture_output=True, text=True, timeout=60)
+    setup = (
+        'mount -t tmpfs tmpfs /opt && mkdir /opt/tinygw && cp "$0" /opt/tinygw/launch'
+        " && printf '#!/bin/sh\\n' >/opt/tinygw/tinygw && chmod 755 /opt/tinygw/* && exec \"$@\""
+    )
+    return subprocess.run(
+        ["unshare", "--mount", "sh", "-c", setup, str(ROOT / "attest" / "launch"), *command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root: a private mount namespace, another uid, capabilities")
 
 
 # ---- the systemd unit ----------------------------------------------------------------------
+
 
 @needs_root
 def test_unit_passes_systemd_analyze_verify(systemd_analyze, tmp_path):
@@ -174,8 +190,13 @@ def test_unit_is_consistent_with_the_launcher_and_the_gateway():
     assert env["TINYGW_EVENT_LOG"].startswith(runtime + "/")
     assert one(unit, "RuntimeDirectoryPreserve") == "yes"
     assert runtime + "/tinygw-launch." in one(unit, "ExecStopPost")
-    for key, value in {"DynamicUser": "yes", "ProtectSystem": "strict", "PrivateTmp": "yes",
-                       "NoNewPrivileges": "yes", "MemoryDenyWriteExecute": "yes"}.items():
+    for key, value in {
+        "DynamicUser": "yes",
+        "ProtectSystem": "strict",
+        "PrivateTmp": "yes",
+        "NoNewPrivileges": "yes",
+        "MemoryDenyWriteExecute": "yes",
+    }.items():
         assert one(unit, key) == value, key
 
 
@@ -281,7 +302,9 @@ def artifact(tmp_path: Path) -> str:
     if binary:
         return binary
     stand_in = tmp_path / "tinygw"
-    stand_in.write_text(f'#!/bin/sh\n# a stand-in for build/dist/tinygw\nPYTHONPATH="{ROOT}" exec "{sys.executable}" -m tinygw "$@"\n')
+    stand_in.write_text(
+        f'#!/bin/sh\n# a stand-in for build/dist/tinygw\nPYTHONPATH="{ROOT}" exec "{sys.executable}" -m tinygw "$@"\n'
+    )
     stand_in.chmod(0o755)
     return str(stand_in)
 
@@ -331,25 +354,43 @@ def test_unit_exec_start_by_hand(systemd_analyze, fake, tdx, tmp_path, runtime_d
         os.chown(credentials / name, DYNAMIC_UID, DYNAMIC_UID)
         (credentials / name).chmod(0o400)
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({
-        "providers": {"deepseek": {"base_url": f"{fake.url}/v1", "api": "openai", "api_key_env": "DEEPSEEK_API_KEY"}},
-        "models": {"deepseek-chat": {"targets": ["deepseek:deepseek-chat"]}},
-    }))
-    places = {"/opt/tinygw/launch": str(ROOT / "attest" / "launch"), "/opt/tinygw/tinygw": artifact(tmp_path),
-              "/run/tinygw": str(runtime_directory), "/etc/tinygw/config.json": str(config), "%d": str(credentials)}
+    config.write_text(
+        json.dumps(
+            {
+                "providers": {
+                    "deepseek": {"base_url": f"{fake.url}/v1", "api": "openai", "api_key_env": "DEEPSEEK_API_KEY"}
+                },
+                "models": {"deepseek-chat": {"targets": ["deepseek:deepseek-chat"]}},
+            }
+        )
+    )
+    places = {
+        "/opt/tinygw/launch": str(ROOT / "attest" / "launch"),
+        "/opt/tinygw/tinygw": artifact(tmp_path),
+        "/run/tinygw": str(runtime_directory),
+        "/etc/tinygw/config.json": str(config),
+        "%d": str(credentials),
+    }
 
     def here(value: str) -> str:
         for unit_path, path in places.items():
             value = value.replace(unit_path, path)
         return value
 
-    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-           "CREDENTIALS_DIRECTORY": str(credentials), "RUNTIME_DIRECTORY": str(runtime_directory)}
+    env = {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "CREDENTIALS_DIRECTORY": str(credentials),
+        "RUNTIME_DIRECTORY": str(runtime_directory),
+    }
     env |= {k: here(v) for k, v in assignments(unit["Service.Environment"]).items()}
     env |= {k: here(v) for k, v in env_file().items()}  # EnvironmentFile= overrides Environment=
     port = free_port()
-    env |= {"TINYGW_HOST": "127.0.0.1", "TINYGW_PORT": str(port),  # loopback, in a test
-            "TINYGW_RTMR_PATH": str(tdx.rtmr_path), "TINYGW_TSM_REPORT_DIR": str(tdx.report_dir)}
+    env |= {
+        "TINYGW_HOST": "127.0.0.1",
+        "TINYGW_PORT": str(port),  # loopback, in a test
+        "TINYGW_RTMR_PATH": str(tdx.rtmr_path),
+        "TINYGW_TSM_REPORT_DIR": str(tdx.report_dir),
+    }
     command = as_the_unit(unit, spec, [here(w) for w in one(unit, "ExecStart").split()])
     log_path = tmp_path / "unit.log"
     with open(log_path, "wb") as log:
@@ -372,8 +413,9 @@ def test_unit_exec_start_by_hand(systemd_analyze, fake, tdx, tmp_path, runtime_d
         assert int(re.search(r"^CapAmb:\s+(\w+)$", status, re.M).group(1), 16) == 1 << DAC_OVERRIDE
         chat = {"model": "deepseek-chat", "messages": [{"role": "user", "content": "hi"}]}
         assert call("POST", f"{url}/v1/chat/completions", chat)[0] == 401
-        status_code, _, body = call("POST", f"{url}/v1/chat/completions", chat,
-                                    {"Authorization": f"Bearer {keys['gateway-keys']}"})
+        status_code, _, body = call(
+            "POST", f"{url}/v1/chat/completions", chat, {"Authorization": f"Bearer {keys['gateway-keys']}"}
+        )
         assert status_code == 200, body
         assert fake.requests[-1].headers.get("authorization") == f"Bearer {keys['deepseek']}"
         nonce = os.urandom(32).hex()
@@ -399,8 +441,13 @@ def test_unit_exec_start_by_hand(systemd_analyze, fake, tdx, tmp_path, runtime_d
     # ExecStopPost= removes the launch's copy; the event log stays for the next start.
     cleanup = one(unit, "ExecStopPost")
     assert cleanup.startswith("/bin/sh -c '") and cleanup.endswith("'")
-    subprocess.run(as_the_unit(unit, spec, ["/bin/sh", "-c", here(cleanup[len("/bin/sh -c '"):-1])]),
-                   env=env, cwd="/", check=True, timeout=30)
+    subprocess.run(
+        as_the_unit(unit, spec, ["/bin/sh", "-c", here(cleanup[len("/bin/sh -c '") : -1])]),
+        env=env,
+        cwd="/",
+        check=True,
+        timeout=30,
+    )
     assert sorted(p.name for p in runtime_directory.iterdir()) == ["event-log.jsonl"]
 
 
@@ -408,15 +455,26 @@ def test_unit_exec_start_by_hand(systemd_analyze, fake, tdx, tmp_path, runtime_d
 def test_without_its_capability_the_unit_cannot_measure(systemd_analyze, tdx, runtime_directory):
     """Why the unit keeps CAP_DAC_OVERRIDE: RTMR3's file is root's (0644), as are configfs-tsm's."""
     unit = unit_settings()
-    env = {"PATH": "/usr/bin:/bin", "TINYGW_RTMR_PATH": str(tdx.rtmr_path),
-           "TINYGW_LAUNCH_DIR": str(runtime_directory), "TINYGW_EVENT_LOG": str(runtime_directory / "log")}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "TINYGW_RTMR_PATH": str(tdx.rtmr_path),
+        "TINYGW_LAUNCH_DIR": str(runtime_directory),
+        "TINYGW_EVENT_LOG": str(runtime_directory / "log"),
+    }
     command = [str(ROOT / "attest" / "launch"), artifact(runtime_directory), "version"]  # where it may look
-    done = subprocess.run(as_the_unit(unit, seccomp_spec(unit, systemd_analyze), command, capabilities=False),
-                          env=env, cwd="/", capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        as_the_unit(unit, seccomp_spec(unit, systemd_analyze), command, capabilities=False),
+        env=env,
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode != 0 and "Permission denied" in done.stderr and tdx.writes == []
 
 
 # ---- Kubernetes --------------------------------------------------------------------------
+
 
 def test_manifests_are_valid_for_the_pinned_kubernetes_release():
     import kubernetes_validate
@@ -491,8 +549,7 @@ def test_deployment_environment_is_a_valid_configuration(tmp_path):
             value = str(tmp_path / Path(value).name)  # the Secret's files, here
             Path(value).write_text("test-key\n")
         env[entry["name"]] = value
-    done = subprocess.run([*gateway_command(), "check"], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=30)
+    done = subprocess.run([*gateway_command(), "check"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     assert "config_sha256" in done.stdout
     assert env["TINYGW_TLS_NAMES"] == "tinygw.gateways.svc,tinygw.gateways.svc.cluster.local,10.244.1.7"
@@ -509,8 +566,9 @@ def test_containerfile_copies_what_exists_onto_a_pinned_base():
     (base,) = [args for word, args in instructions if word == "FROM"]
     assert re.fullmatch(r"[\w./-]+:[\w.-]+@sha256:[0-9a-f]{64}", base[0]), base
     copies = [args for word, args in instructions if word == "COPY"]
-    tracked = subprocess.run(["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True,
-                             check=True).stdout.splitlines()
+    tracked = subprocess.run(
+        ["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
     modes = {line.split("\t")[1]: line.split()[0] for line in tracked}
     destinations = {}
     for *sources, destination in copies:
@@ -561,16 +619,21 @@ def test_the_memory_volume_holds_two_unclean_restarts_beside_the_running_one():
 
 # ---- replicas: circuits are per worker ---------------------------------------------------
 
+
 def test_an_outage_costs_at_most_the_breaker_threshold_per_worker(fake, start_gateway):
     """docs/deploy.md: with N workers (or replicas), a provider that is down is tried at most
     PROVIDER_BREAKER_FAILURES times by each before all of them skip it."""
     fake.script = lambda request: json_reply(503, {"error": {"message": "down", "type": "server_error"}})
     failures = 5
     gateway = start_gateway(
-        {"providers": {"p": {"base_url": f"{fake.url}/v1", "api": "openai"}},
-         "models": {"m": {"targets": ["p:m"]}}},
-        TINYGW_WORKERS="2", PROVIDER_BREAKER_FAILURES=str(failures), PROVIDER_BREAKER_OPEN_SECONDS="300",
-        PROVIDER_HEALTH_CHECK_SECONDS="0", PROVIDER_LISTING_SECONDS="0", PROVIDER_RETRY_FAST_FAILURES="false")
+        {"providers": {"p": {"base_url": f"{fake.url}/v1", "api": "openai"}}, "models": {"m": {"targets": ["p:m"]}}},
+        TINYGW_WORKERS="2",
+        PROVIDER_BREAKER_FAILURES=str(failures),
+        PROVIDER_BREAKER_OPEN_SECONDS="300",
+        PROVIDER_HEALTH_CHECK_SECONDS="0",
+        PROVIDER_LISTING_SECONDS="0",
+        PROVIDER_RETRY_FAST_FAILURES="false",
+    )
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
     def both_open() -> bool:

@@ -84,8 +84,13 @@ def test_discovered_models_are_listed_as_provider_slash_model_and_available(fake
 
     listed = wait_until(both_discovered, what="both providers' models to be discovered")
 
-    assert listed["oa/fake-model"] == {"id": "oa/fake-model", "object": "model", "created": 0, "owned_by": "oa",
-                                       "availability": {"available": True, "retry_after": None}}
+    assert listed["oa/fake-model"] == {
+        "id": "oa/fake-model",
+        "object": "model",
+        "created": 0,
+        "owned_by": "oa",
+        "availability": {"available": True, "retry_after": None},
+    }
     assert listed["an/fake-model"]["owned_by"] == "an"
     for alias in ("gpt-x", "claude-x", "quiet-x"):
         assert listed[alias]["owned_by"] == "tinygw"
@@ -94,8 +99,9 @@ def test_discovered_models_are_listed_as_provider_slash_model_and_available(fake
 
     # Each provider is asked at its listing path with its own key; a provider with
     # `listing: false` is never asked, though every round asks all the others.
-    wait_until(lambda: len(gets(fake, "/v1/models")) >= 2 and len(gets(fake, "/an/v1/models")) >= 2,
-               what="two listing rounds")
+    wait_until(
+        lambda: len(gets(fake, "/v1/models")) >= 2 and len(gets(fake, "/an/v1/models")) >= 2, what="two listing rounds"
+    )
     assert gets(fake, "/v1/models")[0].headers["authorization"] == f"Bearer {PROVIDER_KEY}"
     anthropic = gets(fake, "/an/v1/models")[0].headers
     assert anthropic["x-api-key"] == ANTHROPIC_KEY and "anthropic-version" in anthropic
@@ -145,8 +151,7 @@ def test_a_failing_listing_hides_discovered_models_and_never_touches_a_breaker(f
     assert metric(gw, "tinygw_listing_up", provider="oa") == 0
     assert "tinygw_circuit_transitions_total{" not in call("GET", f"{gw.url}/metrics")[2].decode()
     failures = [r for r in gw.log_records() if r["msg"] == "provider listing failed" and r["provider"] == "oa"]
-    assert failures and all(set(r) <= {"ts", "level", "logger", "msg", "provider", "status", "error"}
-                            for r in failures)
+    assert failures and all(set(r) <= {"ts", "level", "logger", "msg", "provider", "status", "error"} for r in failures)
 
     # The loop outlives its failures: the models come back with the next good listing.
     fake.script = well_behaved("fake")
@@ -224,5 +229,8 @@ def test_a_passing_health_check_lets_an_open_circuit_probe_long_before_its_pause
     wait_until(lambda: chat(gw)[0] == 200, 10, "a request to pass again")
     assert models(gw)["gpt-x"]["availability"] == {"available": True, "retry_after": None}
     assert chat(gw)[0] == 200
-    assert re.search(r'tinygw_circuit_transitions_total\{provider="oa",provider_model="upstream-gpt",'
-                     r'state="half_open"\} 1', call("GET", f"{gw.url}/metrics")[2].decode())
+    assert re.search(
+        r'tinygw_circuit_transitions_total\{provider="oa",provider_model="upstream-gpt",'
+        r'state="half_open"\} 1',
+        call("GET", f"{gw.url}/metrics")[2].decode(),
+    )

@@ -23,7 +23,7 @@ VARIABLE = re.compile(r"\b(?:TINYGW|PROVIDER)_[A-Z0-9_]+\b")
 
 def _section_rows(heading: str) -> dict[str, str]:
     """`name` -> default cell of the first table under the heading that starts with `heading`."""
-    section = CONFIGURATION[CONFIGURATION.index(heading):]
+    section = CONFIGURATION[CONFIGURATION.index(heading) :]
     rows = {}
     for line in section.splitlines()[1:]:
         if line.startswith("#"):
@@ -40,8 +40,15 @@ def _documented_default(cell: str):
     return json.loads(cell.strip("`"))
 
 
-@pytest.mark.parametrize("struct,heading", [(ConfigDoc, "Top level"), (ProviderDoc, "### Provider fields"),
-                                            (ModelDoc, "### Model fields"), (RoutingDoc, "### Routing fields")])
+@pytest.mark.parametrize(
+    "struct,heading",
+    [
+        (ConfigDoc, "Top level"),
+        (ProviderDoc, "### Provider fields"),
+        (ModelDoc, "### Model fields"),
+        (RoutingDoc, "### Routing fields"),
+    ],
+)
 def test_every_json_field_is_documented_with_its_default(struct, heading):
     rows = _section_rows(heading)
     fields = {f.name: f for f in msgspec.structs.fields(struct)}
@@ -83,8 +90,11 @@ def test_every_documented_variable_exists():
 def test_documented_variable_defaults_are_the_codes():
     settings = environment.from_environ({"TINYGW_CONFIG": "{}"})
     effective = {
-        "TINYGW_HOST": settings.host, "TINYGW_PORT": settings.port, "TINYGW_WORKERS": settings.workers,
-        "TINYGW_LOG_LEVEL": settings.log_level, "TINYGW_DRAIN_SECONDS": settings.drain_seconds,
+        "TINYGW_HOST": settings.host,
+        "TINYGW_PORT": settings.port,
+        "TINYGW_WORKERS": settings.workers,
+        "TINYGW_LOG_LEVEL": settings.log_level,
+        "TINYGW_DRAIN_SECONDS": settings.drain_seconds,
         "TINYGW_CLIENT_TIMEOUT_SECONDS": settings.client_timeout_seconds,
         "TINYGW_MAX_BODY_BYTES": settings.max_body_bytes,
         "PROVIDER_BREAKER_FAILURES": settings.breaker.failures,
@@ -94,8 +104,10 @@ def test_documented_variable_defaults_are_the_codes():
         "PROVIDER_RETRY_FAST_FAILURES": settings.retry_fast_failures,
         "PROVIDER_HEALTH_CHECK_SECONDS": settings.health_check_seconds,
         "PROVIDER_LISTING_SECONDS": settings.listing_seconds,
-        "TINYGW_TLS": settings.tls_mode, "TINYGW_TLS_NAMES": ",".join(settings.tls_names),
-        "TINYGW_RTMR_PATH": settings.rtmr_path, "TINYGW_EVENT_LOG": settings.event_log,
+        "TINYGW_TLS": settings.tls_mode,
+        "TINYGW_TLS_NAMES": ",".join(settings.tls_names),
+        "TINYGW_RTMR_PATH": settings.rtmr_path,
+        "TINYGW_EVENT_LOG": settings.event_log,
         "TINYGW_TSM_REPORT_DIR": settings.tsm_report_dir,
     }
     for name, value in effective.items():
@@ -113,19 +125,37 @@ def test_documented_variable_defaults_are_the_codes():
 def test_api_doc_names_every_route_and_error_code():
     for route in app.ROUTE_LIST.split(", "):
         assert f"`{route}`" in API, route
-    code = "".join((ROOT / "tinygw" / name).read_text() for name in ("api/app.py", "worker/proxy.py", "api/attestation.py"))
+    code = "".join(
+        (ROOT / "tinygw" / name).read_text() for name in ("api/app.py", "worker/proxy.py", "api/attestation.py")
+    )
     codes = set(re.findall(r'"(?:invalid_request_error|authentication_error|internal_error)",\s*"([a-z_]+)"', code))
-    codes |= {"circuit_open", "connect_error", "timeout", "protocol_error", "attestation_raced",
-              "evidence_unavailable"}
+    codes |= {"circuit_open", "connect_error", "timeout", "protocol_error", "attestation_raced", "evidence_unavailable"}
     for name in sorted(codes):
         assert f"`{name}`" in API, name
-    for header in ("x-request-id", "x-upstream-request-id", "x-tinygw-provider", "x-tinygw-provider-model",
-                   "x-tinygw-attempts", "x-tinygw-circuit"):
+    for header in (
+        "x-request-id",
+        "x-upstream-request-id",
+        "x-tinygw-provider",
+        "x-tinygw-provider-model",
+        "x-tinygw-attempts",
+        "x-tinygw-circuit",
+    ):
         assert f"`{header}`" in API, header
 
 
-@pytest.mark.parametrize("path", ["README.md", "docs/configuration.md", "docs/api.md", "docs/deploy.md", "docs/design.md",
-                                  "docs/performance.md", "docs/testing.md", "docs/clients.md"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "README.md",
+        "docs/configuration.md",
+        "docs/api.md",
+        "docs/deploy.md",
+        "docs/design.md",
+        "docs/performance.md",
+        "docs/testing.md",
+        "docs/clients.md",
+    ],
+)
 def test_links_stay_inside_the_repository(path):
     text = (ROOT / path).read_text()
     for target in re.findall(r"\]\(([^)#\s]+)[^)]*\)", text):

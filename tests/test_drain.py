@@ -22,9 +22,10 @@ def refused(port: int) -> bool:
 def test_sigterm_lets_an_in_flight_stream_finish(fake, start_gateway):
     gate = threading.Event()
     events = openai_stream_events("m", ["one", " two"])
-    fake.script = lambda r: Reply(headers=[("content-type", "text/event-stream")],
-                                  chunks=[(0, events[0]), (0, events[1]), (gate, events[2]),
-                                          *[(0, e) for e in events[3:]]])
+    fake.script = lambda r: Reply(
+        headers=[("content-type", "text/event-stream")],
+        chunks=[(0, events[0]), (0, events[1]), (gate, events[2]), *[(0, e) for e in events[3:]]],
+    )
     gateway = start_gateway(
         {"providers": {"p": {"base_url": f"{fake.url}/v1", "api": "openai"}}, "models": {"m": {"targets": ["p:m"]}}},
         TINYGW_DRAIN_SECONDS="20",
@@ -32,8 +33,10 @@ def test_sigterm_lets_an_in_flight_stream_finish(fake, start_gateway):
     try:
         client = socket.create_connection(("127.0.0.1", gateway.port), timeout=10)
         body = json.dumps({"model": "m", "stream": True}).encode()
-        client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                       b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        client.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
         received = b""
         while b'"one"' not in received:
             received += client.recv(65536)
@@ -66,8 +69,10 @@ def test_an_answer_that_starts_during_the_drain_says_connection_close(fake, star
     try:
         client = socket.create_connection(("127.0.0.1", gateway.port), timeout=10)
         body = json.dumps({"model": "m"}).encode()
-        client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                       b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        client.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
         wait_until(lambda: fake.requests, what="the request to reach the provider")
         gateway.process.send_signal(signal.SIGTERM)
         wait_until(lambda: refused(gateway.port), seconds=10, what="the gateway to stop accepting connections")

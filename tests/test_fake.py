@@ -9,12 +9,16 @@ import json
 import anthropic
 import openai
 import pytest
+
 from conftest import Gateway, module_fake
 
 GATEWAY_KEY = "gw-key-fake"
 TEXT = "Hello from fake."
-WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-           "required": ["city", "days"]}
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"],
+}
 
 fake, fresh_fake = module_fake()
 
@@ -46,8 +50,11 @@ def ant(gateway) -> anthropic.Anthropic:
 
 
 def test_completions_stream(oai):
-    chunks = list(oai.completions.create(model="oa/gpt-3.5-turbo-instruct", prompt="hi", stream=True,
-                                         stream_options={"include_usage": True}))
+    chunks = list(
+        oai.completions.create(
+            model="oa/gpt-3.5-turbo-instruct", prompt="hi", stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == TEXT
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
     assert chunks[-1].usage.completion_tokens == 4
@@ -60,8 +67,10 @@ def test_chat_stream_calls_the_tool_once_then_answers(oai):
         first = stream.get_final_completion()
     call = first.choices[0].message.tool_calls[0]
     assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "fake", "days": 1})
-    messages += [first.choices[0].message.model_dump(exclude_none=True),
-                 {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+    messages += [
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+    ]
     with oai.chat.completions.stream(model="oa/gpt-4o", messages=messages, tools=tools) as stream:
         second = stream.get_final_completion()
     assert second.choices[0].message.content == TEXT and not second.choices[0].message.tool_calls
@@ -72,10 +81,18 @@ def test_responses_stream_text(oai):
         kinds = [event.type for event in stream]
         final = stream.get_final_response()
     assert final.output_text == TEXT
-    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
-                         "response.content_part.added"]
-    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
-                          "response.completed"]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
 
 
 def test_responses_stream_calls_the_tool_once_then_answers(oai):
@@ -84,11 +101,17 @@ def test_responses_stream_calls_the_tool_once_then_answers(oai):
         kinds = [event.type for event in stream]
         first = stream.get_final_response()
     call = first.output[0]
-    assert (call.type, call.name, json.loads(call.arguments)) == ("function_call", "get_weather",
-                                                                  {"city": "fake", "days": 1})
+    assert (call.type, call.name, json.loads(call.arguments)) == (
+        "function_call",
+        "get_weather",
+        {"city": "fake", "days": 1},
+    )
     assert "response.function_call_arguments.done" in kinds and kinds[-1] == "response.completed"
-    items = [{"role": "user", "content": "weather?"}, call.model_dump(exclude_none=True),
-             {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}]
+    items = [
+        {"role": "user", "content": "weather?"},
+        call.model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"},
+    ]
     with oai.responses.stream(model="oa/gpt-5", input=items, tools=tools) as stream:
         assert stream.get_final_response().output_text == TEXT
 
@@ -98,8 +121,12 @@ def test_responses_stream_calls_the_tool_once_then_answers(oai):
 
 def test_messages_with_a_query_string_are_anthropic_answers(ant, fake):
     """Claude Code posts to /v1/messages?beta=true."""
-    answer = ant.messages.create(model="an/claude-test-1", max_tokens=16, messages=[{"role": "user", "content": "hi"}],
-                                 extra_query={"beta": "true"})
+    answer = ant.messages.create(
+        model="an/claude-test-1",
+        max_tokens=16,
+        messages=[{"role": "user", "content": "hi"}],
+        extra_query={"beta": "true"},
+    )
     assert answer.content[0].text == TEXT
     assert fake.requests[-1].path == "/v1/messages?beta=true"
 
@@ -113,16 +140,22 @@ def test_messages_stream_calls_the_tool_once_then_answers(ant):
     block = first.content[0]
     assert (block.type, block.name, block.input) == ("tool_use", "get_weather", {"city": "fake", "days": 1})
     assert first.stop_reason == "tool_use" and "input_json" in kinds
-    messages += [{"role": "assistant", "content": [block.model_dump()]},
-                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": block.id, "content": "sunny"}]}]
+    messages += [
+        {"role": "assistant", "content": [block.model_dump()]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": block.id, "content": "sunny"}]},
+    ]
     with ant.messages.stream(model="an/claude-opus-4-8", max_tokens=64, messages=messages, tools=tools) as stream:
         second = stream.get_final_message()
     assert [b.type for b in second.content] == ["text"] and second.content[0].text == TEXT
 
 
 def test_beta_messages_stream_with_a_query_string(ant):
-    with ant.beta.messages.stream(model="an/claude-test-2", max_tokens=16, messages=[{"role": "user", "content": "hi"}],
-                                  extra_query={"beta": "true"}) as stream:
+    with ant.beta.messages.stream(
+        model="an/claude-test-2",
+        max_tokens=16,
+        messages=[{"role": "user", "content": "hi"}],
+        extra_query={"beta": "true"},
+    ) as stream:
         assert stream.get_final_text() == TEXT
 
 
@@ -133,7 +166,14 @@ def test_the_demo_tells_its_story_from_any_folder(tmp_path):
 
     from conftest import ROOT, gateway_command
 
-    done = subprocess.run([*gateway_command(), "demo"], cwd=tmp_path, capture_output=True, text=True,
-                          env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)}, timeout=120, check=False)
+    done = subprocess.run(
+        [*gateway_command(), "demo"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)},
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "every step happened" in done.stdout

@@ -31,18 +31,30 @@ pytestmark = pytest.mark.skipif(
 
 RUNTIME_PACKAGES = {"tinygw", "granian", "msgspec", "h11", "certifi"}  # always inside
 # Besides those, only what requirements/runtime.lock pins may be inside (cryptography, say).
-RUNTIME_LOCKED = {re.sub(r"[-.]", "_", name.lower()) for name in re.findall(
-    r"^([A-Za-z0-9][A-Za-z0-9._-]*)==", (ROOT / "requirements" / "runtime.lock").read_text(), re.MULTILINE)}
+RUNTIME_LOCKED = {
+    re.sub(r"[-.]", "_", name.lower())
+    for name in re.findall(
+        r"^([A-Za-z0-9][A-Za-z0-9._-]*)==", (ROOT / "requirements" / "runtime.lock").read_text(), re.MULTILINE
+    )
+}
 TEST_PACKAGES = {"openai", "anthropic", "pytest", "_pytest", "prometheus_client"}
 GATEWAY_KEY = "gw-frozen-4e1b"
 PROVIDER_KEY = "sk-prov-frozen-77d2"
-CONFIG = {"providers": {"oa": {"base_url": "FAKE/v1", "api": "openai", "api_key_env": "OA_KEY", "listing": False}},
-          "models": {"gpt-x": {"targets": ["oa:upstream-gpt"]}}}
+CONFIG = {
+    "providers": {"oa": {"base_url": "FAKE/v1", "api": "openai", "api_key_env": "OA_KEY", "listing": False}},
+    "models": {"gpt-x": {"targets": ["oa:upstream-gpt"]}},
+}
 
 
 def run_binary(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BINARY), *args], cwd=cwd, env={"PATH": os.environ.get("PATH", ""), **env},
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [str(BINARY), *args],
+        cwd=cwd,
+        env={"PATH": os.environ.get("PATH", ""), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def archive():
@@ -71,11 +83,21 @@ def test_runs_no_code_from_outside_the_executable(tmp_path):
 
 
 def test_check_prints_what_the_source_prints(tmp_path):
-    env = {"TINYGW_CONFIG": json.dumps(CONFIG).replace("FAKE", "http://127.0.0.1:9"), "OA_KEY": PROVIDER_KEY,
-           "TINYGW_API_KEYS": GATEWAY_KEY, "PROVIDER_BREAKER_FAILURES": "3"}
+    env = {
+        "TINYGW_CONFIG": json.dumps(CONFIG).replace("FAKE", "http://127.0.0.1:9"),
+        "OA_KEY": PROVIDER_KEY,
+        "TINYGW_API_KEYS": GATEWAY_KEY,
+        "PROVIDER_BREAKER_FAILURES": "3",
+    }
     frozen = run_binary(["check"], tmp_path, **env)
-    source = subprocess.run([sys.executable, "-m", "tinygw", "check"], cwd=ROOT, capture_output=True, text=True,
-                            env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT), **env}, timeout=60)
+    source = subprocess.run(
+        [sys.executable, "-m", "tinygw", "check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT), **env},
+        timeout=60,
+    )
     assert frozen.returncode == source.returncode == 0, frozen.stderr + source.stderr
     assert "config_sha256: " in frozen.stdout and PROVIDER_KEY not in frozen.stdout
     assert frozen.stdout == source.stdout  # the same effective configuration, the same hash

@@ -72,17 +72,24 @@ ANTHROPIC_KEY = "anth-fuzz-key-47cc"
 MAX_BODY_BYTES = 65536
 ALIASES = {"gpt-x": "upstream-gpt", "claude-x": "claude-upstream"}
 SET_BY_GATEWAY = {"host", "content-length", "authorization", "x-api-key", "accept-encoding"}
-CANNED = {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
-          "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}]}
+CANNED = {
+    "id": "x",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "m",
+    "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}],
+}
 
 
 def robust(script):
     """The fake's script, or a canned answer for a body it cannot read (it is not under test)."""
+
     def answer(request):
         try:
             return script(request)
         except Exception:
             return json_reply(200, CANNED)
+
     return answer
 
 
@@ -129,8 +136,11 @@ def gateway(fake, tmp_path_factory):
         "routing": {"debug": True},  # the x-tinygw-* headers carry the client's model text
     }
     env = {
-        "OA_KEY": PROVIDER_KEY, "AN_KEY": ANTHROPIC_KEY, "TINYGW_API_KEYS": GATEWAY_KEY,
-        "TINYGW_MAX_BODY_BYTES": str(MAX_BODY_BYTES), "TINYGW_CLIENT_TIMEOUT_SECONDS": "3",
+        "OA_KEY": PROVIDER_KEY,
+        "AN_KEY": ANTHROPIC_KEY,
+        "TINYGW_API_KEYS": GATEWAY_KEY,
+        "TINYGW_MAX_BODY_BYTES": str(MAX_BODY_BYTES),
+        "TINYGW_CLIENT_TIMEOUT_SECONDS": "3",
         "PROVIDER_LISTING_SECONDS": "0",
         "PROVIDER_BREAKER_FAILURES": "0",  # streams without output fail on purpose: no circuit may open
     }
@@ -167,8 +177,12 @@ def exchange(port: int, head: bytes, body: bytes, method: str, half_close: bool 
 
 
 def request_head(method: str, target: str, headers: list[tuple[bytes, bytes]]) -> bytes:
-    return (f"{method} {target} HTTP/1.1\r\n".encode() + b"Host: 127.0.0.1\r\n"
-            + b"".join(k + b": " + v + b"\r\n" for k, v in headers) + b"\r\n")
+    return (
+        f"{method} {target} HTTP/1.1\r\n".encode()
+        + b"Host: 127.0.0.1\r\n"
+        + b"".join(k + b": " + v + b"\r\n" for k, v in headers)
+        + b"\r\n"
+    )
 
 
 def check_answer(live: Live, answer: Answer | None, method: str, what, strict_json: bool = True) -> None:
@@ -192,7 +206,8 @@ def check_alive(live: Live, what) -> None:
         assert r.status == 200
     for line in live.new_log_lines():
         assert '"level":"error"' not in line and '"level":"critical"' not in line and "Traceback" not in line, (
-            f"after {what!r}: {line}")
+            f"after {what!r}: {line}"
+        )
 
 
 def expected_upstream_model(model: str) -> str:
@@ -215,27 +230,65 @@ def check_forwarded(fake: FakeUpstream, body: bytes, client_headers: list[tuple[
 
 ROUTE_PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/messages"]
 PAGE_PATHS = ["/healthz", "/v1/models", "/metrics", "/status", "/status.json", "/attestation"]
-ODD_TARGETS = ["/", "*", "/v1", "/v1/chat/completions/", "//v1/chat/completions", "/V1/CHAT/COMPLETIONS",
-               "/v1/chat%2Fcompletions", "/v1/chat/completions%00", "/%ff%fe", "/v1/chat/completions%zz",
-               "http://127.0.0.1/v1/chat/completions", "/attestation?nonce=00", "/attestation?nonce=" + "ab" * 32]
+ODD_TARGETS = [
+    "/",
+    "*",
+    "/v1",
+    "/v1/chat/completions/",
+    "//v1/chat/completions",
+    "/V1/CHAT/COMPLETIONS",
+    "/v1/chat%2Fcompletions",
+    "/v1/chat/completions%00",
+    "/%ff%fe",
+    "/v1/chat/completions%zz",
+    "http://127.0.0.1/v1/chat/completions",
+    "/attestation?nonce=00",
+    "/attestation?nonce=" + "ab" * 32,
+]
 QUERY = st.from_regex(r"[A-Za-z0-9._~!$&'()*+,;=:@/?%-]{0,40}", fullmatch=True)
 route_targets = st.tuples(st.sampled_from(ROUTE_PATHS), weighted((2, st.none()), (1, QUERY))).map(
-    lambda t: t[0] + ("" if t[1] is None else "?" + t[1]))
+    lambda t: t[0] + ("" if t[1] is None else "?" + t[1])
+)
 targets = weighted(  # mostly the proxied routes, whose bodies are parsed
-    (16, route_targets), (2, st.sampled_from(PAGE_PATHS)), (1, st.sampled_from(ODD_TARGETS)),
+    (16, route_targets),
+    (2, st.sampled_from(PAGE_PATHS)),
+    (1, st.sampled_from(ODD_TARGETS)),
     (1, st.from_regex(r"/[A-Za-z0-9._~!$&'()*+,;=:@/%-]{0,30}", fullmatch=True)),
 )
-methods = weighted((16, st.just("POST")), (3, st.sampled_from(["GET", "HEAD", "PUT", "DELETE", "OPTIONS", "PATCH"])),
-                   (1, st.from_regex(r"[A-Z]{1,10}", fullmatch=True).filter(lambda m: m != "CONNECT")))
+methods = weighted(
+    (16, st.just("POST")),
+    (3, st.sampled_from(["GET", "HEAD", "PUT", "DELETE", "OPTIONS", "PATCH"])),
+    (1, st.from_regex(r"[A-Z]{1,10}", fullmatch=True).filter(lambda m: m != "CONNECT")),
+)
 BLACK_BOX_MODELS = weighted(
-    (6, st.sampled_from(["gpt-x", "claude-x", "oa/x", "an/claude-3", "oa/", "/x", "oa//x", "zz/x", "nope", "",
-                         " gpt-x", "oa/" + "m" * 253, "oa/" + "m" * 254, "oa/" + "\u00e9" * 127,
-                         "oa/a\r\nx-injected: 1"])),
+    (
+        6,
+        st.sampled_from(
+            [
+                "gpt-x",
+                "claude-x",
+                "oa/x",
+                "an/claude-3",
+                "oa/",
+                "/x",
+                "oa//x",
+                "zz/x",
+                "nope",
+                "",
+                " gpt-x",
+                "oa/" + "m" * 253,
+                "oa/" + "m" * 254,
+                "oa/" + "\u00e9" * 127,
+                "oa/a\r\nx-injected: 1",
+            ]
+        ),
+    ),
     (1, st.text(max_size=40)),
     (3, st.tuples(st.sampled_from(["oa", "an", "zz", ""]), st.text(min_size=1, max_size=300)).map("/".join)),
 )
-client_header_names = (st.sampled_from(sorted(set(REQUEST_NAMES) - {"host", "content-length", "transfer-encoding"}))
-                       | TOKEN)
+client_header_names = (
+    st.sampled_from(sorted(set(REQUEST_NAMES) - {"host", "content-length", "transfer-encoding"})) | TOKEN
+)
 CREDENTIALS = {
     "bearer": [(b"Authorization", f"Bearer {GATEWAY_KEY}".encode())],
     "x-api-key": [(b"x-api-key", GATEWAY_KEY.encode())],
@@ -244,10 +297,17 @@ CREDENTIALS = {
     "basic": [(b"Authorization", f"Basic {GATEWAY_KEY}".encode())],
 }
 request_bodies = weighted(
-    (10, json_bodies(BLACK_BOX_MODELS)), (2, st.binary(max_size=300)), (2, mutated(json_bodies(BLACK_BOX_MODELS))),
-    (2, deep_bodies()), (2, st.sampled_from([p.read_bytes() for p in BODY_SEEDS])),
-    (1, st.integers(MAX_BODY_BYTES - 40, MAX_BODY_BYTES + 100).map(
-        lambda n: b'{"model":"gpt-x","p":"' + b"x" * n + b'"}')),  # about the body limit
+    (10, json_bodies(BLACK_BOX_MODELS)),
+    (2, st.binary(max_size=300)),
+    (2, mutated(json_bodies(BLACK_BOX_MODELS))),
+    (2, deep_bodies()),
+    (2, st.sampled_from([p.read_bytes() for p in BODY_SEEDS])),
+    (
+        1,
+        st.integers(MAX_BODY_BYTES - 40, MAX_BODY_BYTES + 100).map(
+            lambda n: b'{"model":"gpt-x","p":"' + b"x" * n + b'"}'
+        ),
+    ),  # about the body limit
 )
 
 
@@ -256,7 +316,7 @@ def chunked(draw, body: bytes) -> bytes:
     """`body` in valid chunked framing: random chunk sizes, hex case, extensions, trailers."""
     cuts = sorted(draw(st.sets(st.integers(1, max(1, len(body) - 1)), max_size=6))) if len(body) > 1 else []
     out = b""
-    for start, end in zip([0, *cuts], [*cuts, len(body)]):
+    for start, end in zip([0, *cuts], [*cuts, len(body)], strict=True):
         if end > start:
             size = b"%x" % (end - start)
             size = size.upper() if draw(st.booleans()) else size
@@ -268,8 +328,23 @@ def chunked(draw, body: bytes) -> bytes:
 @st.composite
 def malformed_chunked(draw, body: bytes) -> bytes:
     framed = draw(chunked(body))
-    how = draw(st.sampled_from(["size", "bigger", "smaller", "lf", "negative", "huge", "truncate", "garbage",
-                                "no-crlf", "no-last-chunk", "space"]))
+    how = draw(
+        st.sampled_from(
+            [
+                "size",
+                "bigger",
+                "smaller",
+                "lf",
+                "negative",
+                "huge",
+                "truncate",
+                "garbage",
+                "no-crlf",
+                "no-last-chunk",
+                "space",
+            ]
+        )
+    )
     size_end = framed.index(b"\r\n")
     if how == "size":
         return b"zz" + framed[size_end:]
@@ -295,14 +370,19 @@ def malformed_chunked(draw, body: bytes) -> bytes:
     return b"%x " % len(body) + b"\r\n" + body + b"\r\n0\r\n\r\n"  # a space after the size
 
 
-@given(method=methods, target=targets,
-       credentials=st.sampled_from(["bearer"] * 6 + ["x-api-key"] * 2 + ["none", "wrong", "basic"]),
-       extra=header_lists(client_header_names), body=request_bodies,
-       framing=st.sampled_from(["length"] * 5 + ["chunked"] * 2 + ["malformed"] * 2 + ["none"]), data=st.data())
+@given(
+    method=methods,
+    target=targets,
+    credentials=st.sampled_from(["bearer"] * 6 + ["x-api-key"] * 2 + ["none", "wrong", "basic"]),
+    extra=header_lists(client_header_names),
+    body=request_bodies,
+    framing=st.sampled_from(["length"] * 5 + ["chunked"] * 2 + ["malformed"] * 2 + ["none"]),
+    data=st.data(),
+)
 def test_the_gateway_never_answers_500(gateway, fake, method, target, credentials, extra, body, framing, data):
     fresh(gateway, fake)
     upper = data.draw(st.lists(st.booleans(), min_size=len(extra), max_size=len(extra)), label="upper-case names")
-    headers = CREDENTIALS[credentials] + [(k.upper() if u else k, v) for (k, v), u in zip(extra, upper)]
+    headers = CREDENTIALS[credentials] + [(k.upper() if u else k, v) for (k, v), u in zip(extra, upper, strict=True)]
     if not any(k.lower() == b"content-type" for k, _ in headers):
         headers.append((b"Content-Type", b"application/json"))
     if framing == "length":
@@ -314,8 +394,9 @@ def test_the_gateway_never_answers_500(gateway, fake, method, target, credential
         headers.append((b"Transfer-Encoding", b"chunked"))
         framed = data.draw(malformed_chunked(body) if framing == "malformed" else chunked(body), label="framed")
     what = (method, target, headers, framed)
-    answer = exchange(gateway.port, request_head(method, target, headers), framed, method,
-                      half_close=framing == "malformed")
+    answer = exchange(
+        gateway.port, request_head(method, target, headers), framed, method, half_close=framing == "malformed"
+    )
     event(f"{framing}: {answer.status if answer else 'closed'}")
     if answer is not None and answer.status == 400:
         event(answer.body[:70].decode(errors="replace"))
@@ -326,22 +407,33 @@ def test_the_gateway_never_answers_500(gateway, fake, method, target, credential
         check_forwarded(fake, body, headers)
 
 
-MALFORMED_CHUNKED = [b"zz\r\n{}\r\n0\r\n\r\n", b"3\r\nabcdef\r\n0\r\n\r\n", b"-1\r\n\r\n", b"2\n{}\n0\n\n",
-                     b"5\r\n{}\r\n0\r\n\r\n", b"f" * 20 + b"\r\n", b"3\r\nab"]
+MALFORMED_CHUNKED = [
+    b"zz\r\n{}\r\n0\r\n\r\n",
+    b"3\r\nabcdef\r\n0\r\n\r\n",
+    b"-1\r\n\r\n",
+    b"2\n{}\n0\n\n",
+    b"5\r\n{}\r\n0\r\n\r\n",
+    b"f" * 20 + b"\r\n",
+    b"3\r\nab",
+]
 
 
 @pytest.mark.parametrize("framed", MALFORMED_CHUNKED, ids=lambda b: repr(b)[2:30])
 def test_malformed_chunked_body_is_no_500(gateway, fake, framed):
     fresh(gateway, fake)
     headers = [(b"Authorization", f"Bearer {GATEWAY_KEY}".encode()), (b"Transfer-Encoding", b"chunked")]
-    answer = exchange(gateway.port, request_head("POST", "/v1/chat/completions", headers), framed, "POST",
-                      half_close=True)
+    answer = exchange(
+        gateway.port, request_head("POST", "/v1/chat/completions", headers), framed, "POST", half_close=True
+    )
     check_answer(gateway, answer, "POST", framed, strict_json=False)
 
 
 def post(live: Live, body: bytes, path: str = "/v1/chat/completions") -> Answer | None:
-    headers = [(b"Authorization", f"Bearer {GATEWAY_KEY}".encode()), (b"Content-Type", b"application/json"),
-               (b"Content-Length", b"%d" % len(body))]
+    headers = [
+        (b"Authorization", f"Bearer {GATEWAY_KEY}".encode()),
+        (b"Content-Type", b"application/json"),
+        (b"Content-Length", b"%d" % len(body)),
+    ]
     return exchange(live.port, request_head("POST", path, headers), body, "POST")
 
 
@@ -384,16 +476,19 @@ def test_corpus_bodies_through_the_gateway(gateway, fake, path):
 def stream_through(live: Live, fake: FakeUpstream, stream: bytes, cuts: list[int], cut_short: bool) -> int:
     """The provider streams `stream` in pieces; the client gets it relayed as it is (then at
     most an error event), or a 502 with the events, never a 500."""
-    pieces = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)]) if b > a]
-    fake.script = lambda request: Reply(headers=[("content-type", "text/event-stream")],
-                                        chunks=[(0, p) for p in pieces], action="cut" if cut_short else "answer")
+    pieces = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True) if b > a]
+    fake.script = lambda request: Reply(
+        headers=[("content-type", "text/event-stream")],
+        chunks=[(0, p) for p in pieces],
+        action="cut" if cut_short else "answer",
+    )
     answer = post(live, json.dumps({"model": "gpt-x", "stream": True}).encode())
     assert answer is not None
     check_answer(live, answer, "POST", (stream, cuts, cut_short))
     assert answer.status in (200, 502), answer.status
     if answer.status == 200:
         assert answer.body.startswith(stream)
-        rest = answer.body[len(stream):]
+        rest = answer.body[len(stream) :]
         assert rest == b"" or (rest.startswith(b"event: error\ndata: ") and rest.endswith(b"\n\n")), rest
     return answer.status
 

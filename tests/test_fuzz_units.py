@@ -151,19 +151,59 @@ RELAYED = {b"content-type", b"x-request-id", b"request-id", b"retry-after", b"re
 RELAYED_PREFIXES = (b"x-ratelimit-", b"ratelimit", b"openai-", b"anthropic-")
 NEVER_RELAYED = {b"set-cookie", b"location", b"strict-transport-security"}
 NEVER_RELAYED_PREFIXES = (b"access-control-", b"x-tinygw-")
-RESPONSE_NAMES = ["content-type", "x-request-id", "request-id", "retry-after", "retry-after-ms", "x-should-retry",
-                  "x-ratelimit-limit-requests", "x-ratelimit-remaining-tokens", "ratelimit-limit", "ratelimit-policy",
-                  "openai-processing-ms", "openai-organization", "openai-version", "anthropic-ratelimit-requests-limit",
-                  "anthropic-organization-id", "set-cookie", "set-cookie2", "location", "content-location",
-                  "strict-transport-security", "access-control-allow-origin", "access-control-allow-credentials",
-                  "x-tinygw-provider", "x-tinygw-attempts", "server", "date", "content-length", "content-encoding",
-                  "transfer-encoding", "connection", "keep-alive", "via", "alt-svc", "cf-ray", "x-powered-by",
-                  "www-authenticate", "refresh", "link", "cache-control"]
+RESPONSE_NAMES = [
+    "content-type",
+    "x-request-id",
+    "request-id",
+    "retry-after",
+    "retry-after-ms",
+    "x-should-retry",
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-remaining-tokens",
+    "ratelimit-limit",
+    "ratelimit-policy",
+    "openai-processing-ms",
+    "openai-organization",
+    "openai-version",
+    "anthropic-ratelimit-requests-limit",
+    "anthropic-organization-id",
+    "set-cookie",
+    "set-cookie2",
+    "location",
+    "content-location",
+    "strict-transport-security",
+    "access-control-allow-origin",
+    "access-control-allow-credentials",
+    "x-tinygw-provider",
+    "x-tinygw-attempts",
+    "server",
+    "date",
+    "content-length",
+    "content-encoding",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "via",
+    "alt-svc",
+    "cf-ray",
+    "x-powered-by",
+    "www-authenticate",
+    "refresh",
+    "link",
+    "cache-control",
+]
 
 
 @given(headers=header_lists(st.sampled_from(RESPONSE_NAMES) | TOKEN))
-@example([(b"set-cookie", b"session=1"), (b"location", b"https://elsewhere"), (b"x-tinygw-provider", b"x"),
-          (b"strict-transport-security", b"max-age=1"), (b"access-control-allow-origin", b"*")])
+@example(
+    [
+        (b"set-cookie", b"session=1"),
+        (b"location", b"https://elsewhere"),
+        (b"x-tinygw-provider", b"x"),
+        (b"strict-transport-security", b"max-age=1"),
+        (b"access-control-allow-origin", b"*"),
+    ]
+)
 def test_relay_headers_only_relay_the_fixed_set(headers):
     # SPEC: answers are relayed with a fixed set of headers (content-type, request ids,
     # rate-limit and retry headers, openai-*, anthropic-*), never the provider's cookies,
@@ -188,7 +228,7 @@ def check_split(stream: bytes, cuts: list[int]) -> list[bytes]:
         assert sse.split(event[:-1]) == ([], event[:-1])  # it ends at the first blank line
     assert sse.split(pending) == ([], pending)
     got, rest = [], b""
-    for start, end in zip([0, *cuts], [*cuts, len(stream)]):
+    for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
         new, rest = sse.split(rest + stream[start:end])
         got += new
     assert (got, rest) == (events, pending)
@@ -223,7 +263,7 @@ def test_sse_kind_never_raises(event):
 
 @given(st.binary(max_size=300))
 @example(b'data: {"choices":[{"delta":{"content":"an \\"error\\""},"finish_reason":null}]}\n\n')
-@example(b'event: error\ndata: {}\n\n')
+@example(b"event: error\ndata: {}\n\n")
 @example(b'data: {"type":"message_delta","delta":{"stop_reason":"end_turn"}}\n\n')
 def test_the_cheap_scan_never_misses_an_end_or_an_error(event):
     """After output, streams classify only events that the cheap scan flags."""
@@ -236,11 +276,27 @@ def test_the_cheap_scan_never_misses_an_end_or_an_error(event):
 def provider_events(draw) -> bytes:
     value = {}
     if draw(st.booleans()):
-        value["type"] = draw(st.sampled_from(["message_delta", "message_stop", "error", "response.completed",
-                                              "response.failed", "content_block_delta", "ping", "message_start"]))
+        value["type"] = draw(
+            st.sampled_from(
+                [
+                    "message_delta",
+                    "message_stop",
+                    "error",
+                    "response.completed",
+                    "response.failed",
+                    "content_block_delta",
+                    "ping",
+                    "message_start",
+                ]
+            )
+        )
     if draw(st.booleans()):
-        value["choices"] = [{"delta": {"content": draw(st.text(max_size=12))},
-                             "finish_reason": draw(st.sampled_from([None, "stop", "length", "tool_calls"]))}]
+        value["choices"] = [
+            {
+                "delta": {"content": draw(st.text(max_size=12))},
+                "finish_reason": draw(st.sampled_from([None, "stop", "length", "tool_calls"])),
+            }
+        ]
     if draw(st.booleans()):
         value["delta"] = {"stop_reason": draw(st.sampled_from([None, "end_turn"])), "text": draw(st.text(max_size=8))}
     if draw(st.booleans()):
@@ -269,9 +325,24 @@ def _regex_split(buffer: bytes) -> tuple[list[bytes], bytes]:
     return events, buffer[start:]
 
 
-SCAN_PIECES = [*SSE_PIECES, b'"usage"', b'"finish_reason": "', b'"finish_reason":null', b'"stop_reason"\n:"',
-               b'"finish_reason":', b"event: error", b"event:", b"response.failed", b"response.", b"message_stop",
-               b"\n" * 17, b"\r\n" * 9, b" ", b"\t", b'"']
+SCAN_PIECES = [
+    *SSE_PIECES,
+    b'"usage"',
+    b'"finish_reason": "',
+    b'"finish_reason":null',
+    b'"stop_reason"\n:"',
+    b'"finish_reason":',
+    b"event: error",
+    b"event:",
+    b"response.failed",
+    b"response.",
+    b"message_stop",
+    b"\n" * 17,
+    b"\r\n" * 9,
+    b" ",
+    b"\t",
+    b'"',
+]
 scan_streams = sse_streams | st.lists(st.sampled_from(SCAN_PIECES), max_size=24).map(b"".join)
 
 

@@ -10,8 +10,10 @@ import time
 
 from conftest import ROOT, call, wait_until
 
-CONFIG = {"providers": {"p": {"base_url": "http://127.0.0.1:9/v1", "api": "openai", "listing": False}},
-          "models": {"m": {"targets": ["p:x"]}}}
+CONFIG = {
+    "providers": {"p": {"base_url": "http://127.0.0.1:9/v1", "api": "openai", "listing": False}},
+    "models": {"m": {"targets": ["p:x"]}},
+}
 
 
 def descendants(pid: int) -> set[int]:
@@ -84,8 +86,15 @@ def test_leftovers_of_dead_gateways_are_removed_at_start(start_gateway, tmp_path
     temporary.mkdir()
     old = time.time() - 3600
     made = {}
-    for name in ("tinygw-tls-dead", "tinygw-tls-alive", "tinygw-metrics-dead", "_MEIdead", "_MEIyoung",
-                 "_MEIsomeone-else", "unrelated"):
+    for name in (
+        "tinygw-tls-dead",
+        "tinygw-tls-alive",
+        "tinygw-metrics-dead",
+        "_MEIdead",
+        "_MEIyoung",
+        "_MEIsomeone-else",
+        "unrelated",
+    ):
         made[name] = temporary / name
         made[name].mkdir()
         (made[name] / "key.pem").write_text("x")
@@ -102,6 +111,9 @@ def test_leftovers_of_dead_gateways_are_removed_at_start(start_gateway, tmp_path
     finally:
         os.close(held)
     left = {path.name for path in temporary.iterdir()}
+    if os.environ.get("TINYGW_BINARY"):  # the frozen gateway unpacks itself into its TMPDIR: that one lives
+        (own,) = {name for name in left - set(made) if name.startswith("_MEI")}
+        left.discard(own)
     assert left == {"tinygw-tls-alive", "_MEIyoung", "_MEIsomeone-else", "unrelated"}
     removed = {r["path"] for r in gateway.log_records() if r.get("msg") == "removed what a dead gateway left"}
     assert {str(made[n]) for n in ("tinygw-tls-dead", "tinygw-metrics-dead", "_MEIdead")} <= removed

@@ -7,26 +7,30 @@ import subprocess
 import sys
 
 import pytest
-
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ROOT
-from tinygw.observe.metrics import Metrics
 from tinygw.observe import metricstore
+from tinygw.observe.metrics import Metrics
 from tinygw.observe.metricstore import FileStore, MemoryStore
 
 
 def samples(metrics: Metrics) -> dict:
     text = metrics.render().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for f in text_string_to_metric_families(text) for s in f.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
 
 
 def count_in_another_process(directory, requests: int) -> None:
     """A worker that counts and exits: its file stays, unlocked."""
-    code = (f"from tinygw.observe.metrics import Metrics\nm = Metrics('1', '', {str(directory)!r})\n"
-            f"for _ in range({requests}): m.count_request('/r', 'm', 200, 0.01)\n"
-            "m.set_listing_up('p', True)\n")
+    code = (
+        f"from tinygw.observe.metrics import Metrics\nm = Metrics('1', '', {str(directory)!r})\n"
+        f"for _ in range({requests}): m.count_request('/r', 'm', 200, 0.01)\n"
+        "m.set_listing_up('p', True)\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
@@ -64,7 +68,7 @@ def test_a_broken_file_does_not_break_the_scrape(tmp_path):
     mine = Metrics("1", "", str(tmp_path))
     mine.count_request("/r", "m", 200, 0.01)
     (tmp_path / "worker-1-1.db").write_bytes(b"\xff" * 64)
-    (tmp_path / "worker-2-2.db").write_bytes(b"\x20\x00\x00\x00\x00\x00\x00\x00" + b"\x0c\x00\x00\x00[\"nope\",[]]")
+    (tmp_path / "worker-2-2.db").write_bytes(b"\x20\x00\x00\x00\x00\x00\x00\x00" + b'\x0c\x00\x00\x00["nope",[]]')
     assert samples(mine)[("tinygw_requests_total", (("model", "m"), ("route", "/r"), ("status", "200")))] == 1
 
 

@@ -29,14 +29,21 @@ def test_every_metric_of_spec_section_7_parses(fake, start_gateway):
         assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 200
     text = call("GET", f"{gateway.url}/metrics")[2].decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    assert {"tinygw_requests", "tinygw_request_duration_seconds", "tinygw_upstream_attempts",
-            "tinygw_upstream_first_byte_seconds", "tinygw_provider_retries", "tinygw_circuit_transitions",
-            "tinygw_circuit_open", "tinygw_listing_up", "tinygw_build_info"} <= set(families)
+    assert {
+        "tinygw_requests",
+        "tinygw_request_duration_seconds",
+        "tinygw_upstream_attempts",
+        "tinygw_upstream_first_byte_seconds",
+        "tinygw_provider_retries",
+        "tinygw_circuit_transitions",
+        "tinygw_circuit_open",
+        "tinygw_listing_up",
+        "tinygw_build_info",
+    } <= set(families)
     assert metric_value(gateway, "tinygw_requests_total", route=CHAT, model="m", status="200") == 3
     assert metric_value(gateway, "tinygw_request_duration_seconds_count", route=CHAT) == 3
     assert metric_value(gateway, "tinygw_request_duration_seconds_bucket", route=CHAT, le="+Inf") == 3
-    assert metric_value(gateway, "tinygw_upstream_attempts_total", provider="p", provider_model="x",
-                        outcome="200") == 3
+    assert metric_value(gateway, "tinygw_upstream_attempts_total", provider="p", provider_model="x", outcome="200") == 3
     assert metric_value(gateway, "tinygw_upstream_first_byte_seconds_count", provider="p") == 3
     assert metric_value(gateway, "tinygw_build_info") == 1
 
@@ -57,8 +64,16 @@ def test_build_info_names_the_frozen_artifact_s_sha256(fake, start_gateway):
 
 
 # A private mount namespace whose /dev/shm is read-only, as on some locked-down hosts.
-READ_ONLY_SHM = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                 'mount -t tmpfs -o ro tinygw-test /dev/shm && exec "$@"', "sh"]
+READ_ONLY_SHM = [
+    "unshare",
+    "--mount",
+    "--propagation",
+    "private",
+    "sh",
+    "-c",
+    'mount -t tmpfs -o ro tinygw-test /dev/shm && exec "$@"',
+    "sh",
+]
 
 
 def read_only_shm_or_skip() -> list[str]:
@@ -71,8 +86,9 @@ def read_only_shm_or_skip() -> list[str]:
 @pytest.mark.parametrize("shm", ["writable", "read-only"])
 def test_a_scrape_counts_the_traffic_of_every_worker(fake, start_gateway, shm):
     prefix = read_only_shm_or_skip() if shm == "read-only" else None
-    gateway = start_gateway({"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}},
-                            prefix=prefix, TINYGW_WORKERS="2")
+    gateway = start_gateway(
+        {"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}}, prefix=prefix, TINYGW_WORKERS="2"
+    )
     warned = [r for r in gateway.log_records() if r.get("msg") == "metrics directory is not in /dev/shm"]
     assert len(warned) == (1 if shm == "read-only" else 0)  # said in the log, never silent
     workers = set()
@@ -86,9 +102,14 @@ def test_a_scrape_counts_the_traffic_of_every_worker(fake, start_gateway, shm):
     n = 40
     for _ in range(n):
         assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 200
-    served_by = wait_until(lambda: {r["worker"] for r in gateway.log_records() if r.get("msg") == "request"}
-                           if len([r for r in gateway.log_records() if r.get("msg") == "request"]) == n else None,
-                           what="every access log line")
+    served_by = wait_until(
+        lambda: (
+            {r["worker"] for r in gateway.log_records() if r.get("msg") == "request"}
+            if len([r for r in gateway.log_records() if r.get("msg") == "request"]) == n
+            else None
+        ),
+        what="every access log line",
+    )
     assert len(served_by) == 2, "both workers must have served chat traffic for this test to mean anything"
     for _ in range(6):  # whichever worker answers the scrape, it counts all n
         assert metric_value(gateway, "tinygw_requests_total", route=CHAT, model="m", status="200") == n
@@ -98,16 +119,22 @@ def test_a_scrape_counts_the_traffic_of_every_worker(fake, start_gateway, shm):
 
 def test_an_open_circuit_shows_per_worker_and_ends_with_its_pause(fake, start_gateway):
     fake.script = lambda r: json_reply(502, {"error": {"message": "down"}})
-    gateway = start_gateway({"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}},
-                            PROVIDER_BREAKER_FAILURES="1", PROVIDER_RETRY_FAST_FAILURES="false",
-                            PROVIDER_BREAKER_OPEN_SECONDS="1")
+    gateway = start_gateway(
+        {"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}},
+        PROVIDER_BREAKER_FAILURES="1",
+        PROVIDER_RETRY_FAST_FAILURES="false",
+        PROVIDER_BREAKER_OPEN_SECONDS="1",
+    )
     assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 502
     text = call("GET", f"{gateway.url}/metrics")[2].decode()
     [sample] = [s for f in text_string_to_metric_families(text) for s in f.samples if s.name == "tinygw_circuit_open"]
     assert sample.value == 1 and sample.labels["provider_model"] == "x" and sample.labels["worker"].isdigit()
     # No request reads the circuit again, yet the gauge drops when the pause is over.
-    wait_until(lambda: metric_value(gateway, "tinygw_circuit_open", provider="p") == 0, seconds=5,
-               what="the gauge to drop after the pause")
+    wait_until(
+        lambda: metric_value(gateway, "tinygw_circuit_open", provider="p") == 0,
+        seconds=5,
+        what="the gauge to drop after the pause",
+    )
 
 
 def test_every_configured_circuit_has_a_series_from_the_start(fake, start_gateway):
@@ -119,10 +146,17 @@ def test_every_configured_circuit_has_a_series_from_the_start(fake, start_gatewa
 def test_access_log_line(fake, start_gateway):
     gateway = start_gateway({"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}})
     assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 200
-    [line] = wait_until(lambda: [r for r in gateway.log_records() if r.get("msg") == "request"],
-                        what="the access log line")
+    [line] = wait_until(
+        lambda: [r for r in gateway.log_records() if r.get("msg") == "request"], what="the access log line"
+    )
     assert (line["level"], line["route"], line["model"], line["target"], line["status"], line["attempts"]) == (
-        "info", CHAT, "m", "p:x", 200, "p:200")
+        "info",
+        CHAT,
+        "m",
+        "p:x",
+        200,
+        "p:200",
+    )
     assert line["duration_ms"] >= 0
 
 
@@ -141,9 +175,14 @@ def test_debug_headers_only_with_routing_debug(fake, start_gateway):
     backup = FakeUpstream(well_behaved("backup")).start_in_thread()
     try:
         fake.script = lambda r: json_reply(500, {"error": {"message": "no"}})
-        both = start_gateway({"providers": {"qwen": provider(fake), "b": provider(backup)},
-                              "models": {"m": {"targets": ["qwen:Q", "b:B"]}}, "routing": {"debug": True}},
-                             PROVIDER_BREAKER_FAILURES="1")
+        both = start_gateway(
+            {
+                "providers": {"qwen": provider(fake), "b": provider(backup)},
+                "models": {"m": {"targets": ["qwen:Q", "b:B"]}},
+                "routing": {"debug": True},
+            },
+            PROVIDER_BREAKER_FAILURES="1",
+        )
         _, headers, _ = call("POST", f"{both.url}{CHAT}", {"model": "m"})
         assert (headers["x-tinygw-attempts"], headers["x-tinygw-provider"]) == ("qwen:500,b:200", "b")
         status, headers, _ = call("POST", f"{both.url}{CHAT}", {"model": "m", "stream": True})
@@ -163,6 +202,7 @@ def test_debug_headers_only_with_routing_debug(fake, start_gateway):
 
 def test_no_configured_key_appears_anywhere(fake, start_gateway):
     """Success and every failure path; logs, metrics, status pages, headers, bodies."""
+
     def script(request):
         body = request.json() or {}
         model = body.get("model")
@@ -185,8 +225,14 @@ def test_no_configured_key_appears_anywhere(fake, start_gateway):
         | {"gone": {"targets": ["dead:x"]}, "claude": {"targets": ["a:c"]}},
         "routing": {"debug": True},
     }
-    gateway = start_gateway(config, TINYGW_API_KEYS=GATEWAY_KEY, PROVIDER_BREAKER_FAILURES="1",
-                            PROVIDER_LISTING_SECONDS="0.2", TINYGW_MAX_BODY_BYTES="2000", **PROVIDER_KEYS)
+    gateway = start_gateway(
+        config,
+        TINYGW_API_KEYS=GATEWAY_KEY,
+        PROVIDER_BREAKER_FAILURES="1",
+        PROVIDER_LISTING_SECONDS="0.2",
+        TINYGW_MAX_BODY_BYTES="2000",
+        **PROVIDER_KEYS,
+    )
     auth = {"Authorization": f"Bearer {GATEWAY_KEY}"}
     seen: list[bytes] = []
 
@@ -197,8 +243,14 @@ def test_no_configured_key_appears_anywhere(fake, start_gateway):
     for model in ("ok", "rate-limited", "broken", "broken", "hang", "gone", "gone"):
         record(*call("POST", f"{gateway.url}{CHAT}", {"model": model}, headers=auth))
     record(*call("POST", f"{gateway.url}{CHAT}", {"model": "ok", "stream": True}, headers=auth))
-    record(*call("POST", f"{gateway.url}/v1/messages", {"model": "claude", "max_tokens": 5},
-                 headers={"x-api-key": GATEWAY_KEY, "anthropic-version": "2023-06-01"}))
+    record(
+        *call(
+            "POST",
+            f"{gateway.url}/v1/messages",
+            {"model": "claude", "max_tokens": 5},
+            headers={"x-api-key": GATEWAY_KEY, "anthropic-version": "2023-06-01"},
+        )
+    )
     record(*call("POST", f"{gateway.url}{CHAT}", {"model": "ok"}, headers={"Authorization": "Bearer nope"}))
     record(*call("POST", f"{gateway.url}{CHAT}", b"{", headers=auth))
     record(*call("POST", f"{gateway.url}{CHAT}", {"model": "ok", "pad": "x" * 3000}, headers=auth))
@@ -222,14 +274,23 @@ def test_no_configured_key_appears_anywhere(fake, start_gateway):
 def _openai_usage_stream(model: str) -> list[bytes]:
     """Chat chunks as OpenAI sends them with `stream_options.include_usage`: `"usage": null`
     on every chunk, then one chunk with no choices and the usage."""
+
     def chunk(choices, usage):
-        return b"data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "model": model,
-                                      "choices": choices, "usage": usage}).encode() + b"\n\n"
-    return [chunk([{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}], None),
-            chunk([{"index": 0, "delta": {"content": "Hi"}, "finish_reason": None}], None),
-            chunk([{"index": 0, "delta": {}, "finish_reason": "stop"}], None),
-            chunk([], {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16}),
-            b"data: [DONE]\n\n"]
+        return (
+            b"data: "
+            + json.dumps(
+                {"id": "c", "object": "chat.completion.chunk", "model": model, "choices": choices, "usage": usage}
+            ).encode()
+            + b"\n\n"
+        )
+
+    return [
+        chunk([{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}], None),
+        chunk([{"index": 0, "delta": {"content": "Hi"}, "finish_reason": None}], None),
+        chunk([{"index": 0, "delta": {}, "finish_reason": "stop"}], None),
+        chunk([], {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16}),
+        b"data: [DONE]\n\n",
+    ]
 
 
 def test_tokens_from_the_answers_usage_plain_and_streamed(fake, start_gateway):
@@ -244,24 +305,43 @@ def test_tokens_from_the_answers_usage_plain_and_streamed(fake, start_gateway):
         return healthy(request)
 
     fake.script = script
-    gateway = start_gateway({"providers": {"p": provider(fake), "a": {"base_url": fake.url, "api": "anthropic",
-                                                                      "listing": False}},
-                             "models": {"chat": {"targets": ["p:x"]}, "resp": {"targets": ["p:r"]},
-                                        "emb": {"targets": ["p:e"]}, "claude": {"targets": ["a:c"]},
-                                        "bad": {"targets": ["p:erroring"]}}},
-                            PROVIDER_RETRY_FAST_FAILURES="false")
+    gateway = start_gateway(
+        {
+            "providers": {"p": provider(fake), "a": {"base_url": fake.url, "api": "anthropic", "listing": False}},
+            "models": {
+                "chat": {"targets": ["p:x"]},
+                "resp": {"targets": ["p:r"]},
+                "emb": {"targets": ["p:e"]},
+                "claude": {"targets": ["a:c"]},
+                "bad": {"targets": ["p:erroring"]},
+            },
+        },
+        PROVIDER_RETRY_FAST_FAILURES="false",
+    )
     anthropic = {"anthropic-version": "2023-06-01"}
     assert call("POST", f"{gateway.url}{CHAT}", {"model": "chat"})[0] == 200  # 3 + 4
-    assert call("POST", f"{gateway.url}{CHAT}", {"model": "chat", "stream": True,
-                                                 "stream_options": {"include_usage": True}})[0] == 200  # 11 + 5
+    assert (
+        call(
+            "POST", f"{gateway.url}{CHAT}", {"model": "chat", "stream": True, "stream_options": {"include_usage": True}}
+        )[0]
+        == 200
+    )  # 11 + 5
     assert call("POST", f"{gateway.url}{CHAT}", {"model": "chat", "stream": True})[0] == 200  # no usage: 0
     assert call("POST", f"{gateway.url}/v1/responses", {"model": "resp", "input": "hi"})[0] == 200  # 3 + 4
     assert call("POST", f"{gateway.url}/v1/responses", {"model": "resp", "input": "hi", "stream": True})[0] == 200
     assert call("POST", f"{gateway.url}/v1/embeddings", {"model": "emb", "input": "hi"})[0] == 200  # 1 + 0
-    assert call("POST", f"{gateway.url}/v1/messages", {"model": "claude", "max_tokens": 9},
-                headers=anthropic)[0] == 200  # 3 + 4
-    assert call("POST", f"{gateway.url}/v1/messages", {"model": "claude", "max_tokens": 9, "stream": True},
-                headers=anthropic)[0] == 200  # message_start 3, message_delta 4
+    assert (
+        call("POST", f"{gateway.url}/v1/messages", {"model": "claude", "max_tokens": 9}, headers=anthropic)[0] == 200
+    )  # 3 + 4
+    assert (
+        call(
+            "POST",
+            f"{gateway.url}/v1/messages",
+            {"model": "claude", "max_tokens": 9, "stream": True},
+            headers=anthropic,
+        )[0]
+        == 200
+    )  # message_start 3, message_delta 4
     assert call("POST", f"{gateway.url}{CHAT}", {"model": "bad"})[0] == 502
 
     def tokens(provider_name, model, kind):
@@ -286,18 +366,22 @@ def test_duration_by_model_and_status_class_first_token_and_in_flight(fake, star
         return healthy(request)
 
     fake.script = script
-    gateway = start_gateway({"providers": {"p": provider(fake)},
-                             "models": {"m": {"targets": ["p:x"]}, "s": {"targets": ["p:slow"]},
-                                        "d": {"targets": ["p:down"]}}},
-                            PROVIDER_RETRY_FAST_FAILURES="false")
+    gateway = start_gateway(
+        {
+            "providers": {"p": provider(fake)},
+            "models": {"m": {"targets": ["p:x"]}, "s": {"targets": ["p:slow"]}, "d": {"targets": ["p:down"]}},
+        },
+        PROVIDER_RETRY_FAST_FAILURES="false",
+    )
     assert metric_value(gateway, "tinygw_requests_in_flight") == 0
     for _ in range(2):
         assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 200
     assert call("POST", f"{gateway.url}{CHAT}", {"model": "nope"})[0] == 404
     assert call("POST", f"{gateway.url}{CHAT}", {"model": "d"})[0] == 500
     streamed = []
-    thread = threading.Thread(target=lambda: streamed.append(
-        call("POST", f"{gateway.url}{CHAT}", {"model": "s", "stream": True})[0]))
+    thread = threading.Thread(
+        target=lambda: streamed.append(call("POST", f"{gateway.url}{CHAT}", {"model": "s", "stream": True})[0])
+    )
     thread.start()
     wait_until(lambda: metric_value(gateway, "tinygw_requests_in_flight") == 1, what="the stream in flight")
     thread.join(10)
@@ -337,22 +421,30 @@ def test_process_metrics_per_worker_slot_stable_across_restarts(fake, start_gate
         gateway = start_gateway(config, TINYGW_WORKERS="2")
         pids = set()
 
-        def both_workers_answered() -> bool:
+        def both_workers_answered(pids: set = pids, gateway=gateway) -> bool:
             pids.add(json.loads(call("GET", f"{gateway.url}/status.json")[2])["worker"]["pid"])
             return len(pids) == 2
 
         wait_until(both_workers_answered, seconds=20, what="both workers to answer")
         for _ in range(4):  # whichever worker answers, it shows both
             seen = _process_samples(gateway)
-            assert set(seen) == {"process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds",
-                                 "process_start_time_seconds"}
+            assert set(seen) == {
+                "process_resident_memory_bytes",
+                "process_cpu_seconds_total",
+                "process_open_fds",
+                "process_start_time_seconds",
+            }
             for family, by_worker in seen.items():
                 assert set(by_worker) == {"1", "2"}, family
                 assert all(v > 0 for v in by_worker.values()), family
             assert all(abs(v - time.time()) < 120 for v in seen["process_start_time_seconds"].values())
             assert all(v > 10 * 1024 * 1024 for v in seen["process_resident_memory_bytes"].values())
-        labels = {s.labels["worker"] for f in text_string_to_metric_families(
-            call("GET", f"{gateway.url}/metrics")[2].decode()) for s in f.samples if s.name == "tinygw_circuit_open"}
+        labels = {
+            s.labels["worker"]
+            for f in text_string_to_metric_families(call("GET", f"{gateway.url}/metrics")[2].decode())
+            for s in f.samples
+            if s.name == "tinygw_circuit_open"
+        }
         assert labels == {"1", "2"}
         pids_by_run.append(pids)
         gateway.stop()

@@ -25,8 +25,12 @@ fake, fresh_fake = module_fake()
 def gateway(fake, tmp_path_factory):
     config = {
         "providers": {
-            "oa": {"base_url": f"{fake.url}/v1", "api": "openai", "api_key_env": "OA_KEY",
-                   "headers": {"x-team": "blue"}},
+            "oa": {
+                "base_url": f"{fake.url}/v1",
+                "api": "openai",
+                "api_key_env": "OA_KEY",
+                "headers": {"x-team": "blue"},
+            },
             "an": {"base_url": fake.url, "api": "anthropic", "api_key_env": "AN_KEY"},
             "dead": {"base_url": f"http://127.0.0.1:{closed_port()}/v1", "api": "openai"},
             "slow": {"base_url": f"{fake.url}/v1", "api": "openai", "first_byte_timeout_s": 0.5},
@@ -39,10 +43,17 @@ def gateway(fake, tmp_path_factory):
         },
     }
     log = tmp_path_factory.mktemp("gw") / "gateway.log"
-    gw = Gateway(config, {"OA_KEY": PROVIDER_KEY, "AN_KEY": ANTHROPIC_KEY, "TINYGW_API_KEYS": f"other,{GATEWAY_KEY}",
-                          "TINYGW_MAX_BODY_BYTES": "4096",
-                          "PROVIDER_LISTING_SECONDS": "0"},  # the tests count the fake's requests
-             log)
+    gw = Gateway(
+        config,
+        {
+            "OA_KEY": PROVIDER_KEY,
+            "AN_KEY": ANTHROPIC_KEY,
+            "TINYGW_API_KEYS": f"other,{GATEWAY_KEY}",
+            "TINYGW_MAX_BODY_BYTES": "4096",
+            "PROVIDER_LISTING_SECONDS": "0",
+        },  # the tests count the fake's requests
+        log,
+    )
     yield gw
     gw.stop()
 
@@ -58,9 +69,7 @@ openai_client, anthropic_client = sdk_clients(GATEWAY_KEY)
 
 
 def test_openai_sdk_chat(gateway, fake):
-    answer = openai_client(gateway).chat.completions.create(
-        model="gpt-x", messages=[{"role": "user", "content": "hi"}]
-    )
+    answer = openai_client(gateway).chat.completions.create(model="gpt-x", messages=[{"role": "user", "content": "hi"}])
     assert answer.choices[0].message.content == "Hello from fake."
     assert answer.model == "upstream-gpt"
     [request] = fake.requests
@@ -81,9 +90,14 @@ def test_openai_sdk_stream(gateway, fake):
 
 def test_openai_sdk_stream_with_usage_is_relayed_and_counted(gateway, fake):
     before = metric_value(gateway, "tinygw_tokens_total", model="gpt-x", kind="completion") or 0
-    chunks = list(openai_client(gateway).chat.completions.create(
-        model="gpt-x", messages=[{"role": "user", "content": "hi"}], stream=True,
-        stream_options={"include_usage": True}))
+    chunks = list(
+        openai_client(gateway).chat.completions.create(
+            model="gpt-x",
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello from fake."
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4
     assert all(c.usage is None for c in chunks[:-1])
@@ -129,9 +143,10 @@ def test_provider_qualified_model(gateway, fake):
 def test_first_chunk_arrives_before_the_upstream_finishes(gateway, fake):
     gate = threading.Event()
     events = openai_stream_events("m", ["one", " two"])
-    fake.script = lambda request: Reply(headers=[("content-type", "text/event-stream")],
-                                        chunks=[(0, events[0]), (0, events[1]), (gate, events[2]),
-                                                *[(0, e) for e in events[3:]]])
+    fake.script = lambda request: Reply(
+        headers=[("content-type", "text/event-stream")],
+        chunks=[(0, events[0]), (0, events[1]), (gate, events[2]), *[(0, e) for e in events[3:]]],
+    )
     try:
         stream = openai_client(gateway).chat.completions.create(
             model="gpt-x", messages=[{"role": "user", "content": "hi"}], stream=True
@@ -156,8 +171,14 @@ def test_client_credentials_and_hop_by_hop_headers_are_not_forwarded(gateway, fa
         "POST",
         "/v1/chat/completions?trace=1",
         body=json.dumps({"model": "gpt-x", "messages": []}),
-        headers={"x-api-key": GATEWAY_KEY, "Proxy-Authorization": "Basic abc", "Connection": "x-drop-me",
-                 "x-drop-me": "1", "x-keep-me": "2", "Content-Type": "application/json"},
+        headers={
+            "x-api-key": GATEWAY_KEY,
+            "Proxy-Authorization": "Basic abc",
+            "Connection": "x-drop-me",
+            "x-drop-me": "1",
+            "x-keep-me": "2",
+            "Content-Type": "application/json",
+        },
     )
     assert connection.getresponse().status == 200
     connection.close()
@@ -179,8 +200,11 @@ def test_body_is_forwarded_unchanged_but_for_the_model(gateway, fake):
 
 
 def test_provider_error_is_passed_through(gateway, fake):
-    fake.script = lambda r: json_reply(400, {"error": {"message": "bad temperature", "type": "invalid_request_error"}},
-                                       headers=[("x-request-id", "abc")])
+    fake.script = lambda r: json_reply(
+        400,
+        {"error": {"message": "bad temperature", "type": "invalid_request_error"}},
+        headers=[("x-request-id", "abc")],
+    )
     status, headers, body = call("POST", f"{gateway.url}/v1/chat/completions", {"model": "gpt-x"}, headers=auth())
     assert status == 400
     assert json.loads(body)["error"]["message"] == "bad temperature"
@@ -190,8 +214,10 @@ def test_provider_error_is_passed_through(gateway, fake):
 # ---- the gateway's own errors ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"x-api-key": "wrong"},
-                                     {"Authorization": f"Basic {GATEWAY_KEY}"}])
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer wrong"}, {"x-api-key": "wrong"}, {"Authorization": f"Basic {GATEWAY_KEY}"}],
+)
 def test_missing_or_wrong_gateway_key_is_401(gateway, fake, headers):
     status, _, body = call("POST", f"{gateway.url}/v1/chat/completions", {"model": "gpt-x"}, headers=headers)
     assert status == 401
@@ -239,8 +265,13 @@ def test_body_over_the_limit_without_content_length_is_413(gateway, fake):
         yield b'"}'
 
     connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
-    connection.request("POST", "/v1/chat/completions", body=chunks(), encode_chunked=True,
-                       headers=auth({"Transfer-Encoding": "chunked", "Content-Type": "application/json"}))
+    connection.request(
+        "POST",
+        "/v1/chat/completions",
+        body=chunks(),
+        encode_chunked=True,
+        headers=auth({"Transfer-Encoding": "chunked", "Content-Type": "application/json"}),
+    )
     response = connection.getresponse()
     assert response.status == 413
     assert json.loads(response.read())["error"]["type"] == "invalid_request_error"
@@ -248,8 +279,15 @@ def test_body_over_the_limit_without_content_length_is_413(gateway, fake):
     assert fake.requests == []
 
 
-@pytest.mark.parametrize("model,path", [("nope", "/v1/chat/completions"), ("claude-x", "/v1/chat/completions"),
-                                        ("gpt-x", "/v1/messages"), ("zz/model", "/v1/chat/completions")])
+@pytest.mark.parametrize(
+    "model,path",
+    [
+        ("nope", "/v1/chat/completions"),
+        ("claude-x", "/v1/chat/completions"),
+        ("gpt-x", "/v1/messages"),
+        ("zz/model", "/v1/chat/completions"),
+    ],
+)
 def test_unknown_model_is_404(gateway, fake, model, path):
     status, _, body = call("POST", f"{gateway.url}{path}", {"model": model}, headers=auth())
     assert status == 404
@@ -264,7 +302,11 @@ def test_refused_connection_is_502_connect_error(gateway):
     assert status == 502
     error = json.loads(body)["error"]
     assert (error["type"], error["cause"], error["provider"], error["provider_model"]) == (
-        "provider_unavailable", "connect_error", "dead", "m")
+        "provider_unavailable",
+        "connect_error",
+        "dead",
+        "m",
+    )
     assert b"127.0.0.1" not in body  # no upstream address reaches clients
 
 
@@ -282,8 +324,9 @@ def test_no_first_byte_in_time_is_504_timeout(gateway, fake):
 def test_stream_cut_by_the_upstream_ends_with_an_error_event(gateway, fake):
     events = openai_stream_events("m", ["one", " two"])
     fake.script = lambda r: sse_reply(events[:3], cut=True)
-    status, headers, body = call("POST", f"{gateway.url}/v1/chat/completions",
-                                 {"model": "gpt-x", "stream": True}, headers=auth())
+    status, headers, body = call(
+        "POST", f"{gateway.url}/v1/chat/completions", {"model": "gpt-x", "stream": True}, headers=auth()
+    )
     assert status == 200
     assert body.startswith(events[0] + events[1] + events[2])
     assert b"event: error\ndata: " in body
@@ -293,14 +336,20 @@ def test_stream_cut_by_the_upstream_ends_with_an_error_event(gateway, fake):
 def test_client_leaving_mid_stream_closes_the_upstream(gateway, fake):
     gate = threading.Event()
     events = openai_stream_events("m", ["one", " two"])
-    fake.script = lambda r: Reply(headers=[("content-type", "text/event-stream")],
-                                  chunks=[(0, events[0]), (0, events[1]), (gate, events[2])])
+    fake.script = lambda r: Reply(
+        headers=[("content-type", "text/event-stream")], chunks=[(0, events[0]), (0, events[1]), (gate, events[2])]
+    )
     try:
         with socket.create_connection(("127.0.0.1", gateway.port), timeout=5) as client:
             body = json.dumps({"model": "gpt-x", "stream": True}).encode()
-            client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
-                           + GATEWAY_KEY.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: "
-                           + str(len(body)).encode() + b"\r\n\r\n" + body)
+            client.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                + GATEWAY_KEY.encode()
+                + b"\r\nContent-Type: application/json\r\nContent-Length: "
+                + str(len(body)).encode()
+                + b"\r\n\r\n"
+                + body
+            )
             received = b""
             while b'"one"' not in received:
                 received += client.recv(65536)
@@ -316,13 +365,21 @@ def test_client_leaving_a_quick_request_still_closes_the_upstream(gateway, fake)
     fake.script = lambda r: Reply(action="hang")
     body = json.dumps({"model": "gpt-x", "messages": [{"role": "user", "content": "leave-at-once"}]}).encode()
     with socket.create_connection(("127.0.0.1", gateway.port), timeout=5) as client:
-        client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
-                       + GATEWAY_KEY.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: "
-                       + str(len(body)).encode() + b"\r\n\r\n" + body)
+        client.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+            + GATEWAY_KEY.encode()
+            + b"\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
         wait_until(lambda: len(fake.requests) >= 1, seconds=3, what="the request to reach the provider")
     wait_until(lambda: fake.peer_closed >= 1, seconds=3, what="the upstream connection to be closed")
-    wait_until(lambda: any(r.get("msg") == "request" and r.get("status") == 499 for r in gateway.log_records()),
-               seconds=3, what="the request to be logged as 499")
+    wait_until(
+        lambda: any(r.get("msg") == "request" and r.get("status") == 499 for r in gateway.log_records()),
+        seconds=3,
+        what="the request to be logged as 499",
+    )
 
 
 # ---- other routes ----------------------------------------------------------------------------

@@ -8,10 +8,10 @@ import json
 import os
 
 import pytest
-from conftest import wait_until
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from conftest import wait_until
 from tinygw.fake.upstream import Reply
 from tinygw.protocol import sse
 
@@ -23,8 +23,10 @@ FLOOR_SECONDS = 0.05
 
 
 def _event(content: str, finish: str | None = None) -> bytes:
-    chunk = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": content},
-                                                             "finish_reason": finish}]}
+    chunk = {
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": finish}],
+    }
     return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
 
@@ -53,8 +55,7 @@ def _relay_cpu(gateway, fake, events: list[bytes], pid: int, burst: int | None =
     fake.script = lambda request: Reply(headers=[("content-type", "text/event-stream")], chunks=chunks)
     before = _worker_cpu_seconds(pid)
     connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=120)
-    connection.request("POST", CHAT, json.dumps({"model": "m", "stream": True}),
-                       {"content-type": "application/json"})
+    connection.request("POST", CHAT, json.dumps({"model": "m", "stream": True}), {"content-type": "application/json"})
     response = connection.getresponse()
     body = response.read()
     connection.close()
@@ -66,10 +67,15 @@ def _relay_cpu(gateway, fake, events: list[bytes], pid: int, burst: int | None =
 @pytest.fixture
 def relay(fake, start_gateway):
     """(gateway, its worker's pid)."""
-    gateway = start_gateway({"providers": {"p": {"base_url": f"{fake.url}/v1", "api": "openai", "listing": False}},
-                             "models": {"m": {"targets": ["p:x"]}}})
-    [pid] = wait_until(lambda: [r["pid"] for r in gateway.log_records() if r.get("msg") == "worker started"],
-                       what="the worker's pid")
+    gateway = start_gateway(
+        {
+            "providers": {"p": {"base_url": f"{fake.url}/v1", "api": "openai", "listing": False}},
+            "models": {"m": {"targets": ["p:x"]}},
+        }
+    )
+    [pid] = wait_until(
+        lambda: [r["pid"] for r in gateway.log_records() if r.get("msg") == "worker started"], what="the worker's pid"
+    )
     return gateway, pid
 
 
@@ -116,7 +122,7 @@ def test_events_fed_piece_by_piece_are_split_of_the_whole(stream, data):
     in the whole, and holds its rest."""
     cuts = sorted(data.draw(st.sets(st.integers(0, len(stream)), max_size=12))) if data else list(range(len(stream)))
     pending, got = sse.Pending(), []
-    for start, end in zip([0, *cuts], [*cuts, len(stream)]):
+    for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
         block = pending.feed(stream[start:end])
         assert sse.split(block)[1] == b""
         got += sse.split(block)[0]

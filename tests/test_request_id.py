@@ -12,9 +12,9 @@ import pytest
 
 from conftest import Gateway, call, closed_port, module_fake, wait_until
 from tinygw.config import environment
-from tinygw.protocol import wire
 from tinygw.errors import ConfigError
 from tinygw.fake.upstream import well_behaved
+from tinygw.protocol import wire
 
 GATEWAY_KEY = "gw-key-rid"
 NEW_ID = re.compile(r"[0-9a-f]{16}")
@@ -34,8 +34,9 @@ def gateway(fake, tmp_path_factory):
         "routing": {"debug": True},
     }
     log = tmp_path_factory.mktemp("gw") / "gateway.log"
-    gw = Gateway(config, {"TINYGW_API_KEYS": GATEWAY_KEY, "PROVIDER_LISTING_SECONDS": "0",
-                          "TINYGW_MAX_BODY_BYTES": "1000"}, log)
+    gw = Gateway(
+        config, {"TINYGW_API_KEYS": GATEWAY_KEY, "PROVIDER_LISTING_SECONDS": "0", "TINYGW_MAX_BODY_BYTES": "1000"}, log
+    )
     yield gw
     gw.stop()
 
@@ -48,9 +49,12 @@ def chat(gateway, request_id: str | None = None, stream: bool = False, model: st
 
 
 def access_line(gateway, request_id: str) -> dict:
-    return wait_until(lambda: next((r for r in gateway.log_records()
-                                    if r.get("msg") == "request" and r.get("request_id") == request_id), None),
-                      what="the request's access-log line")
+    return wait_until(
+        lambda: next(
+            (r for r in gateway.log_records() if r.get("msg") == "request" and r.get("request_id") == request_id), None
+        ),
+        what="the request's access-log line",
+    )
 
 
 def test_a_sane_client_id_is_kept_logged_and_forwarded(gateway, fake):
@@ -81,8 +85,11 @@ def test_an_insane_client_id_is_replaced(gateway, fake, given):
     connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
     body = json.dumps({"model": "gpt-x"}).encode()
     connection.putrequest("POST", "/v1/chat/completions")
-    for name, value in (("Authorization", f"Bearer {GATEWAY_KEY}"), ("Content-Type", "application/json"),
-                        ("Content-Length", str(len(body)))):
+    for name, value in (
+        ("Authorization", f"Bearer {GATEWAY_KEY}"),
+        ("Content-Type", "application/json"),
+        ("Content-Length", str(len(body))),
+    ):
         connection.putheader(name, value)
     connection.putheader("X-Request-Id", given.encode("utf-8"))
     connection.endheaders(body)
@@ -116,24 +123,29 @@ def test_the_providers_id_comes_back_as_x_upstream_request_id(gateway, fake, str
     assert headers["x-tinygw-attempts"] == "oa:200"  # the debug headers are still there
 
 
-@pytest.mark.parametrize("method,path,body,authorized,status", [
-    ("GET", "/healthz", None, False, 200),
-    ("GET", "/metrics", None, False, 200),
-    ("GET", "/status.json", None, False, 200),
-    ("GET", "/v1/models", None, True, 200),
-    ("GET", "/v1/models/gpt-x", None, True, 200),
-    ("GET", "/v1/models/nope", None, True, 404),
-    ("GET", "/nope", None, False, 404),
-    ("GET", "/v1/chat/completions", None, True, 405),
-    ("POST", "/v1/chat/completions", {"model": "gpt-x"}, False, 401),
-    ("POST", "/v1/chat/completions", b"not json", True, 400),
-    ("POST", "/v1/chat/completions", {"model": "nope"}, True, 404),
-    ("POST", "/v1/chat/completions", {"model": "gpt-x", "pad": "x" * 2000}, True, 413),
-    ("POST", "/v1/chat/completions", {"model": "dead-model"}, True, 502),
-])
+@pytest.mark.parametrize(
+    "method,path,body,authorized,status",
+    [
+        ("GET", "/healthz", None, False, 200),
+        ("GET", "/metrics", None, False, 200),
+        ("GET", "/status.json", None, False, 200),
+        ("GET", "/v1/models", None, True, 200),
+        ("GET", "/v1/models/gpt-x", None, True, 200),
+        ("GET", "/v1/models/nope", None, True, 404),
+        ("GET", "/nope", None, False, 404),
+        ("GET", "/v1/chat/completions", None, True, 405),
+        ("POST", "/v1/chat/completions", {"model": "gpt-x"}, False, 401),
+        ("POST", "/v1/chat/completions", b"not json", True, 400),
+        ("POST", "/v1/chat/completions", {"model": "nope"}, True, 404),
+        ("POST", "/v1/chat/completions", {"model": "gpt-x", "pad": "x" * 2000}, True, 413),
+        ("POST", "/v1/chat/completions", {"model": "dead-model"}, True, 502),
+    ],
+)
 def test_every_answer_carries_a_request_id(gateway, method, path, body, authorized, status):
     headers = {"Authorization": f"Bearer {GATEWAY_KEY}"} if authorized else {}
-    answered_status, answered, _ = call(method, f"{gateway.url}{path}", body, headers={**headers, "x-request-id": "r-1"})
+    answered_status, answered, _ = call(
+        method, f"{gateway.url}{path}", body, headers={**headers, "x-request-id": "r-1"}
+    )
     assert answered_status == status
     assert answered.get_all("x-request-id") == ["r-1"]
     answered_status, answered, _ = call(method, f"{gateway.url}{path}", body, headers=headers)
@@ -150,7 +162,8 @@ def test_request_id_rule():
 
 
 def test_a_provider_header_may_not_set_the_request_id():
-    document = {"providers": {"p": {"base_url": "http://127.0.0.1:1", "api": "openai",
-                                    "headers": {"X-Request-Id": "fixed"}}}}
+    document = {
+        "providers": {"p": {"base_url": "http://127.0.0.1:1", "api": "openai", "headers": {"X-Request-Id": "fixed"}}}
+    }
     with pytest.raises(ConfigError, match=r"headers\.X-Request-Id"):
         environment.from_environ({"TINYGW_CONFIG": json.dumps(document)})

@@ -32,29 +32,39 @@ def bad_gateway(request):
 
 def test_five_quick_502s_open_the_circuit_and_the_sixth_gets_503(fake, start_gateway):
     fake.script = bad_gateway
-    gateway = start_gateway({"providers": {"qwen": provider(fake)}, "models": {"m": {"targets": ["qwen:Qwen3"]}}},
-                            PROVIDER_RETRY_FAST_FAILURES="false")
+    gateway = start_gateway(
+        {"providers": {"qwen": provider(fake)}, "models": {"m": {"targets": ["qwen:Qwen3"]}}},
+        PROVIDER_RETRY_FAST_FAILURES="false",
+    )
     for _ in range(5):
         assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 502
     status, headers, body = call("POST", f"{gateway.url}{CHAT}", {"model": "m"})
     assert status == 503
     error = json.loads(body)["error"]
     assert (error["type"], error["cause"], error["provider"], error["provider_model"]) == (
-        "provider_unavailable", "circuit_open", "qwen", "Qwen3")
+        "provider_unavailable",
+        "circuit_open",
+        "qwen",
+        "Qwen3",
+    )
     assert 25 <= int(headers["Retry-After"]) <= 30
     assert len(chats(fake)) == 5  # the sixth never reached the provider
     [opened] = messages(gateway, "provider circuit opened")
     assert (opened["provider"], opened["provider_model"], opened["failures"]) == ("qwen", "Qwen3", 5)
     assert metric_value(gateway, "tinygw_circuit_open", provider="qwen", provider_model="Qwen3") == 1
-    assert metric_value(gateway, "tinygw_circuit_transitions_total", provider="qwen", provider_model="Qwen3",
-                        state="open") == 1
+    assert (
+        metric_value(gateway, "tinygw_circuit_transitions_total", provider="qwen", provider_model="Qwen3", state="open")
+        == 1
+    )
 
 
 def test_four_failures_and_a_success_do_not_open(fake, start_gateway):
     answers = iter([502, 502, 502, 502, 200, 502, 502, 502, 502, 200])
     fake.script = lambda r: json_reply(next(answers), {"ok": True})
-    gateway = start_gateway({"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}},
-                            PROVIDER_RETRY_FAST_FAILURES="false")
+    gateway = start_gateway(
+        {"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}},
+        PROVIDER_RETRY_FAST_FAILURES="false",
+    )
     statuses = [call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] for _ in range(10)]
     assert statuses == [502] * 4 + [200] + [502] * 4 + [200]
     assert messages(gateway, "provider circuit opened") == []
@@ -62,15 +72,21 @@ def test_four_failures_and_a_success_do_not_open(fake, start_gateway):
 
 def test_once_open_the_primary_is_skipped_and_every_request_goes_to_the_fallback(fake, fallback, start_gateway):
     fake.script = bad_gateway
-    gateway = start_gateway({"providers": {"primary": provider(fake), "backup": provider(fallback)},
-                             "models": {"m": {"targets": ["primary:x", "backup:y"]}}})
+    gateway = start_gateway(
+        {
+            "providers": {"primary": provider(fake), "backup": provider(fallback)},
+            "models": {"m": {"targets": ["primary:x", "backup:y"]}},
+        }
+    )
     for _ in range(8):
         status, _, body = call("POST", f"{gateway.url}{CHAT}", {"model": "m"})
         assert status == 200 and json.loads(body)["model"] == "y"
     assert len(chats(fake)) == 5  # five failures opened it; after that it was skipped
     assert len(chats(fallback)) == 8
-    assert metric_value(gateway, "tinygw_provider_retries_total", provider="backup", provider_model="y",
-                        reason="fallback") == 5
+    assert (
+        metric_value(gateway, "tinygw_provider_retries_total", provider="backup", provider_model="y", reason="fallback")
+        == 5
+    )
 
 
 def test_a_quick_502_is_retried_once_and_the_caller_gets_the_answer(fake, start_gateway):
@@ -82,14 +98,21 @@ def test_a_quick_502_is_retried_once_and_the_caller_gets_the_answer(fake, start_
     assert len(chats(fake)) == 2
     [retry] = messages(gateway, "retrying provider after a quick failure")
     assert (retry["provider"], retry["provider_model"], retry["failure"]) == ("p", "x", "502")
-    assert metric_value(gateway, "tinygw_provider_retries_total", provider="p", provider_model="x",
-                        reason="transient_retry") == 1
+    assert (
+        metric_value(
+            gateway, "tinygw_provider_retries_total", provider="p", provider_model="x", reason="transient_retry"
+        )
+        == 1
+    )
 
 
 def test_a_refused_connection_is_retried_once_then_502(start_gateway):
-    gateway = start_gateway({"providers": {"p": {"base_url": f"http://127.0.0.1:{closed_port()}/v1", "api": "openai",
-                                                 "listing": False}},
-                             "models": {"m": {"targets": ["p:x"]}}})
+    gateway = start_gateway(
+        {
+            "providers": {"p": {"base_url": f"http://127.0.0.1:{closed_port()}/v1", "api": "openai", "listing": False}},
+            "models": {"m": {"targets": ["p:x"]}},
+        }
+    )
     status, _, body = call("POST", f"{gateway.url}{CHAT}", {"model": "m"})
     assert status == 502 and json.loads(body)["error"]["cause"] == "connect_error"
     [record] = wait_until(lambda: messages(gateway, "request"), what="the access log line")
@@ -99,8 +122,9 @@ def test_a_refused_connection_is_retried_once_then_502(start_gateway):
 @pytest.mark.parametrize("status", [500, 400, 429])
 def test_500_400_and_429_are_not_retried(fake, start_gateway, status):
     fake.script = lambda r: json_reply(status, {"error": {"message": "no", "type": "x"}})
-    gateway = start_gateway({"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}},
-                            PROVIDER_BREAKER_FAILURES="2")
+    gateway = start_gateway(
+        {"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}}, PROVIDER_BREAKER_FAILURES="2"
+    )
     statuses = [call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] for _ in range(3)]
     opened = messages(gateway, "provider circuit opened")
     if status == 500:  # a failure: counted (two open it), never quickly retried
@@ -114,8 +138,9 @@ def test_500_400_and_429_are_not_retried(fake, start_gateway, status):
 
 def test_400_does_not_fall_back(fake, fallback, start_gateway):
     fake.script = lambda r: json_reply(400, {"error": {"message": "bad", "type": "invalid_request_error"}})
-    gateway = start_gateway({"providers": {"a": provider(fake), "b": provider(fallback)},
-                             "models": {"m": {"targets": ["a:x", "b:y"]}}})
+    gateway = start_gateway(
+        {"providers": {"a": provider(fake), "b": provider(fallback)}, "models": {"m": {"targets": ["a:x", "b:y"]}}}
+    )
     assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 400
     assert chats(fallback) == []
 
@@ -123,16 +148,18 @@ def test_400_does_not_fall_back(fake, fallback, start_gateway):
 def test_canceled_clients_are_not_counted(fake, start_gateway):
     gate = threading.Event()
     fake.script = lambda r: Reply(headers=[("content-type", "application/json")], chunks=[(gate, b"{}")])
-    gateway = start_gateway({"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}},
-                            PROVIDER_BREAKER_FAILURES="1")
+    gateway = start_gateway(
+        {"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}}, PROVIDER_BREAKER_FAILURES="1"
+    )
     try:
         for n in range(1, 4):
             with socket.create_connection(("127.0.0.1", gateway.port), timeout=5) as client:
                 body = b'{"model": "m"}'
-                client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
-                               % (len(body), body))
-                wait_until(lambda: len(chats(fake)) == n, what="the request to reach the provider")
-            wait_until(lambda: fake.peer_closed == n, what="the gateway to close the upstream")
+                client.sendall(
+                    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
+                wait_until(lambda n=n: len(chats(fake)) == n, what="the request to reach the provider")
+            wait_until(lambda n=n: fake.peer_closed == n, what="the gateway to close the upstream")
     finally:
         gate.set()
     fake.script = well_behaved()
@@ -142,9 +169,13 @@ def test_canceled_clients_are_not_counted(fake, start_gateway):
 
 def test_a_200_carrying_an_error_is_a_failure_and_falls_back(fake, fallback, start_gateway):
     fake.script = lambda r: json_reply(200, {"error": {"message": "model overloaded", "type": "server_error"}})
-    gateway = start_gateway({"providers": {"a": provider(fake), "b": provider(fallback)},
-                             "models": {"m": {"targets": ["a:x", "b:y"]}, "solo": {"targets": ["a:x"]}}},
-                            PROVIDER_RETRY_FAST_FAILURES="false")
+    gateway = start_gateway(
+        {
+            "providers": {"a": provider(fake), "b": provider(fallback)},
+            "models": {"m": {"targets": ["a:x", "b:y"]}, "solo": {"targets": ["a:x"]}},
+        },
+        PROVIDER_RETRY_FAST_FAILURES="false",
+    )
     assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 200
     status, _, body = call("POST", f"{gateway.url}{CHAT}", {"model": "solo"})
     assert status == 502 and json.loads(body)["error"]["message"] == "model overloaded"
@@ -157,22 +188,28 @@ def test_a_429_moves_to_the_next_key_which_the_first_key_rests_for(fake, start_g
         return well_behaved()(request)
 
     fake.script = script
-    gateway = start_gateway({"providers": {"p": provider(fake, api_key_env=["K1", "K2"])},
-                             "models": {"m": {"targets": ["p:x"]}}}, K1="key-one", K2="key-two")
+    gateway = start_gateway(
+        {"providers": {"p": provider(fake, api_key_env=["K1", "K2"])}, "models": {"m": {"targets": ["p:x"]}}},
+        K1="key-one",
+        K2="key-two",
+    )
     for _ in range(3):
         assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 200
     used = [r.headers["authorization"] for r in chats(fake)]
     assert used == ["Bearer key-one", "Bearer key-two", "Bearer key-two", "Bearer key-two"]
-    assert metric_value(gateway, "tinygw_provider_retries_total", provider="p", provider_model="x",
-                        reason="key_rotation") == 1
+    assert (
+        metric_value(gateway, "tinygw_provider_retries_total", provider="p", provider_model="x", reason="key_rotation")
+        == 1
+    )
 
 
 def test_an_error_event_before_output_falls_back(fake, fallback, start_gateway):
     events = openai_stream_events("x", ["never"])
     error = b'data: {"error": {"message": "overloaded", "type": "server_error"}}\n\n'
     fake.script = lambda r: sse_reply([events[0], error])
-    gateway = start_gateway({"providers": {"a": provider(fake), "b": provider(fallback)},
-                             "models": {"m": {"targets": ["a:x", "b:y"]}}})
+    gateway = start_gateway(
+        {"providers": {"a": provider(fake), "b": provider(fallback)}, "models": {"m": {"targets": ["a:x", "b:y"]}}}
+    )
     status, _, body = call("POST", f"{gateway.url}{CHAT}", {"model": "m", "stream": True})
     assert status == 200
     assert b"Hello" in body and b"overloaded" not in body and body.endswith(b"data: [DONE]\n\n")
@@ -182,8 +219,9 @@ def test_an_error_event_before_output_falls_back(fake, fallback, start_gateway):
 def test_an_error_after_output_ends_the_clients_stream_with_an_error_event(fake, fallback, start_gateway):
     events = openai_stream_events("x", ["partial"])
     fake.script = lambda r: sse_reply(events[:2], cut=True)
-    gateway = start_gateway({"providers": {"a": provider(fake), "b": provider(fallback)},
-                             "models": {"m": {"targets": ["a:x", "b:y"]}}})
+    gateway = start_gateway(
+        {"providers": {"a": provider(fake), "b": provider(fallback)}, "models": {"m": {"targets": ["a:x", "b:y"]}}}
+    )
     status, _, body = call("POST", f"{gateway.url}{CHAT}", {"model": "m", "stream": True})
     assert status == 200
     assert b"partial" in body and b"event: error\ndata: " in body and b"[DONE]" not in body
@@ -195,10 +233,12 @@ def test_an_error_after_output_ends_the_clients_stream_with_an_error_event(fake,
 def test_every_target_open_is_503_naming_the_soonest_probe(fake, fallback, start_gateway):
     fake.script = bad_gateway
     fallback.script = bad_gateway
-    gateway = start_gateway({"providers": {"a": provider(fake), "b": provider(fallback)},
-                             "models": {"m": {"targets": ["a:x", "b:y"]}}},
-                            PROVIDER_BREAKER_FAILURES="1", PROVIDER_RETRY_FAST_FAILURES="false",
-                            PROVIDER_BREAKER_OPEN_SECONDS="100")
+    gateway = start_gateway(
+        {"providers": {"a": provider(fake), "b": provider(fallback)}, "models": {"m": {"targets": ["a:x", "b:y"]}}},
+        PROVIDER_BREAKER_FAILURES="1",
+        PROVIDER_RETRY_FAST_FAILURES="false",
+        PROVIDER_BREAKER_OPEN_SECONDS="100",
+    )
     assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 502  # a fails, b fails: both open
     status, headers, body = call("POST", f"{gateway.url}{CHAT}", {"model": "m"})
     assert status == 503 and json.loads(body)["error"]["cause"] == "circuit_open"
@@ -208,8 +248,9 @@ def test_every_target_open_is_503_naming_the_soonest_probe(fake, fallback, start
 
 def test_max_attempts_1_means_no_retry(fake, start_gateway):
     fake.script = bad_gateway
-    gateway = start_gateway({"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}},
-                             "routing": {"max_attempts": 1}})
+    gateway = start_gateway(
+        {"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}, "routing": {"max_attempts": 1}}
+    )
     assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 502
     assert len(chats(fake)) == 1
     assert messages(gateway, "retrying provider after a quick failure") == []
@@ -217,8 +258,9 @@ def test_max_attempts_1_means_no_retry(fake, start_gateway):
 
 def test_no_quick_retry_into_a_circuit_that_just_opened(fake, start_gateway):
     fake.script = bad_gateway
-    gateway = start_gateway({"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}},
-                            PROVIDER_BREAKER_FAILURES="1")
+    gateway = start_gateway(
+        {"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}}, PROVIDER_BREAKER_FAILURES="1"
+    )
     assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 502
     assert len(chats(fake)) == 1
     assert messages(gateway, "retrying provider after a quick failure") == []
@@ -226,15 +268,17 @@ def test_no_quick_retry_into_a_circuit_that_just_opened(fake, start_gateway):
 
 def test_401_from_the_provider_counts_and_falls_back(fake, fallback, start_gateway):
     fake.script = lambda r: json_reply(401, {"error": {"message": "bad key", "type": "authentication_error"}})
-    gateway = start_gateway({"providers": {"a": provider(fake), "b": provider(fallback)},
-                             "models": {"m": {"targets": ["a:x", "b:y"]}}}, PROVIDER_BREAKER_FAILURES="1")
+    gateway = start_gateway(
+        {"providers": {"a": provider(fake), "b": provider(fallback)}, "models": {"m": {"targets": ["a:x", "b:y"]}}},
+        PROVIDER_BREAKER_FAILURES="1",
+    )
     assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 200
     assert len(messages(gateway, "provider circuit opened")) == 1
 
 
 def test_a_429_http_date_rests_the_key(fake, start_gateway):
-    from email.utils import formatdate
     import time
+    from email.utils import formatdate
 
     def script(request):
         if request.headers["authorization"] == "Bearer key-one":
@@ -243,8 +287,11 @@ def test_a_429_http_date_rests_the_key(fake, start_gateway):
         return well_behaved()(request)
 
     fake.script = script
-    gateway = start_gateway({"providers": {"p": provider(fake, api_key_env=["K1", "K2"])},
-                             "models": {"m": {"targets": ["p:x"]}}}, K1="key-one", K2="key-two")
+    gateway = start_gateway(
+        {"providers": {"p": provider(fake, api_key_env=["K1", "K2"])}, "models": {"m": {"targets": ["p:x"]}}},
+        K1="key-one",
+        K2="key-two",
+    )
     for _ in range(3):
         assert call("POST", f"{gateway.url}{CHAT}", {"model": "m"})[0] == 200
     assert [r.headers["authorization"] for r in chats(fake)].count("Bearer key-one") == 1
@@ -253,9 +300,13 @@ def test_a_429_http_date_rests_the_key(fake, start_gateway):
 def test_a_stream_that_ends_without_output_falls_back(fake, fallback, start_gateway):
     events = openai_stream_events("x", ["never"])
     fake.script = lambda r: sse_reply([events[0]])  # a role chunk, then a clean end
-    gateway = start_gateway({"providers": {"a": provider(fake), "b": provider(fallback)},
-                             "models": {"m": {"targets": ["a:x", "b:y"]}, "solo": {"targets": ["a:x"]}}},
-                            PROVIDER_RETRY_FAST_FAILURES="false")
+    gateway = start_gateway(
+        {
+            "providers": {"a": provider(fake), "b": provider(fallback)},
+            "models": {"m": {"targets": ["a:x", "b:y"]}, "solo": {"targets": ["a:x"]}},
+        },
+        PROVIDER_RETRY_FAST_FAILURES="false",
+    )
     status, _, body = call("POST", f"{gateway.url}{CHAT}", {"model": "m", "stream": True})
     assert status == 200 and b"Hello" in body
     assert len(chats(fallback)) == 1
@@ -273,8 +324,9 @@ def test_an_error_event_before_output_on_the_last_attempt_is_502(fake, start_gat
 def test_a_stream_without_a_finish_ends_with_an_error_event_and_counts(fake, start_gateway):
     events = openai_stream_events("x", ["partial"])
     fake.script = lambda r: sse_reply(events[:2])  # output, then a clean end without a finish
-    gateway = start_gateway({"providers": {"a": provider(fake)}, "models": {"m": {"targets": ["a:x"]}}},
-                            PROVIDER_BREAKER_FAILURES="1")
+    gateway = start_gateway(
+        {"providers": {"a": provider(fake)}, "models": {"m": {"targets": ["a:x"]}}}, PROVIDER_BREAKER_FAILURES="1"
+    )
     status, _, body = call("POST", f"{gateway.url}{CHAT}", {"model": "m", "stream": True})
     assert status == 200 and b"partial" in body and body.rstrip().endswith(b"}")
     assert b"event: error\ndata: " in body

@@ -12,8 +12,8 @@ import openai
 import pytest
 
 from conftest import Gateway, call, module_fake, sdk_clients, wait_until
-from tinygw.protocol import sse
 from tinygw.fake.upstream import responses_stream_events, sse_reply, well_behaved
+from tinygw.protocol import sse
 
 GATEWAY_KEY = "gw-key-routes"
 PROVIDER_KEY = "prov-key-routes"
@@ -84,9 +84,11 @@ def test_responses_create_streamed(gateway, fake):
 def _responses_stream_failing_before_output(kind: str) -> list[bytes]:
     events = responses_stream_events("first", ["never"])[:4]  # created, in_progress, item and part added
     if kind == "response.failed":
-        failed = {"type": "response.failed", "sequence_number": 4,
-                  "response": {"id": "resp_fake", "status": "failed", "error": {"code": "server_error",
-                                                                                "message": "boom"}}}
+        failed = {
+            "type": "response.failed",
+            "sequence_number": 4,
+            "response": {"id": "resp_fake", "status": "failed", "error": {"code": "server_error", "message": "boom"}},
+        }
         return [*events, f"event: response.failed\ndata: {json.dumps(failed)}\n\n".encode()]
     error = {"type": "error", "sequence_number": 4, "code": "server_error", "message": "boom", "param": None}
     return [*events, f"event: error\ndata: {json.dumps(error)}\n\n".encode()]
@@ -95,8 +97,9 @@ def _responses_stream_failing_before_output(kind: str) -> list[bytes]:
 @pytest.mark.parametrize("kind", ["response.failed", "error"])
 def test_responses_stream_failing_before_output_falls_back(gateway, fake, kind):
     healthy = well_behaved("second")
-    fake.script = lambda r: (sse_reply(_responses_stream_failing_before_output(kind)) if r.path.startswith("/a/")
-                             else healthy(r))
+    fake.script = lambda r: (
+        sse_reply(_responses_stream_failing_before_output(kind)) if r.path.startswith("/a/") else healthy(r)
+    )
     stream = openai_client(gateway).responses.create(model="gpt-two", input="hi", stream=True)
     events = list(stream)
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "Hello from second."
@@ -107,11 +110,12 @@ def test_responses_stream_failing_before_output_falls_back(gateway, fake, kind):
 def test_responses_stream_cut_after_output_ends_with_an_error_event(gateway, fake):
     events = responses_stream_events("upstream-gpt", ["one", " two"])
     fake.script = lambda r: sse_reply(events[:6], cut=True)  # up to the second delta, then the connection drops
-    status, headers, body = call("POST", f"{gateway.url}/v1/responses",
-                                 {"model": "gpt-x", "input": "hi", "stream": True}, headers=auth())
+    status, headers, body = call(
+        "POST", f"{gateway.url}/v1/responses", {"model": "gpt-x", "input": "hi", "stream": True}, headers=auth()
+    )
     assert status == 200 and headers["content-type"].startswith("text/event-stream")
     assert body.startswith(b"".join(events[:6]))
-    assert body.endswith(b"\n\n") and b"event: error\ndata: " in body[len(b"".join(events[:6])):]
+    assert body.endswith(b"\n\n") and b"event: error\ndata: " in body[len(b"".join(events[:6])) :]
     assert b"response.completed" not in body
 
 
@@ -189,7 +193,7 @@ def test_anthropic_models_list(gateway):
     assert [m.id for m in models] == _ids(gateway)
     claude = next(m for m in models if m.id == "claude-x")
     assert (claude.type, claude.display_name) == ("model", "claude-x")
-    assert claude.created_at == datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+    assert claude.created_at == datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
     assert claude.availability == {"available": True, "retry_after": None}  # tinygw's own field is kept
     assert [m.id for m in client.models.list(limit=1)] == _ids(gateway)  # the SDK follows the pages
     assert client.models.retrieve("claude-x").display_name == "claude-x"
@@ -218,6 +222,12 @@ def test_unknown_path_lists_the_routes(gateway):
     assert status == 404
     error = json.loads(body)["error"]
     assert (error["type"], error["code"]) == ("invalid_request_error", "not_found")
-    for route in ("POST /v1/chat/completions", "POST /v1/responses", "POST /v1/messages/count_tokens",
-                  "GET /v1/models", "GET /v1/models/{id}", "GET /healthz"):
+    for route in (
+        "POST /v1/chat/completions",
+        "POST /v1/responses",
+        "POST /v1/messages/count_tokens",
+        "GET /v1/models",
+        "GET /v1/models/{id}",
+        "GET /healthz",
+    ):
         assert route in error["message"]

@@ -21,9 +21,10 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT, call
 from hypothesis import given
 from hypothesis import strategies as st
+
+from conftest import ROOT, call
 
 sys.path.insert(0, str(ROOT / "attest"))
 import fake_snp  # noqa: E402 (attest/ is not a package)
@@ -39,8 +40,7 @@ OMNE_REPORT = (SAMPLE / "omne" / "attestation.bin").read_bytes()
 OMNE_VCEK = (SAMPLE / "omne" / "kds_vcek.der").read_bytes()
 OMNE_ASK = (SAMPLE / "omne" / "milan_ask.der").read_bytes()
 OMNE_ARK = (SAMPLE / "omne" / "milan_ark.der").read_bytes()
-DSTACK_MEASUREMENT = ("7f51e17f72a04d5422cb2c00998166536019a217376f3aa45a630e59c805a599"
-                      "847ff250dbffcd07e1ba639771d6f05d")
+DSTACK_MEASUREMENT = "7f51e17f72a04d5422cb2c00998166536019a217376f3aa45a630e59c805a599847ff250dbffcd07e1ba639771d6f05d"
 SECRET = "sk-snp-never-shown"
 VERIFY = ROOT / "attest" / "verify"
 
@@ -55,8 +55,14 @@ def reasons(checks) -> dict[str, str]:
 
 def verify(*args: str) -> tuple[int, dict[str, str], str]:
     """attest/verify's exit status, {check: PASS | FAIL | SKIP}, and its output."""
-    done = subprocess.run([sys.executable, str(VERIFY), *map(str, args)], capture_output=True, text=True, timeout=60,
-                          env={"PATH": os.environ["PATH"]}, check=False)
+    done = subprocess.run(
+        [sys.executable, str(VERIFY), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": os.environ["PATH"]},
+        check=False,
+    )
     found = {}
     for line in done.stdout.splitlines():
         verdict, _, rest = line.partition(" ")
@@ -69,8 +75,14 @@ def flipped(data: bytes, at: int, bit: int = 0) -> bytes:
     return data[:at] + bytes([data[at] ^ (1 << bit)]) + data[at + 1 :]
 
 
-ALL_PASS = {"snp report": "PASS", "certificate chain": "PASS", "report signature": "PASS",
-            "VCEK matches report": "PASS", "guest not in debug mode": "PASS", "no migration agent": "PASS"}
+ALL_PASS = {
+    "snp report": "PASS",
+    "certificate chain": "PASS",
+    "report signature": "PASS",
+    "VCEK matches report": "PASS",
+    "guest not in debug mode": "PASS",
+    "no migration agent": "PASS",
+}
 
 
 # ---- the real samples ---------------------------------------------------------------------
@@ -93,12 +105,23 @@ def test_the_dstack_sample_passes_with_the_built_in_ark():
     skip = reasons(checks)["artifact measured"]
     assert "no runtime measurement register" in skip and "snp.measurement" in skip
 
-    policy = snp.parse_policy({"measurement": [DSTACK_MEASUREMENT], "vmpl": [0],
-                               "min_tcb": {"bootloader": 4, "tee": 0, "snp": 23, "microcode": 213}})
+    policy = snp.parse_policy(
+        {
+            "measurement": [DSTACK_MEASUREMENT],
+            "vmpl": [0],
+            "min_tcb": {"bootloader": 4, "tee": 0, "snp": 23, "microcode": 213},
+        }
+    )
     expected = b"attest-test-fixture-2026".ljust(64, b"\0")
     checks = snp.verify_report(DSTACK_REPORT, DSTACK_VCEK, DSTACK_ASK, report_data=expected, policy=policy)
-    assert verdicts(checks) == {**ALL_PASS, "report_data": "PASS", "snp.measurement": "PASS", "snp.vmpl": "PASS",
-                                "snp.min_tcb": "PASS", "artifact measured": "PASS"}, reasons(checks)
+    assert verdicts(checks) == {
+        **ALL_PASS,
+        "report_data": "PASS",
+        "snp.measurement": "PASS",
+        "snp.vmpl": "PASS",
+        "snp.min_tcb": "PASS",
+        "artifact measured": "PASS",
+    }, reasons(checks)
 
 
 def test_a_report_file_may_be_hex():
@@ -108,9 +131,20 @@ def test_a_report_file_may_be_hex():
         snp.load_report(text[:-3])
 
 
-@pytest.mark.parametrize("at,what", [(0x08, "policy"), (0x50, "report_data"), (0x90, "measurement"),
-                                     (0xC0, "host_data"), (0x180, "reported_tcb"), (0x1A0, "chip_id"),
-                                     (0x29F, "the last signed byte"), (0x2A0, "r"), (0x2E8, "s")])
+@pytest.mark.parametrize(
+    "at,what",
+    [
+        (0x08, "policy"),
+        (0x50, "report_data"),
+        (0x90, "measurement"),
+        (0xC0, "host_data"),
+        (0x180, "reported_tcb"),
+        (0x1A0, "chip_id"),
+        (0x29F, "the last signed byte"),
+        (0x2A0, "r"),
+        (0x2E8, "s"),
+    ],
+)
 def test_one_flipped_bit_in_the_signed_part_fails_the_signature(at, what):
     checks = snp.verify_report(flipped(DSTACK_REPORT, at, 1), DSTACK_VCEK, DSTACK_ASK)
     assert verdicts(checks)["report signature"] == "FAIL", what
@@ -128,8 +162,10 @@ def test_a_report_checked_under_the_other_samples_vcek_fails():
     assert verdicts(checks)["certificate chain"] == "PASS"  # a genuine VCEK, of another chip
     assert verdicts(checks)["report signature"] == "FAIL"
     assert verdicts(checks)["VCEK matches report"] == "FAIL"
-    assert "the VCEK is for chip 3ac3fe21e13fb099..., the report comes from chip 38d174589d2dff97" in \
-        reasons(checks)["VCEK matches report"]
+    assert (
+        "the VCEK is for chip 3ac3fe21e13fb099..., the report comes from chip 38d174589d2dff97"
+        in reasons(checks)["VCEK matches report"]
+    )
     checks = snp.verify_report(OMNE_REPORT, DSTACK_VCEK, OMNE_ASK, OMNE_ARK)
     assert verdicts(checks)["report signature"] == verdicts(checks)["VCEK matches report"] == "FAIL"
 
@@ -195,20 +231,33 @@ def test_without_a_vcek_the_chain_and_signature_fail():
 
 
 def test_each_policy_field_names_itself_and_both_values_when_it_fails():
-    policy = snp.parse_policy({
-        "measurement": ["00" * 48], "host_data": ["11" * 32], "vmpl": [1, 2], "chip_ids": ["22" * 64],
-        "min_tcb": {"bootloader": 4, "snp": 24, "microcode": 214},
-    })
+    policy = snp.parse_policy(
+        {
+            "measurement": ["00" * 48],
+            "host_data": ["11" * 32],
+            "vmpl": [1, 2],
+            "chip_ids": ["22" * 64],
+            "min_tcb": {"bootloader": 4, "snp": 24, "microcode": 214},
+        }
+    )
     checks = snp.verify_report(DSTACK_REPORT, DSTACK_VCEK, DSTACK_ASK, policy=policy)
     assert {k: v for k, v in verdicts(checks).items() if k.startswith("snp.")} == {
-        "snp.measurement": "FAIL", "snp.host_data": "FAIL", "snp.vmpl": "FAIL", "snp.chip_ids": "FAIL",
-        "snp.min_tcb": "FAIL"}
+        "snp.measurement": "FAIL",
+        "snp.host_data": "FAIL",
+        "snp.vmpl": "FAIL",
+        "snp.chip_ids": "FAIL",
+        "snp.min_tcb": "FAIL",
+    }
     why = reasons(checks)
-    assert why["snp.measurement"] == \
-        f"policy snp.measurement: the report has {DSTACK_MEASUREMENT}, the policy allows {'00' * 48}"
+    assert (
+        why["snp.measurement"]
+        == f"policy snp.measurement: the report has {DSTACK_MEASUREMENT}, the policy allows {'00' * 48}"
+    )
     assert why["snp.vmpl"] == "policy snp.vmpl: the report has 0, the policy allows 1, 2"
-    assert why["snp.min_tcb"] == \
-        "policy snp.min_tcb: the reported TCB is below the floor: snp 23 < 24, microcode 213 < 214"
+    assert (
+        why["snp.min_tcb"]
+        == "policy snp.min_tcb: the reported TCB is below the floor: snp 23 < 24, microcode 213 < 214"
+    )
     assert verdicts(checks)["artifact measured"] == "FAIL"  # a pinned measurement that is not this one
 
 
@@ -220,12 +269,20 @@ def test_the_learned_policy_is_satisfied_by_the_report_it_came_from():
     assert set(verdicts(checks).values()) == {"PASS"}, reasons(checks)
 
 
-@pytest.mark.parametrize("bad,field", [
-    ({"measurement": "ab" * 48}, "snp.measurement"), ({"measurement": ["ab" * 47]}, "snp.measurement"),
-    ({"host_data": []}, "snp.host_data"), ({"vmpl": [4]}, "snp.vmpl"), ({"vmpl": [True]}, "snp.vmpl"),
-    ({"min_tcb": {"snp": 256}}, "snp.min_tcb.snp"), ({"min_tcb": {"fw": 1}}, "snp.min_tcb"),
-    ({"chip_id": ["00" * 64]}, "snp.chip_id"), ([], "snp"),
-])
+@pytest.mark.parametrize(
+    "bad,field",
+    [
+        ({"measurement": "ab" * 48}, "snp.measurement"),
+        ({"measurement": ["ab" * 47]}, "snp.measurement"),
+        ({"host_data": []}, "snp.host_data"),
+        ({"vmpl": [4]}, "snp.vmpl"),
+        ({"vmpl": [True]}, "snp.vmpl"),
+        ({"min_tcb": {"snp": 256}}, "snp.min_tcb.snp"),
+        ({"min_tcb": {"fw": 1}}, "snp.min_tcb"),
+        ({"chip_id": ["00" * 64]}, "snp.chip_id"),
+        ([], "snp"),
+    ],
+)
 def test_a_malformed_policy_names_the_field(bad, field):
     with pytest.raises(snp.PolicyError, match=f"^policy {field}: "):
         snp.parse_policy(bad)
@@ -235,8 +292,9 @@ def test_a_migration_agent_fails(test_chain):
     chip = bytes(range(64))
     tcb = fake_snp.tcb_version({"bootloader": 4, "tee": 0, "snp": 23, "microcode": 213})
     report = fake_snp.snp_report(test_chain.vcek_key, bytes(64), chip_id=chip, reported_tcb=tcb, policy=0x70000)
-    checks = snp.verify_report(report, test_chain.der("vcek"), test_chain.der("ask"),
-                               simulated_ark=test_chain.der("ark"))
+    checks = snp.verify_report(
+        report, test_chain.der("vcek"), test_chain.der("ask"), simulated_ark=test_chain.der("ark")
+    )
     assert verdicts(checks)["no migration agent"] == "FAIL" and verdicts(checks)["report signature"] == "PASS"
     assert verdicts(checks)["certificate chain"] == "SKIP"  # a simulated root is never a PASS
     assert "simulated ARK" in reasons(checks)["certificate chain"]
@@ -269,11 +327,22 @@ def test_any_report_of_a_known_version_gets_a_verdict_per_check(data, version, k
     assert all(check.result in ("PASS", "FAIL", "SKIP") for check in checks)
 
 
-@given(st.binary(max_size=600), st.lists(st.tuples(st.sampled_from(list(fake_snp.CERT_GUIDS.values())),
-                                                   st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)), max_size=4))
+@given(
+    st.binary(max_size=600),
+    st.lists(
+        st.tuples(
+            st.sampled_from(list(fake_snp.CERT_GUIDS.values())), st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)
+        ),
+        max_size=4,
+    ),
+)
 def test_the_gateway_reads_any_certificate_table(tail, entries):
-    table = b"".join(guid.bytes + offset.to_bytes(4, "little") + length.to_bytes(4, "little")
-                     for guid, offset, length in entries) + tail
+    table = (
+        b"".join(
+            guid.bytes + offset.to_bytes(4, "little") + length.to_bytes(4, "little") for guid, offset, length in entries
+        )
+        + tail
+    )
     certificates = snp_certificates(table)
     assert set(certificates) <= {"vcek", "ask", "ark"}
     assert all(isinstance(pem, str) for pem in certificates.values())
@@ -283,9 +352,12 @@ def test_the_gateway_reads_any_certificate_table(tail, entries):
 
 
 def gateway_config(upstream_url: str) -> dict:
-    return {"providers": {"up": {"base_url": f"{upstream_url}/v1", "api": "openai", "api_key_env": "UP_KEY",
-                                 "listing": False}},
-            "models": {"m": {"targets": ["up:m"]}}}
+    return {
+        "providers": {
+            "up": {"base_url": f"{upstream_url}/v1", "api": "openai", "api_key_env": "UP_KEY", "listing": False}
+        },
+        "models": {"m": {"targets": ["up:m"]}},
+    }
 
 
 def attest(gateway, nonce: bytes) -> dict:
@@ -299,8 +371,13 @@ def attest(gateway, nonce: bytes) -> dict:
 def test_the_gateway_answers_as_an_snp_guest(tmp_path, start_gateway, fake, tls):
     platform = fake_snp.FakeSnp(tmp_path / "snp")
     try:
-        gateway = start_gateway(gateway_config(fake.url), UP_KEY=SECRET, TINYGW_TLS=tls,
-                                TINYGW_EVENT_LOG=str(tmp_path / "no-log"), **platform.env())
+        gateway = start_gateway(
+            gateway_config(fake.url),
+            UP_KEY=SECRET,
+            TINYGW_TLS=tls,
+            TINYGW_EVENT_LOG=str(tmp_path / "no-log"),
+            **platform.env(),
+        )
         nonce = bytes(range(32))
         answer = attest(gateway, nonce)
     finally:
@@ -320,18 +397,28 @@ def test_the_gateway_answers_as_an_snp_guest(tmp_path, start_gateway, fake, tls)
         assert evidence[name] == platform.chain.pem(name).decode()
     for name in ("platform", "report", "vcek", "ask", "ark"):  # also at the top of the answer
         assert answer[name] == evidence[name], name
-    checks = snp.verify_report(report, evidence["vcek"].encode(), evidence["ask"].encode(), report_data=expected,
-                               simulated_ark=evidence["ark"].encode())
-    assert verdicts(checks) == {**ALL_PASS, "certificate chain": "SKIP", "report_data": "PASS",
-                                "artifact measured": "SKIP"}, reasons(checks)
+    checks = snp.verify_report(
+        report,
+        evidence["vcek"].encode(),
+        evidence["ask"].encode(),
+        report_data=expected,
+        simulated_ark=evidence["ark"].encode(),
+    )
+    assert verdicts(checks) == {
+        **ALL_PASS,
+        "certificate chain": "SKIP",
+        "report_data": "PASS",
+        "artifact measured": "SKIP",
+    }, reasons(checks)
     assert list(platform.report_dir.iterdir()) == []  # the entry was removed
 
 
 def test_without_the_hosts_certificates_the_evidence_has_none(tmp_path, start_gateway, fake):
     platform = fake_snp.FakeSnp(tmp_path / "snp", with_certificates=False)
     try:
-        gateway = start_gateway(gateway_config(fake.url), UP_KEY=SECRET, TINYGW_EVENT_LOG=str(tmp_path / "no-log"),
-                                **platform.env())
+        gateway = start_gateway(
+            gateway_config(fake.url), UP_KEY=SECRET, TINYGW_EVENT_LOG=str(tmp_path / "no-log"), **platform.env()
+        )
         answer = attest(gateway, bytes(32))
     finally:
         platform.stop()
@@ -344,8 +431,14 @@ def test_without_the_hosts_certificates_the_evidence_has_none(tmp_path, start_ga
 # ---- attest/verify ---------------------------------------------------------------------------
 
 DSTACK_CERTIFICATES = ("--vcek", SAMPLE / "dstack" / "sev_snp_vcek.pem", "--ask", SAMPLE / "dstack" / "sev_snp_ask.pem")
-SAVED = ("snp report", "certificate chain", "report signature", "VCEK matches report", "guest not in debug mode",
-         "no migration agent")
+SAVED = (
+    "snp report",
+    "certificate chain",
+    "report signature",
+    "VCEK matches report",
+    "guest not in debug mode",
+    "no migration agent",
+)
 
 
 def test_verify_passes_the_dstack_report_with_its_measurement_pinned(tmp_path):
@@ -369,16 +462,34 @@ def test_verify_fails_each_broken_sample_naming_the_check(tmp_path):
     bad.write_bytes(flipped(DSTACK_REPORT, 0x90))
     code, found, output = verify("--snp-report", bad, *DSTACK_CERTIFICATES)
     assert code == 1 and found["report signature"] == "FAIL", output
-    code, found, output = verify("--snp-report", SAMPLE / "dstack" / "report.bin", "--vcek",
-                                 SAMPLE / "omne" / "kds_vcek.der", "--ask", SAMPLE / "dstack" / "sev_snp_ask.pem")
+    code, found, output = verify(
+        "--snp-report",
+        SAMPLE / "dstack" / "report.bin",
+        "--vcek",
+        SAMPLE / "omne" / "kds_vcek.der",
+        "--ask",
+        SAMPLE / "dstack" / "sev_snp_ask.pem",
+    )
     assert code == 1 and found["report signature"] == found["VCEK matches report"] == "FAIL", output
-    code, found, output = verify("--snp-report", SAMPLE / "dstack" / "report.bin", *DSTACK_CERTIFICATES,
-                                 "--ark", ROOT / "attest" / "amd-ark" / "genoa.pem")
+    code, found, output = verify(
+        "--snp-report",
+        SAMPLE / "dstack" / "report.bin",
+        *DSTACK_CERTIFICATES,
+        "--ark",
+        ROOT / "attest" / "amd-ark" / "genoa.pem",
+    )
     assert code == 1 and found["certificate chain"] == "FAIL", output
     assert "FAIL certificate chain: SEV-Milan is issued by ARK-Milan, not by ARK-Genoa" in output
-    code, found, output = verify("--snp-report", SAMPLE / "omne" / "attestation.bin", "--vcek",
-                                 SAMPLE / "omne" / "kds_vcek.der", "--ask", SAMPLE / "omne" / "milan_ask.der",
-                                 "--ark", SAMPLE / "omne" / "milan_ark.der")
+    code, found, output = verify(
+        "--snp-report",
+        SAMPLE / "omne" / "attestation.bin",
+        "--vcek",
+        SAMPLE / "omne" / "kds_vcek.der",
+        "--ask",
+        SAMPLE / "omne" / "milan_ask.der",
+        "--ark",
+        SAMPLE / "omne" / "milan_ark.der",
+    )
     assert code == 1 and found["guest not in debug mode"] == "FAIL", output
     assert [name for name, verdict in found.items() if verdict == "FAIL"] == ["guest not in debug mode"], output
 
@@ -399,8 +510,16 @@ def snp_gateway(tmp_path, start_gateway, fake):
     platform = fake_snp.FakeSnp(tmp_path / "snp")
     (tmp_path / "simulated-ark.pem").write_bytes(platform.chain.pem("ark"))
     try:
-        yield start_gateway(gateway_config(fake.url), UP_KEY=SECRET, TINYGW_TLS="attested",
-                            TINYGW_EVENT_LOG=str(tmp_path / "no-log"), **platform.env()), platform
+        yield (
+            start_gateway(
+                gateway_config(fake.url),
+                UP_KEY=SECRET,
+                TINYGW_TLS="attested",
+                TINYGW_EVENT_LOG=str(tmp_path / "no-log"),
+                **platform.env(),
+            ),
+            platform,
+        )
     finally:
         platform.stop()
 
@@ -413,14 +532,30 @@ def test_verify_reads_a_gateway_on_sev_snp(snp_gateway, tmp_path):
     simulated = ("--simulated-ark", tmp_path / "simulated-ark.pem")
     code, found, output = verify("--artifact", artifact, "--url", url, *simulated)
     assert code == 4, output
-    assert found == {"nonce echoed": "PASS", "tls channel": "PASS", "report_data": "PASS",
-                     **dict.fromkeys(SAVED, "PASS"), "certificate chain": "SKIP", "artifact measured": "SKIP"}, output
+    assert found == {
+        "nonce echoed": "PASS",
+        "tls channel": "PASS",
+        "report_data": "PASS",
+        **dict.fromkeys(SAVED, "PASS"),
+        "certificate chain": "SKIP",
+        "artifact measured": "SKIP",
+    }, output
     assert "simulated ARK" in output and "RTMR3" not in output
     # Pinned, the simulated measurement PASSes; the simulated chain still never does.
     policy = tmp_path / "policy.json"
     policy.write_text(json.dumps({"snp": {"measurement": [platform.measurement.hex()], "vmpl": [0]}}))
-    code, found, output = verify("--artifact", artifact, "--url", url, *simulated, "--policy", policy,
-                                 "--accept-unverified", "--save-cert", tmp_path / "cert.pem")
+    code, found, output = verify(
+        "--artifact",
+        artifact,
+        "--url",
+        url,
+        *simulated,
+        "--policy",
+        policy,
+        "--accept-unverified",
+        "--save-cert",
+        tmp_path / "cert.pem",
+    )
     assert code == 4 and found["artifact measured"] == "PASS" and found["certificate chain"] == "SKIP", output
     assert not (tmp_path / "cert.pem").exists()
     # Without the simulated root, the chain is no AMD chain at all.
@@ -433,10 +568,12 @@ def test_verify_fails_a_debug_snp_guest(tmp_path, start_gateway, fake):
     platform = fake_snp.FakeSnp(tmp_path / "snp", policy=0xB0000)
     (tmp_path / "ark.pem").write_bytes(platform.chain.pem("ark"))
     try:
-        gateway = start_gateway(gateway_config(fake.url), UP_KEY=SECRET, TINYGW_EVENT_LOG=str(tmp_path / "no-log"),
-                                **platform.env())
-        code, found, output = verify("--artifact", VERIFY, "--url", gateway.url, "--simulated-ark",
-                                     tmp_path / "ark.pem")
+        gateway = start_gateway(
+            gateway_config(fake.url), UP_KEY=SECRET, TINYGW_EVENT_LOG=str(tmp_path / "no-log"), **platform.env()
+        )
+        code, found, output = verify(
+            "--artifact", VERIFY, "--url", gateway.url, "--simulated-ark", tmp_path / "ark.pem"
+        )
     finally:
         platform.stop()
     assert code == 1 and found["guest not in debug mode"] == "FAIL", output
@@ -456,12 +593,21 @@ def snp_answer(test_chain):
     data = hashlib.sha512(b"tinygw.attest.v1" + nonce + bytes.fromhex(config)).digest()
     tcb = fake_snp.tcb_version({"bootloader": 4, "tee": 0, "snp": 23, "microcode": 213})
     report = fake_snp.snp_report(test_chain.vcek_key, data, chip_id=bytes(range(64)), reported_tcb=tcb)
-    answer = {"version": "0.1.0", "config_sha256": config, "nonce": nonce.hex(), "report_data": data.hex(),
-              "event_log": [], "evidence": {"provider": "sev_guest", "platform": "sev-snp",
-                                            "outblob": base64.b64encode(report).decode(),
-                                            "report": base64.b64encode(report).decode(),
-                                            "vcek": test_chain.pem("vcek").decode(),
-                                            "ask": test_chain.pem("ask").decode()}}
+    answer = {
+        "version": "0.1.0",
+        "config_sha256": config,
+        "nonce": nonce.hex(),
+        "report_data": data.hex(),
+        "event_log": [],
+        "evidence": {
+            "provider": "sev_guest",
+            "platform": "sev-snp",
+            "outblob": base64.b64encode(report).decode(),
+            "report": base64.b64encode(report).decode(),
+            "vcek": test_chain.pem("vcek").decode(),
+            "ask": test_chain.pem("ask").decode(),
+        },
+    }
     return nonce, answer, report, _verify_module()
 
 
@@ -471,9 +617,12 @@ def test_any_snp_evidence_gets_a_verdict_per_check_never_an_exception(snp_answer
     evidence = dict(genuine["evidence"])
     at = data.draw(st.integers(0, len(report) - 1))
     choices = {
-        "report": st.one_of(st.just(base64.b64encode(flipped(report, at, data.draw(st.integers(0, 7)))).decode()),
-                            st.binary(max_size=1300).map(lambda b: base64.b64encode(b).decode()),
-                            st.text(max_size=30), st.integers()),
+        "report": st.one_of(
+            st.just(base64.b64encode(flipped(report, at, data.draw(st.integers(0, 7)))).decode()),
+            st.binary(max_size=1300).map(lambda b: base64.b64encode(b).decode()),
+            st.text(max_size=30),
+            st.integers(),
+        ),
         "vcek": st.one_of(st.text(max_size=60), st.just(evidence["ask"]), st.none(), st.integers()),
         "ask": st.one_of(st.text(max_size=60), st.just(evidence["vcek"]), st.none()),
     }
@@ -481,8 +630,16 @@ def test_any_snp_evidence_gets_a_verdict_per_check_never_an_exception(snp_answer
         evidence[key] = data.draw(choices[key])
     checks = verify_module.Checks(as_json=True)
     run = SimpleNamespace(allow_no_evidence=False, config_sha256=None, now=None)
-    verify_module.check_answer({**genuine, "evidence": evidence}, None, nonce, "http://127.0.0.1:1", "00" * 48,
-                               verify_module.policies.Policy(), run, checks)
+    verify_module.check_answer(
+        {**genuine, "evidence": evidence},
+        None,
+        nonce,
+        "http://127.0.0.1:1",
+        "00" * 48,
+        verify_module.policies.Policy(),
+        run,
+        checks,
+    )
     assert checks.results and all(r["result"] in ("PASS", "FAIL", "SKIP") for r in checks.results)
     assert checks.failed or checks.skipped  # a test-only chain: never all PASS
     json.dumps(checks.results)
@@ -495,8 +652,9 @@ def test_verify_learns_an_snp_policy_only_from_a_fully_passed_report(tmp_path):
     assert code == 4 and not learned.exists(), output  # artifact measured was a SKIP: nothing is written
     pinned = tmp_path / "pinned.json"
     pinned.write_text(json.dumps({"snp": {"measurement": [DSTACK_MEASUREMENT]}}))
-    code, _, output = verify("--snp-report", report, *DSTACK_CERTIFICATES, "--policy", pinned,
-                             "--learn-policy", learned)
+    code, _, output = verify(
+        "--snp-report", report, *DSTACK_CERTIFICATES, "--policy", pinned, "--learn-policy", learned
+    )
     assert code == 0, output
     code, found, output = verify("--snp-report", report, *DSTACK_CERTIFICATES, "--policy", learned, "--json")
     assert code == 0, output

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, call, second_fake, wait_until
-from tinygw.fake.upstream import json_reply
 from tinygw import __version__
 from tinygw.api.status import render_html
+from tinygw.fake.upstream import json_reply
 
 CHAT = "/v1/chat/completions"
 PROVIDER_KEY = "sk-status-secret"
@@ -85,8 +85,12 @@ def outage_on_two_workers(fake, healthy, start_gateway):
     fake.script = lambda r: json_reply(502, {"error": {"message": "upstream down", "type": "server_error"}})
     gateway = start_gateway(
         outage_config(fake, healthy),
-        K1=PROVIDER_KEY, TINYGW_WORKERS="2", PROVIDER_RETRY_FAST_FAILURES="false", PROVIDER_BREAKER_FAILURES="1",
-        PROVIDER_BREAKER_OPEN_SECONDS="300", PROVIDER_HEALTH_CHECK_SECONDS="0",
+        K1=PROVIDER_KEY,
+        TINYGW_WORKERS="2",
+        PROVIDER_RETRY_FAST_FAILURES="false",
+        PROVIDER_BREAKER_FAILURES="1",
+        PROVIDER_BREAKER_OPEN_SECONDS="300",
+        PROVIDER_HEALTH_CHECK_SECONDS="0",
     )
 
     def both_open() -> bool:
@@ -109,7 +113,9 @@ def test_every_reload_shows_every_workers_circuits(outage_on_two_workers):
         assert {w["pid"] for w in data["workers"]} >= {data["worker"]["pid"]}
         down = provider_entry(data, "down")["circuits"]
         assert [(c["worker"], c["provider_model"], c["state"], c["last_error"]) for c in down] == [
-            (1, "Qwen3", "Circuit Open", "502"), (2, "Qwen3", "Circuit Open", "502")]
+            (1, "Qwen3", "Circuit Open", "502"),
+            (2, "Qwen3", "Circuit Open", "502"),
+        ]
         up = provider_entry(data, "up")
         assert [(c["worker"], c["state"]) for c in up["circuits"]] == [(1, "Circuit Closed"), (2, "Circuit Closed")]
         assert up["listing"] == {"enabled": True, "up": True, "models": 1}
@@ -133,14 +139,19 @@ def test_status_json_shows_the_open_and_the_closed_circuit_and_the_worker(outage
     expected = hashlib.sha256(Path(binary).read_bytes()).hexdigest() if binary else None
     assert data["artifact_sha256"] == expected
     assert data["workers"] == [{"slot": 1, "pid": pid, "started_at": data["workers"][0]["started_at"]}]
-    assert data["models"] == [{"name": "m", "strategy": "failover", "targets": ["down:Qwen3"]},
-                              {"name": "n", "strategy": "failover", "targets": ["up:fake-model"]}]
+    assert data["models"] == [
+        {"name": "m", "strategy": "failover", "targets": ["down:Qwen3"]},
+        {"name": "n", "strategy": "failover", "targets": ["up:fake-model"]},
+    ]
 
     down = provider_entry(data, "down")
     assert (down["api"], down["listing"]) == ("openai", {"enabled": False, "up": None, "models": None})
     [circuit] = down["circuits"]
     assert (circuit["provider_model"], circuit["state"], circuit["consecutive_failures"]) == (
-        "Qwen3", "Circuit Open", 2)
+        "Qwen3",
+        "Circuit Open",
+        2,
+    )
     assert circuit["pause_seconds"] == 300
     assert 1 <= circuit["next_probe_seconds"] <= 300
     assert circuit["last_error"] == "502" and circuit["worker"] == 1
@@ -152,9 +163,17 @@ def test_status_json_shows_the_open_and_the_closed_circuit_and_the_worker(outage
     up = provider_entry(data, "up")
     assert up["listing"] == {"enabled": True, "up": True, "models": 1}
     [circuit] = up["circuits"]
-    assert circuit == {"worker": 1, "provider_model": "fake-model", "state": "Circuit Closed",
-                       "consecutive_failures": 0, "pause_seconds": 300, "next_probe_seconds": None,
-                       "next_probe_at": None, "opened_at": None, "last_error": None}
+    assert circuit == {
+        "worker": 1,
+        "provider_model": "fake-model",
+        "state": "Circuit Closed",
+        "consecutive_failures": 0,
+        "pause_seconds": 300,
+        "next_probe_seconds": None,
+        "next_probe_at": None,
+        "opened_at": None,
+        "last_error": None,
+    }
 
 
 def test_status_html_shows_the_open_circuit_without_script_or_secrets(outage):
@@ -184,18 +203,39 @@ def test_status_pages_take_get_only(outage):
 
 def test_every_value_of_the_html_is_escaped():
     hostile = "<img src=x onerror=alert(1)>"
-    page = render_html({
-        "worker": {"pid": 7, "slot": 1}, "version": hostile, "artifact_sha256": hostile, "config_sha256": hostile,
-        "generated_at": hostile, "started_at": hostile, "uptime_seconds": 3.5,
-        "workers": [{"slot": 1, "pid": 7, "started_at": hostile}],
-        "models": [{"name": hostile, "strategy": "failover", "targets": [hostile]}],
-        "providers": [{
-            "name": hostile, "api": "openai", "listing": {"enabled": True, "up": False, "models": None},
-            "circuits": [{"worker": 1, "provider_model": hostile, "state": "Circuit Half-Open",
-                          "consecutive_failures": 0, "pause_seconds": 60, "next_probe_seconds": None,
-                          "next_probe_at": None, "opened_at": None, "last_error": hostile}],
-        }],
-    })
+    page = render_html(
+        {
+            "worker": {"pid": 7, "slot": 1},
+            "version": hostile,
+            "artifact_sha256": hostile,
+            "config_sha256": hostile,
+            "generated_at": hostile,
+            "started_at": hostile,
+            "uptime_seconds": 3.5,
+            "workers": [{"slot": 1, "pid": 7, "started_at": hostile}],
+            "models": [{"name": hostile, "strategy": "failover", "targets": [hostile]}],
+            "providers": [
+                {
+                    "name": hostile,
+                    "api": "openai",
+                    "listing": {"enabled": True, "up": False, "models": None},
+                    "circuits": [
+                        {
+                            "worker": 1,
+                            "provider_model": hostile,
+                            "state": "Circuit Half-Open",
+                            "consecutive_failures": 0,
+                            "pause_seconds": 60,
+                            "next_probe_seconds": None,
+                            "next_probe_at": None,
+                            "opened_at": None,
+                            "last_error": hostile,
+                        }
+                    ],
+                }
+            ],
+        }
+    )
     assert hostile not in page and "<img" not in page
     assert page.count("&lt;img src=x onerror=alert(1)&gt;") == 10
     assert "Circuit Half-Open" in page and "not up" in page
@@ -214,22 +254,36 @@ def chromium() -> Path:
         done = subprocess.run(
             ["bash", "-c", "apt-get update -qq && apt-get install -y -qq chromium"],
             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive"},
-            capture_output=True, text=True, timeout=INSTALL_SECONDS,
+            capture_output=True,
+            text=True,
+            timeout=INSTALL_SECONDS,
         )
     except (OSError, subprocess.TimeoutExpired) as e:
         pytest.skip(f"chromium is not installed and installing it failed: {type(e).__name__}: {e}")
     took = time.monotonic() - started
     if done.returncode != 0 or not CHROMIUM.exists():
-        pytest.skip(f"chromium is not installed and `apt-get install chromium` failed "
-                    f"(exit {done.returncode}) after {took:.0f} s: {done.stderr[-500:]}")
+        pytest.skip(
+            f"chromium is not installed and `apt-get install chromium` failed "
+            f"(exit {done.returncode}) after {took:.0f} s: {done.stderr[-500:]}"
+        )
     print(f"\ninstalled chromium in {took:.0f} s")
     return CHROMIUM
 
 
 def headless(chromium: Path, profile: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [str(chromium), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-               "--disable-background-networking", "--disable-component-update", "--disable-sync",
-               "--disable-quic", f"--user-data-dir={profile}", *args]
+    command = [
+        str(chromium),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-quic",
+        f"--user-data-dir={profile}",
+        *args,
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=BROWSER_SECONDS)
 
 

@@ -13,7 +13,8 @@ def settings(strategy: str, weights=(1, 1, 1)):
     names = "abc"[: len(weights)]
     doc = {
         "providers": {
-            n: {"base_url": f"https://{n}.test", "api": "openai", "weight": w} for n, w in zip(names, weights)
+            n: {"base_url": f"https://{n}.test", "api": "openai", "weight": w}
+            for n, w in zip(names, weights, strict=True)
         },
         "models": {"m": {"targets": [f"{n}:up-{n}" for n in names], "strategy": strategy}},
     }

@@ -29,9 +29,15 @@ def refused(done, where: str) -> str:
 # ---- every TINYGW_* and PROVIDER_* variable is one the gateway reads --------------------
 
 
-@pytest.mark.parametrize("typo,meant", [("TINYGW_API_KEY", "TINYGW_API_KEYS"), ("TINYGW_TLS_NAME", "TINYGW_TLS_NAMES"),
-                                        ("TINYGW_WORKER", "TINYGW_WORKERS"),
-                                        ("PROVIDER_BREAKER_FAILURE", "PROVIDER_BREAKER_FAILURES")])
+@pytest.mark.parametrize(
+    "typo,meant",
+    [
+        ("TINYGW_API_KEY", "TINYGW_API_KEYS"),
+        ("TINYGW_TLS_NAME", "TINYGW_TLS_NAMES"),
+        ("TINYGW_WORKER", "TINYGW_WORKERS"),
+        ("PROVIDER_BREAKER_FAILURE", "PROVIDER_BREAKER_FAILURES"),
+    ],
+)
 @pytest.mark.parametrize("command", ["check", "serve"])
 def test_a_variable_the_gateway_does_not_read_exits_2_naming_the_closest(typo, meant, command):
     done = run_tinygw([command], env(**{typo: "gw-key-typo", "TINYGW_PORT": str(free_port())}))
@@ -42,15 +48,27 @@ def test_a_variable_the_gateway_does_not_read_exits_2_naming_the_closest(typo, m
 def test_key_variables_the_configuration_names_are_read(tmp_path):
     key_file = tmp_path / "key"
     key_file.write_text("secret-p\n")
-    doc = {"providers": {"a": {**PROVIDER, "api_key_env": "PROVIDER_A_KEY",
-                               "headers": {"x-team": {"env": "TINYGW_TEAM_TOKEN"}}}},
-           "models": GOOD["models"]}
-    done = run_tinygw(["check"], {"TINYGW_CONFIG": json.dumps(doc), "PROVIDER_A_KEY_FILE": str(key_file),
-                                  "TINYGW_TEAM_TOKEN": "team-secret"})
+    doc = {
+        "providers": {
+            "a": {**PROVIDER, "api_key_env": "PROVIDER_A_KEY", "headers": {"x-team": {"env": "TINYGW_TEAM_TOKEN"}}}
+        },
+        "models": GOOD["models"],
+    }
+    done = run_tinygw(
+        ["check"],
+        {"TINYGW_CONFIG": json.dumps(doc), "PROVIDER_A_KEY_FILE": str(key_file), "TINYGW_TEAM_TOKEN": "team-secret"},
+    )
     assert done.returncode == 0, done.stderr
     # ... and only those: a variable named nowhere is refused.
-    done = run_tinygw(["check"], {"TINYGW_CONFIG": json.dumps(doc), "PROVIDER_A_KEY_FILE": str(key_file),
-                                  "TINYGW_TEAM_TOKEN": "team-secret", "PROVIDER_B_KEY": "x"})
+    done = run_tinygw(
+        ["check"],
+        {
+            "TINYGW_CONFIG": json.dumps(doc),
+            "PROVIDER_A_KEY_FILE": str(key_file),
+            "TINYGW_TEAM_TOKEN": "team-secret",
+            "PROVIDER_B_KEY": "x",
+        },
+    )
     assert "did you mean PROVIDER_A_KEY?" in refused(done, "PROVIDER_B_KEY: ")
 
 
@@ -66,12 +84,20 @@ def test_a_listen_address_that_cannot_be_bound_exits_2_naming_it(host, command):
 
 OTHER = json.dumps({**PROVIDER, "base_url": "https://other.example.com/v1"})
 DUPLICATES = [
-    ('{"providers": {"a": %s, "a": %s}, "models": {"m": {"targets": ["a:up"]}}}' % (json.dumps(PROVIDER), OTHER),
-     "$.providers.a"),
-    ('{"providers": {"a": %s}, "models": {"m": {"targets": ["a:up"], "targets": ["a:other"]}}}' % json.dumps(PROVIDER),
-     "$.models.m.targets"),
-    ('{"providers": {"a": {"base_url": "https://api.example.com/v1", "api": "openai", "api_key_env": "A_KEY",'
-     ' "headers": {"x-a": "1", "x-a": "2"}}}, "models": {}}', "$.providers.a.headers.x-a"),
+    (
+        '{"providers": {"a": %s, "a": %s}, "models": {"m": {"targets": ["a:up"]}}}' % (json.dumps(PROVIDER), OTHER),  # noqa: UP031 -- JSON's braces, not doubled
+        "$.providers.a",
+    ),
+    (
+        '{"providers": {"a": %s}, "models": {"m": {"targets": ["a:up"], "targets": ["a:other"]}}}'  # noqa: UP031 -- as above
+        % json.dumps(PROVIDER),
+        "$.models.m.targets",
+    ),
+    (
+        '{"providers": {"a": {"base_url": "https://api.example.com/v1", "api": "openai", "api_key_env": "A_KEY",'
+        ' "headers": {"x-a": "1", "x-a": "2"}}}, "models": {}}',
+        "$.providers.a.headers.x-a",
+    ),
     ('{"routing": {"debug": false}, "routing": {"debug": true}}', "$.routing"),
 ]
 
@@ -80,8 +106,10 @@ DUPLICATES = [
 def test_a_duplicate_key_exits_2_naming_its_path(document, path, tmp_path):
     refused(run_tinygw(["check"], env(document)), f"TINYGW_CONFIG {path}: ")
     (tmp_path / "config.json").write_text(document)
-    done = run_tinygw(["serve"], {"TINYGW_CONFIG_FILE": str(tmp_path / "config.json"), "A_KEY": "secret-a",
-                                  "TINYGW_PORT": str(free_port())})
+    done = run_tinygw(
+        ["serve"],
+        {"TINYGW_CONFIG_FILE": str(tmp_path / "config.json"), "A_KEY": "secret-a", "TINYGW_PORT": str(free_port())},
+    )
     refused(done, f"TINYGW_CONFIG_FILE {path}: ")
 
 
@@ -98,8 +126,16 @@ def test_plaintext_to_a_non_loopback_address_must_be_asked_for(url):
     assert '"plaintext": true' in done.stdout  # in the hash: a verifier sees it
 
 
-@pytest.mark.parametrize("url", ["http://127.0.0.1:8000/v1", "http://127.8.9.10/v1", "http://[::1]:8000/v1",
-                                 "http://localhost:8000/v1", "https://10.1.2.3/v1"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8000/v1",
+        "http://127.8.9.10/v1",
+        "http://[::1]:8000/v1",
+        "http://localhost:8000/v1",
+        "https://10.1.2.3/v1",
+    ],
+)
 def test_loopback_and_https_need_no_plaintext(url):
     doc = {"providers": {"a": {**PROVIDER, "base_url": url}}, "models": GOOD["models"]}
     assert run_tinygw(["check"], env(doc)).returncode == 0
@@ -118,16 +154,25 @@ QUERY_KEY = "query-key-c0ffee"
 
 
 def credentials_config(url: str) -> dict:
-    return {"providers": {"p": {"base_url": url, "api": "openai", "listing": False,
-                                "headers": {"x-team-token": {"env": "TEAM_TOKEN"}, "x-plain": "visible"},
-                                "query": {"key": {"env": "QUERY_KEY"}, "api-version": "1"}}},
-            "models": {"m": {"targets": ["p:x"]}}}
+    return {
+        "providers": {
+            "p": {
+                "base_url": url,
+                "api": "openai",
+                "listing": False,
+                "headers": {"x-team-token": {"env": "TEAM_TOKEN"}, "x-plain": "visible"},
+                "query": {"key": {"env": "QUERY_KEY"}, "api-version": "1"},
+            }
+        },
+        "models": {"m": {"targets": ["p:x"]}},
+    }
 
 
 def test_credentials_in_headers_and_query_are_sent_and_shown_as_their_names(fake, start_gateway, tmp_path):
     (tmp_path / "query-key").write_text(QUERY_KEY + "\n")
-    gateway = start_gateway(credentials_config(f"{fake.url}/v1"), TEAM_TOKEN=TEAM_TOKEN,
-                            QUERY_KEY_FILE=str(tmp_path / "query-key"))
+    gateway = start_gateway(
+        credentials_config(f"{fake.url}/v1"), TEAM_TOKEN=TEAM_TOKEN, QUERY_KEY_FILE=str(tmp_path / "query-key")
+    )
     assert call("POST", f"{gateway.url}/v1/chat/completions", {"model": "m"})[0] == 200
     sent = fake.requests[-1]
     assert sent.headers["x-team-token"] == TEAM_TOKEN and sent.headers["x-plain"] == "visible"
@@ -137,8 +182,14 @@ def test_credentials_in_headers_and_query_are_sent_and_shown_as_their_names(fake
         assert TEAM_TOKEN not in text and QUERY_KEY not in text
     assert TEAM_TOKEN not in gateway.logs() and QUERY_KEY not in gateway.logs()
 
-    done = run_tinygw(["check"], {"TINYGW_CONFIG": json.dumps(credentials_config("https://x.example/v1")),
-                                  "TEAM_TOKEN": TEAM_TOKEN, "QUERY_KEY": QUERY_KEY})
+    done = run_tinygw(
+        ["check"],
+        {
+            "TINYGW_CONFIG": json.dumps(credentials_config("https://x.example/v1")),
+            "TEAM_TOKEN": TEAM_TOKEN,
+            "QUERY_KEY": QUERY_KEY,
+        },
+    )
     assert done.returncode == 0, done.stderr
     shown = json.loads(done.stdout.rpartition("config_sha256")[0])["providers"]["p"]
     assert shown["headers"] == {"x-team-token": {"env": "TEAM_TOKEN"}, "x-plain": "visible"}
@@ -147,8 +198,9 @@ def test_credentials_in_headers_and_query_are_sent_and_shown_as_their_names(fake
 
 
 def test_an_unset_credential_variable_exits_2_naming_it():
-    done = run_tinygw(["check"], {"TINYGW_CONFIG": json.dumps(credentials_config("https://x.example/v1")),
-                                  "QUERY_KEY": QUERY_KEY})
+    done = run_tinygw(
+        ["check"], {"TINYGW_CONFIG": json.dumps(credentials_config("https://x.example/v1")), "QUERY_KEY": QUERY_KEY}
+    )
     refused(done, "TEAM_TOKEN: ")
 
 
@@ -190,10 +242,20 @@ def test_no_object_of_a_running_gateway_shows_a_key_in_its_repr_or_str(tmp_path)
     doc = credentials_config("https://x.example/v1")
     doc["providers"]["p"]["api_key_env"] = ["K1", "K2"]
     doc["providers"]["an"] = {"base_url": "https://an.example", "api": "anthropic", "api_key_env": "K3"}
-    doc["providers"]["az"] = {"base_url": "https://az.example/v1", "api": "openai", "api_key_env": "K4",
-                              "api_key_header": "api-key"}
-    keys = {"K1": PROVIDER_KEY + "1", "K2": PROVIDER_KEY + "2", "K3": PROVIDER_KEY + "3", "K4": PROVIDER_KEY + "4",
-            "TEAM_TOKEN": TEAM_TOKEN, "QUERY_KEY": QUERY_KEY}
+    doc["providers"]["az"] = {
+        "base_url": "https://az.example/v1",
+        "api": "openai",
+        "api_key_env": "K4",
+        "api_key_header": "api-key",
+    }
+    keys = {
+        "K1": PROVIDER_KEY + "1",
+        "K2": PROVIDER_KEY + "2",
+        "K3": PROVIDER_KEY + "3",
+        "K4": PROVIDER_KEY + "4",
+        "TEAM_TOKEN": TEAM_TOKEN,
+        "QUERY_KEY": QUERY_KEY,
+    }
     settings = from_environ({"TINYGW_CONFIG": json.dumps(doc), "TINYGW_API_KEYS": GATEWAY_KEY, **keys})
 
     async def build() -> Gateway:

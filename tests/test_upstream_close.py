@@ -13,8 +13,11 @@ CHAT = "/v1/chat/completions"
 
 
 def config(fake) -> dict:
-    return {"providers": {"p": {"base_url": f"{fake.url}/v1", "api": "openai", "listing": False}},
-            "models": {"m": {"targets": ["p:x"]}}, "routing": {"debug": True}}
+    return {
+        "providers": {"p": {"base_url": f"{fake.url}/v1", "api": "openai", "listing": False}},
+        "models": {"m": {"targets": ["p:x"]}},
+        "routing": {"debug": True},
+    }
 
 
 def test_a_close_without_an_answer_is_retried_at_once(fake, start_gateway):

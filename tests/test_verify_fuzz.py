@@ -11,15 +11,14 @@ import json
 import os
 from types import SimpleNamespace
 
-from hypothesis import given
-from hypothesis import strategies as st
-
-from test_attest import VERIFY
 from answer import DEPTH_MAX, FetchFailed, parse_answer  # attest/, put on the path by test_attest
 from checks import Checks
 from fake_tdx import BODY_FIELDS, tdx_quote_v4
+from hypothesis import given
+from hypothesis import strategies as st
 from policy import PolicyError
 from policy import parse as parse_policy
+from test_attest import VERIFY
 
 
 def _load_verify():
@@ -33,10 +32,13 @@ verify_script = _load_verify()
 NONCE = bytes(range(32))
 SHA384 = hashlib.sha384(b"artifact").hexdigest()
 CONFIG = "ab" * 32
-RUN = SimpleNamespace(allow_no_evidence=False, config_sha256=CONFIG, collateral=None, pccs=None,
-                      platform_verifier=None, now=1751328000)
-POLICY = parse_policy({name: ["00" * size] for name, (_, size) in BODY_FIELDS.items()}
-                      | {"fmspc": ["00" * 6], "platform_ids": ["00" * 16], "min_tcb_evaluation_data_number": 3})
+RUN = SimpleNamespace(
+    allow_no_evidence=False, config_sha256=CONFIG, collateral=None, pccs=None, platform_verifier=None, now=1751328000
+)
+POLICY = parse_policy(
+    {name: ["00" * size] for name, (_, size) in BODY_FIELDS.items()}
+    | {"fmspc": ["00" * 6], "platform_ids": ["00" * 16], "min_tcb_evaluation_data_number": 3}
+)
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
@@ -48,9 +50,14 @@ json_values = st.recursive(
 def genuine() -> dict:
     data = hashlib.sha512(b"tinygw.attest.v1" + NONCE + bytes.fromhex(CONFIG)).digest()
     rtmr3 = hashlib.sha384(bytes(48) + bytes.fromhex(SHA384)).digest()
-    return {"version": "0.1.0", "config_sha256": CONFIG, "nonce": NONCE.hex(), "report_data": data.hex(),
-            "event_log": [{"register": "rtmr3", "type": "tinygw.artifact", "digest_sha384": SHA384}],
-            "evidence": {"provider": "tdx_guest", "outblob": base64.b64encode(tdx_quote_v4(rtmr3, data)).decode()}}
+    return {
+        "version": "0.1.0",
+        "config_sha256": CONFIG,
+        "nonce": NONCE.hex(),
+        "report_data": data.hex(),
+        "event_log": [{"register": "rtmr3", "type": "tinygw.artifact", "digest_sha384": SHA384}],
+        "evidence": {"provider": "tdx_guest", "outblob": base64.b64encode(tdx_quote_v4(rtmr3, data)).decode()},
+    }
 
 
 def outblobs():
@@ -60,7 +67,8 @@ def outblobs():
         st.binary(max_size=700).map(lambda b: base64.b64encode(b).decode()),
         st.integers(0, len(quote)).map(lambda n: base64.b64encode(quote[:n]).decode()),
         st.tuples(st.integers(0, len(quote) - 1), st.integers(0, 255)).map(
-            lambda at: base64.b64encode(quote[: at[0]] + bytes([at[1]]) + quote[at[0] + 1 :]).decode()),
+            lambda at: base64.b64encode(quote[: at[0]] + bytes([at[1]]) + quote[at[0] + 1 :]).decode()
+        ),
     )
 
 
@@ -73,12 +81,20 @@ def answers(draw) -> dict:
         else:
             answer[key] = draw(json_values)
     if draw(st.booleans()):
-        answer["evidence"] = {"provider": draw(st.sampled_from(["tdx_guest", "none", "sev_guest", 7])),
-                              "outblob": draw(outblobs())}
+        answer["evidence"] = {
+            "provider": draw(st.sampled_from(["tdx_guest", "none", "sev_guest", 7])),
+            "outblob": draw(outblobs()),
+        }
     if draw(st.booleans()):
-        answer["event_log"] = draw(st.lists(st.dictionaries(st.sampled_from(["register", "type", "digest_sha384"]),
-                                                            json_values | st.just("rtmr3") | st.just(SHA384)),
-                                            max_size=3))
+        answer["event_log"] = draw(
+            st.lists(
+                st.dictionaries(
+                    st.sampled_from(["register", "type", "digest_sha384"]),
+                    json_values | st.just("rtmr3") | st.just(SHA384),
+                ),
+                max_size=3,
+            )
+        )
     return answer
 
 
@@ -122,15 +138,23 @@ def test_nesting_is_bounded_at_its_limit(levels, opener):
 
 
 def test_a_random_answer_from_os_urandom_is_judged():
-    judge({"evidence": {"provider": "tdx_guest", "outblob": base64.b64encode(os.urandom(5000)).decode()}},
-          "https://127.0.0.1:1", os.urandom(600))
+    judge(
+        {"evidence": {"provider": "tdx_guest", "outblob": base64.b64encode(os.urandom(5000)).decode()}},
+        "https://127.0.0.1:1",
+        os.urandom(600),
+    )
 
 
 policy_documents = st.dictionaries(
     st.sampled_from(["mrtd", "xfam", "fmspc", "platform_ids", "tcb", "min_tcb_evaluation_data_number", "snp", "x"]),
-    json_values | st.lists(st.sampled_from(["UpToDate", "OutOfDate", "Revoked", "00" * 48, "00" * 8, {}]), max_size=3)
-    | st.lists(st.fixed_dictionaries({"status": st.sampled_from(["UpToDate", "Revoked", 3]),
-                                      "grace_days": st.integers(-2, 2) | json_values}), max_size=2),
+    json_values
+    | st.lists(st.sampled_from(["UpToDate", "OutOfDate", "Revoked", "00" * 48, "00" * 8, {}]), max_size=3)
+    | st.lists(
+        st.fixed_dictionaries(
+            {"status": st.sampled_from(["UpToDate", "Revoked", 3]), "grace_days": st.integers(-2, 2) | json_values}
+        ),
+        max_size=2,
+    ),
     max_size=4,
 )
 

@@ -15,14 +15,14 @@ import time
 from pathlib import Path
 
 import pytest
-
 import test_attest
 import test_tls
-from conftest import call, wait_until
-from test_attest import SIMULATED_SIGNATURE, UNVERIFIED, always_answering, nonce_hex, verify
-from test_tls import self_signed, spki_of
 from fake_tdx import tdx_quote_v4  # attest/, put on the path by test_attest
 from relay import Relay
+from test_attest import SIMULATED_SIGNATURE, UNVERIFIED, always_answering, nonce_hex, verify
+from test_tls import self_signed, spki_of
+
+from conftest import call, wait_until
 
 measured, attested = test_attest.measured, test_tls.attested  # their gateways, as fixtures here too
 
@@ -36,28 +36,48 @@ def forged_answer(path: str, cert_pem: str, artifact_sha384: str, config_sha256:
     spki = spki_of(cert_pem.encode())
     data = hashlib.sha512(b"tinygw.attest.v2" + nonce + bytes.fromhex(config_sha256) + bytes.fromhex(spki)).digest()
     rtmr3 = hashlib.sha384(bytes(48) + bytes.fromhex(artifact_sha384)).digest()
-    return json.dumps({
-        "version": "0.1.0", "config_sha256": config_sha256, "nonce": nonce.hex(), "report_data": data.hex(),
-        "event_log": [{"register": "rtmr3", "type": "tinygw.artifact", "digest_sha384": artifact_sha384}],
-        "evidence": {"provider": "tdx_guest", "outblob": base64.b64encode(tdx_quote_v4(rtmr3, data)).decode()},
-        "tls_spki_sha256": spki, "tls_certificate": cert_pem,
-    }).encode()
+    return json.dumps(
+        {
+            "version": "0.1.0",
+            "config_sha256": config_sha256,
+            "nonce": nonce.hex(),
+            "report_data": data.hex(),
+            "event_log": [{"register": "rtmr3", "type": "tinygw.artifact", "digest_sha384": artifact_sha384}],
+            "evidence": {"provider": "tdx_guest", "outblob": base64.b64encode(tdx_quote_v4(rtmr3, data)).decode()},
+            "tls_spki_sha256": spki,
+            "tls_certificate": cert_pem,
+        }
+    ).encode()
 
 
-@pytest.mark.parametrize("flags", [
-    [], ["--accept-unverified"], ["--allow-no-evidence", "--accept-unverified"], ["--accept-tcb", "OutOfDate"],
-    ["--expect-mrtd", "00" * 48, "--accept-unverified"],
-    ["--collateral", str(DCAP_SAMPLE / "tdx_quote_collateral.json"), "--now", "1751328000", "--accept-unverified"],
-])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        [],
+        ["--accept-unverified"],
+        ["--allow-no-evidence", "--accept-unverified"],
+        ["--accept-tcb", "OutOfDate"],
+        ["--expect-mrtd", "00" * 48, "--accept-unverified"],
+        ["--collateral", str(DCAP_SAMPLE / "tdx_quote_collateral.json"), "--now", "1751328000", "--accept-unverified"],
+    ],
+)
 def test_a_forging_relay_never_gets_its_certificate_saved(measured, tmp_path, flags):
     cert, key = self_signed(tmp_path / "relay")
     sha384, config = measured.release["artifact"]["sha384"], measured.config_sha256
     relay = Relay(cert, key, 1, replay=lambda path: forged_answer(path, cert.read_text(), sha384, config))
     saved = tmp_path / "gateway.pem"
     try:
-        code, verdicts, output = verify("--release", str(measured.release_path), "--url",
-                                        f"https://127.0.0.1:{relay.port}", "--config-sha256", config,
-                                        "--save-cert", str(saved), *flags)
+        code, verdicts, output = verify(
+            "--release",
+            str(measured.release_path),
+            "--url",
+            f"https://127.0.0.1:{relay.port}",
+            "--config-sha256",
+            config,
+            "--save-cert",
+            str(saved),
+            *flags,
+        )
     finally:
         relay.close()
     assert verdicts["tls channel"] == "PASS" and verdicts["report_data"] == "PASS", output  # the forgery holds up...
@@ -106,13 +126,16 @@ def test_a_dripping_server_ends_verify_within_its_timeout(dripping, tmp_path):
     assert elapsed < 2 + 3, elapsed  # the interpreter's start, and nothing more
 
 
-@pytest.mark.parametrize("body, reason", [
-    (b'{"a": "' + b"x" * (2 << 20) + b'"}', "the answer is over 1048576 bytes"),
-    (b"[" * (900 << 10), "the answer is nested deeper than 64 levels"),
-    (b'{"a": ' + b"[" * 70 + b"]" * 70 + b"}", "the answer is nested deeper than 64 levels"),
-    (b"\xff\xfe not json", "the answer is not JSON"),
-    (b'"a string"', "the answer is not a JSON object"),
-])
+@pytest.mark.parametrize(
+    "body, reason",
+    [
+        (b'{"a": "' + b"x" * (2 << 20) + b'"}', "the answer is over 1048576 bytes"),
+        (b"[" * (900 << 10), "the answer is nested deeper than 64 levels"),
+        (b'{"a": ' + b"[" * 70 + b"]" * 70 + b"}", "the answer is nested deeper than 64 levels"),
+        (b"\xff\xfe not json", "the answer is not JSON"),
+        (b'"a string"', "the answer is not a JSON object"),
+    ],
+)
 def test_a_hostile_answer_is_one_line_fail(tmp_path, body, reason):
     artifact = tmp_path / "artifact"
     artifact.write_bytes(b"x")
@@ -125,8 +148,16 @@ def test_a_hostile_answer_is_one_line_fail(tmp_path, body, reason):
 
 def test_an_unwritable_save_cert_directory_is_one_line_exit_2(attested, tmp_path):
     gateway, release, _ = attested
-    code, verdicts, output = verify("--release", str(release), "--url", gateway.url, "--platform-verifier",
-                                    SIMULATED_SIGNATURE, "--save-cert", str(tmp_path / "no-such-dir" / "gw.pem"))
+    code, verdicts, output = verify(
+        "--release",
+        str(release),
+        "--url",
+        gateway.url,
+        "--platform-verifier",
+        SIMULATED_SIGNATURE,
+        "--save-cert",
+        str(tmp_path / "no-such-dir" / "gw.pem"),
+    )
     assert code == 2 and set(verdicts.values()) == {"PASS"}, output
     assert "Traceback" not in output
     assert output.splitlines()[-1].startswith("attest/verify: cannot write") and "no-such-dir" in output
@@ -224,16 +255,19 @@ SAMPLE_QUOTE = ["--quote", str(DCAP_SAMPLE / "tdx_quote")]
 SAMPLE_COLLATERAL = ["--collateral", str(DCAP_SAMPLE / "tdx_quote_collateral.json"), "--now", "1751328000"]
 
 
-@pytest.mark.parametrize("args", [
-    ["--quote", "/no/such/quote", "--platform-verifier", "true"],
-    ["--release", "/no/such/release.json", "--url", "http://127.0.0.1:1"],
-    [*SAMPLE_QUOTE, "--collateral", "/no/such/collateral.json"],
-    [*SAMPLE_QUOTE, *SAMPLE_COLLATERAL, "--policy", "/no/such/policy.json"],
-    [*SAMPLE_QUOTE, *SAMPLE_COLLATERAL, "--learn-policy", "/no/such/dir/policy.json"],
-    ["--artifact", "/bin/sh", "--url", "ftp://127.0.0.1/"],
-    ["--artifact", "/bin/sh", "--url", "http://127.0.0.1:1", "--timeout", "0"],
-    ["--artifact", "/bin/sh", "--url", "http://127.0.0.1:1", "--timeout", "soon"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--quote", "/no/such/quote", "--platform-verifier", "true"],
+        ["--release", "/no/such/release.json", "--url", "http://127.0.0.1:1"],
+        [*SAMPLE_QUOTE, "--collateral", "/no/such/collateral.json"],
+        [*SAMPLE_QUOTE, *SAMPLE_COLLATERAL, "--policy", "/no/such/policy.json"],
+        [*SAMPLE_QUOTE, *SAMPLE_COLLATERAL, "--learn-policy", "/no/such/dir/policy.json"],
+        ["--artifact", "/bin/sh", "--url", "ftp://127.0.0.1/"],
+        ["--artifact", "/bin/sh", "--url", "http://127.0.0.1:1", "--timeout", "0"],
+        ["--artifact", "/bin/sh", "--url", "http://127.0.0.1:1", "--timeout", "soon"],
+    ],
+)
 def test_a_local_error_or_bad_usage_is_exit_2_never_a_traceback(args):
     code, _, output = verify(*args)
     assert code == 2 and "Traceback" not in output, output

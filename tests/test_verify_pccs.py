@@ -10,7 +10,6 @@ import threading
 import urllib.parse
 
 import pytest
-
 from test_attest import DCAP_SAMPLE, SAMPLE_TIME, verify
 
 COLLATERAL = json.loads((DCAP_SAMPLE / "tdx_quote_collateral.json").read_text())
@@ -23,10 +22,14 @@ def pccs_answer(path: str, broken: str | None) -> tuple[int, dict, bytes]:
     resources = {
         "/pckcrl": ({"SGX-PCK-CRL-Issuer-Chain": quote(c["pck_crl_issuer_chain"])}, bytes.fromhex(c["pck_crl"])),
         "/rootcacrl": ({}, c["root_ca_crl"].encode()),  # hex, as the PCS gives it
-        "/tcb": ({"TCB-Info-Issuer-Chain": quote(c["tcb_info_issuer_chain"])},
-                 f'{{"tcbInfo":{c["tcb_info"]},"signature":"{c["tcb_info_signature"]}"}}'.encode()),
-        "/qe/identity": ({"SGX-Enclave-Identity-Issuer-Chain": quote(c["qe_identity_issuer_chain"])},
-                         f'{{"enclaveIdentity":{c["qe_identity"]},"signature":"{c["qe_identity_signature"]}"}}'.encode()),
+        "/tcb": (
+            {"TCB-Info-Issuer-Chain": quote(c["tcb_info_issuer_chain"])},
+            f'{{"tcbInfo":{c["tcb_info"]},"signature":"{c["tcb_info_signature"]}"}}'.encode(),
+        ),
+        "/qe/identity": (
+            {"SGX-Enclave-Identity-Issuer-Chain": quote(c["qe_identity_issuer_chain"])},
+            f'{{"enclaveIdentity":{c["qe_identity"]},"signature":"{c["qe_identity_signature"]}"}}'.encode(),
+        ),
     }
     for suffix, (headers, body) in resources.items():
         if urllib.parse.urlsplit(path).path.endswith(suffix):

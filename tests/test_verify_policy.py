@@ -14,10 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import test_attest
-from test_attest import DCAP_SAMPLE, SAMPLE_TIME, SIMULATED_SIGNATURE, UNVERIFIED, VERIFY, verify
 from fake_tdx import BODY_FIELDS, tdx_quote_v4  # attest/, put on the path by test_attest
+from test_attest import DCAP_SAMPLE, SAMPLE_TIME, SIMULATED_SIGNATURE, UNVERIFIED, VERIFY, verify
 
 measured = test_attest.measured  # its gateway, as a fixture here too
 
@@ -34,8 +33,17 @@ SAMPLE = {
     "fmspc": "b0c06f000000",
     "platform_ids": "07828474603e7019dc930775ffe8cdd2",
 }
-CHECK = {"mrtd": "MRTD", "rtmr0": "RTMR0", "rtmr1": "RTMR1", "rtmr2": "RTMR2", "mrseam": "MRSEAM", "xfam": "XFAM",
-         "td_attributes": "TD attributes", "fmspc": "FMSPC", "platform_ids": "platform ID"}
+CHECK = {
+    "mrtd": "MRTD",
+    "rtmr0": "RTMR0",
+    "rtmr1": "RTMR1",
+    "rtmr2": "RTMR2",
+    "mrseam": "MRSEAM",
+    "xfam": "XFAM",
+    "td_attributes": "TD attributes",
+    "fmspc": "FMSPC",
+    "platform_ids": "platform ID",
+}
 TCB_DATE = datetime.datetime(2024, 3, 13, tzinfo=datetime.UTC)  # the newest tcbLevel of the sample's TCB info
 DAY = 86400
 
@@ -51,8 +59,17 @@ def with_policy(tmp_path: Path, policy: dict) -> str:
 
 
 def sample(tmp_path, policy: dict, *flags: str, now: str = SAMPLE_TIME):
-    return verify("--quote", str(DCAP_SAMPLE / "tdx_quote"), "--collateral", COLLATERAL, "--now", now,
-                  "--policy", with_policy(tmp_path, policy), *flags)
+    return verify(
+        "--quote",
+        str(DCAP_SAMPLE / "tdx_quote"),
+        "--collateral",
+        COLLATERAL,
+        "--now",
+        now,
+        "--policy",
+        with_policy(tmp_path, policy),
+        *flags,
+    )
 
 
 def simulated(tmp_path, policy: dict, fields: dict[str, bytes] | None = None, borrow_pck: bool = False):
@@ -62,8 +79,14 @@ def simulated(tmp_path, policy: dict, fields: dict[str, bytes] | None = None, bo
     quote = tdx_quote_v4(bytes(48), bytes(64), fields, **({"signature": signature} if signature else {}))
     path = tmp_path / "simulated.quote"
     path.write_bytes(quote)
-    return verify("--quote", str(path), "--platform-verifier", "true" if borrow_pck else SIMULATED_SIGNATURE,
-                  "--policy", with_policy(tmp_path, policy))
+    return verify(
+        "--quote",
+        str(path),
+        "--platform-verifier",
+        "true" if borrow_pck else SIMULATED_SIGNATURE,
+        "--policy",
+        with_policy(tmp_path, policy),
+    )
 
 
 @pytest.mark.parametrize("field", list(SAMPLE))
@@ -132,26 +155,45 @@ def test_tcb_grace_days_at_fixed_times_on_both_sides_of_the_limit(tmp_path, days
 
 
 def test_the_shorthands_remain(tmp_path, measured):
-    code, verdicts, output = verify("--quote", str(DCAP_SAMPLE / "tdx_quote"), "--collateral", COLLATERAL,
-                                    "--now", SAMPLE_TIME, "--expect-mrtd", SAMPLE["mrtd"].upper())
+    code, verdicts, output = verify(
+        "--quote",
+        str(DCAP_SAMPLE / "tdx_quote"),
+        "--collateral",
+        COLLATERAL,
+        "--now",
+        SAMPLE_TIME,
+        "--expect-mrtd",
+        SAMPLE["mrtd"].upper(),
+    )
     assert code == 0 and verdicts["MRTD"] == "PASS", output
-    code, verdicts, output = verify("--quote", str(DCAP_SAMPLE / "tdx_quote"), "--collateral", COLLATERAL,
-                                    "--now", SAMPLE_TIME, "--accept-tcb", "SWHardeningNeeded")
+    code, verdicts, output = verify(
+        "--quote",
+        str(DCAP_SAMPLE / "tdx_quote"),
+        "--collateral",
+        COLLATERAL,
+        "--now",
+        SAMPLE_TIME,
+        "--accept-tcb",
+        "SWHardeningNeeded",
+    )
     assert code == 0 and verdicts == {"quote signature": "PASS"}, output
     code, _, output = sample(tmp_path, {"mrtd": [SAMPLE["mrtd"]]}, "--expect-mrtd", SAMPLE["mrtd"])
     assert code == 2 and "not both" in output, output
 
 
-@pytest.mark.parametrize("policy, says", [
-    ({"mrtd": ["00"]}, "policy mrtd: '00' is not 48 bytes in hex"),
-    ({"rtmr0": []}, "policy rtmr0: give a non-empty list"),
-    ({"mrtdd": ["00" * 48]}, "unknown fields ['mrtdd']"),
-    ({"tcb": ["Revoked"]}, "'Revoked' is not a status to accept"),
-    ({"tcb": [{"status": "OutOfDate", "grace_days": -1}]}, "grace_days of OutOfDate must be a whole number"),
-    ({"min_tcb_evaluation_data_number": "17"}, "min_tcb_evaluation_data_number: give a whole number"),
-    ({"snp": ["not an object"]}, "policy snp: give an object"),
-    (["mrtd"], "the policy is not a JSON object"),
-])
+@pytest.mark.parametrize(
+    "policy, says",
+    [
+        ({"mrtd": ["00"]}, "policy mrtd: '00' is not 48 bytes in hex"),
+        ({"rtmr0": []}, "policy rtmr0: give a non-empty list"),
+        ({"mrtdd": ["00" * 48]}, "unknown fields ['mrtdd']"),
+        ({"tcb": ["Revoked"]}, "'Revoked' is not a status to accept"),
+        ({"tcb": [{"status": "OutOfDate", "grace_days": -1}]}, "grace_days of OutOfDate must be a whole number"),
+        ({"min_tcb_evaluation_data_number": "17"}, "min_tcb_evaluation_data_number: give a whole number"),
+        ({"snp": ["not an object"]}, "policy snp: give an object"),
+        (["mrtd"], "the policy is not a JSON object"),
+    ],
+)
 def test_a_bad_policy_is_one_line_exit_2(tmp_path, policy, says):
     code, verdicts, output = sample(tmp_path, policy)
     assert code == 2 and verdicts == {} and says in output, output
@@ -165,14 +207,33 @@ def test_the_snp_object_is_left_to_the_snp_checks(tmp_path):
 
 def test_learn_policy_writes_what_the_signed_evidence_satisfies(tmp_path):
     learned = tmp_path / "learned.json"
-    code, _, output = verify("--quote", str(DCAP_SAMPLE / "tdx_quote"), "--collateral", COLLATERAL,
-                             "--now", SAMPLE_TIME, "--learn-policy", str(learned))
+    code, _, output = verify(
+        "--quote",
+        str(DCAP_SAMPLE / "tdx_quote"),
+        "--collateral",
+        COLLATERAL,
+        "--now",
+        SAMPLE_TIME,
+        "--learn-policy",
+        str(learned),
+    )
     assert code == 0 and learned.exists(), output
     policy = json.loads(learned.read_text())
-    assert policy == {**{field: [value] for field, value in SAMPLE.items()}, "tcb": ["UpToDate"],
-                      "min_tcb_evaluation_data_number": 17}
-    code, verdicts, output = verify("--quote", str(DCAP_SAMPLE / "tdx_quote"), "--collateral", COLLATERAL,
-                                    "--now", SAMPLE_TIME, "--policy", str(learned))
+    assert policy == {
+        **{field: [value] for field, value in SAMPLE.items()},
+        "tcb": ["UpToDate"],
+        "min_tcb_evaluation_data_number": 17,
+    }
+    code, verdicts, output = verify(
+        "--quote",
+        str(DCAP_SAMPLE / "tdx_quote"),
+        "--collateral",
+        COLLATERAL,
+        "--now",
+        SAMPLE_TIME,
+        "--policy",
+        str(learned),
+    )
     assert code == 0 and len(verdicts) == 12 and set(verdicts.values()) == {"PASS"}, output
 
 
@@ -183,16 +244,39 @@ def test_learn_policy_from_a_gateway_only_once_its_signature_passed(measured, tm
     assert code == UNVERIFIED and not learned.exists() and "not writing the policy" in output, output
     code, _, output = verify(*base, "--platform-verifier", SIMULATED_SIGNATURE)
     assert code == 0 and json.loads(learned.read_text())["mrtd"] == ["00" * 48], output
-    code, verdicts, output = verify("--release", str(measured.release_path), "--url", measured.gateway.url,
-                                    "--platform-verifier", SIMULATED_SIGNATURE, "--policy", str(learned))
+    code, verdicts, output = verify(
+        "--release",
+        str(measured.release_path),
+        "--url",
+        measured.gateway.url,
+        "--platform-verifier",
+        SIMULATED_SIGNATURE,
+        "--policy",
+        str(learned),
+    )
     assert code == 0 and verdicts["RTMR2"] == "PASS" and "FMSPC" not in verdicts, output  # no PCK: not learnt
 
 
 def test_json_prints_the_checks_as_one_document(tmp_path):
-    done = subprocess.run([sys.executable, str(VERIFY), "--quote", str(DCAP_SAMPLE / "tdx_quote"), "--collateral",
-                           COLLATERAL, "--now", SAMPLE_TIME, "--json", "--policy",
-                           with_policy(tmp_path, {"mrtd": [other(SAMPLE["mrtd"])]})],
-                          capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(VERIFY),
+            "--quote",
+            str(DCAP_SAMPLE / "tdx_quote"),
+            "--collateral",
+            COLLATERAL,
+            "--now",
+            SAMPLE_TIME,
+            "--json",
+            "--policy",
+            with_policy(tmp_path, {"mrtd": [other(SAMPLE["mrtd"])]}),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     document = json.loads(done.stdout)
     assert (document["verdict"], document["exit"]) == ("FAIL", 1)
@@ -203,8 +287,9 @@ def test_json_prints_the_checks_as_one_document(tmp_path):
 
 
 def test_help_lists_the_options():
-    done = subprocess.run([sys.executable, str(VERIFY), "--help"], capture_output=True, text=True, timeout=60,
-                          check=False)
+    done = subprocess.run(
+        [sys.executable, str(VERIFY), "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 0
     for option in ("--policy", "--learn-policy", "--json", "--timeout"):
         assert option in done.stdout, option

@@ -69,8 +69,13 @@ def test_a_wait_past_its_bound_is_refused_and_leaves_the_queue():
 
 def test_a_refusal_is_a_503_with_retry_after_and_a_rate_limited_warning(tmp_path, caplog):
     now = [1000.0]
-    settings = environment.from_environ({"TINYGW_CONFIG": "{}", "TINYGW_TSM_REPORT_DIR": str(tmp_path / "none"),
-                                         "TINYGW_EVENT_LOG": str(tmp_path / "no-log")})
+    settings = environment.from_environ(
+        {
+            "TINYGW_CONFIG": "{}",
+            "TINYGW_TSM_REPORT_DIR": str(tmp_path / "none"),
+            "TINYGW_EVENT_LOG": str(tmp_path / "no-log"),
+        }
+    )
     gateway = Gateway(settings, clock=lambda: now[0])
     gateway.evidence_queue = EvidenceQueue(waiting_max=0)  # every caller is refused
 
@@ -91,3 +96,70 @@ def test_a_refusal_is_a_503_with_retry_after_and_a_rate_limited_warning(tmp_path
         assert json.loads(body["body"])["error"]["code"] == "evidence_unavailable"
     warnings = [r for r in caplog.records if r.getMessage() == "attestation failed"]
     assert [r.fields["count"] for r in warnings] == [1, 4]  # at 0 s; at 61 s, for 1, 30, 59 and 61
+
+
+async def _full_queue_of(queue: EvidenceQueue, addresses: list[str | None], release: asyncio.Event) -> list:
+    """Callers from `addresses` (the first holds the slot, the others wait), until `release`."""
+
+    async def caller(address):
+        async with queue.turn(address):
+            await release.wait()
+
+    tasks = []
+    for address in addresses:
+        tasks.append(asyncio.create_task(caller(address)))
+        while queue.waiting + 1 < len(tasks):
+            await asyncio.sleep(0)
+    return tasks
+
+
+async def _outcome(queue: EvidenceQueue, address: str | None) -> str:
+    """Refused at once ("busy: ..."), or admitted to wait ("waiting")."""
+    try:
+        async with asyncio.timeout(0.2), queue.turn(address):
+            return "served"
+    except EvidenceUnavailable as e:
+        return str(e)
+    except TimeoutError:
+        return "waiting"
+
+
+def test_in_a_full_queue_a_newcomer_takes_the_place_of_the_newest_waiter_of_the_heaviest_address():
+    async def scenario():
+        queue = EvidenceQueue(waiting_max=4, wait_seconds=30, per_address_share=2)
+        release = asyncio.Event()
+        tasks = await _full_queue_of(queue, ["192.0.2.1"] * 5, release)  # one in the slot, 4 waiting: full
+        same = await _outcome(queue, "192.0.2.1")  # its own address makes no room for it
+        other = asyncio.create_task(_outcome(queue, "192.0.2.2"))  # another does: the newest hog gives way
+        while not tasks[-1].done():
+            await asyncio.sleep(0)
+        gave_way = str(tasks[-1].exception())
+        outcome = await other
+        release.set()
+        await asyncio.gather(*tasks[:-1])
+        return same, gave_way, outcome, queue.held, queue.waiters, queue.waiting
+
+    same, gave_way, outcome, held, waiters, waiting = asyncio.run(scenario())
+    assert same == "busy: 4 attestations are waiting; retry"
+    assert gave_way == "busy: callers of this address hold more than its share of the queue; retry"
+    assert outcome == "waiting" and (held, waiters, waiting) == ({}, [], 0)
+
+
+@pytest.mark.parametrize(
+    "hogs, same, other",
+    [
+        ([f"2001:db8:1:2::{n}" for n in range(1, 6)], "2001:db8:1:2:ffff::1", "2001:db8:1:3::1"),  # one host: a /64
+        (["192.0.2.1", "::ffff:192.0.2.1"] * 2 + ["192.0.2.3"], "::ffff:192.0.2.1", "192.0.2.2"),  # mapped: itself
+    ],
+)
+def test_an_ipv6_host_counts_as_its_64_and_a_mapped_ipv4_as_itself(hogs, same, other):
+    async def scenario():
+        queue = EvidenceQueue(waiting_max=4, wait_seconds=30, per_address_share=2)
+        release = asyncio.Event()
+        tasks = await _full_queue_of(queue, hogs, release)
+        outcomes = [await _outcome(queue, same), await _outcome(queue, other)]
+        release.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return outcomes
+
+    assert asyncio.run(scenario()) == ["busy: 4 attestations are waiting; retry", "waiting"]

@@ -43,13 +43,27 @@ def test_head_reads_model_and_stream():
 
 
 def test_forward_headers_drop_credentials_and_hop_by_hop():
-    headers = [(b"authorization", b"Bearer client"), (b"x-api-key", b"client"), (b"connection", b"close, x-a"),
-               (b"x-a", b"1"), (b"keep-alive", b"5"), (b"transfer-encoding", b"chunked"), (b"host", b"gw"),
-               (b"content-length", b"9"), (b"accept-encoding", b"gzip"), (b"anthropic-version", b"2023-06-01")]
+    headers = [
+        (b"authorization", b"Bearer client"),
+        (b"x-api-key", b"client"),
+        (b"connection", b"close, x-a"),
+        (b"x-a", b"1"),
+        (b"keep-alive", b"5"),
+        (b"transfer-encoding", b"chunked"),
+        (b"host", b"gw"),
+        (b"content-length", b"9"),
+        (b"accept-encoding", b"gzip"),
+        (b"anthropic-version", b"2023-06-01"),
+    ]
     assert forward_headers(headers) == [(b"anthropic-version", b"2023-06-01")]
 
 
 def test_relay_headers_drop_framing():
-    headers = [(b"content-type", b"text/event-stream"), (b"transfer-encoding", b"chunked"),
-               (b"content-length", b"5"), (b"connection", b"keep-alive"), (b"x-request-id", b"r")]
+    headers = [
+        (b"content-type", b"text/event-stream"),
+        (b"transfer-encoding", b"chunked"),
+        (b"content-length", b"5"),
+        (b"connection", b"keep-alive"),
+        (b"x-request-id", b"r"),
+    ]
     assert relay_headers(headers) == [(b"content-type", b"text/event-stream"), (b"x-upstream-request-id", b"r")]

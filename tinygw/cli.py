@@ -14,36 +14,52 @@ from tinygw import __version__
 
 # command -> (arguments it takes, one line, more help)
 COMMANDS = {
-    "serve": ("", "serve the gateway (configuration from the environment)",
-              "Serves on Granian at TINYGW_HOST:TINYGW_PORT (127.0.0.1:8080) with TINYGW_WORKERS\n"
-              "workers; SIGTERM drains for up to TINYGW_DRAIN_SECONDS. Every variable is in\n"
-              "docs/configuration.md; a bad value exits 2 naming it."),
-    "check": ("", "validate the configuration, print it with secrets redacted, and its hash",
-              "Prints the effective configuration (keys as variable names only) and its\n"
-              "config_sha256; exit 0 when valid, 2 with the offending variable or JSON path."),
+    "serve": (
+        "",
+        "serve the gateway (configuration from the environment)",
+        "Serves on Granian at TINYGW_HOST:TINYGW_PORT (127.0.0.1:8080) with TINYGW_WORKERS\n"
+        "workers; SIGTERM drains for up to TINYGW_DRAIN_SECONDS. Every variable is in\n"
+        "docs/configuration.md; a bad value exits 2 naming it.",
+    ),
+    "check": (
+        "",
+        "validate the configuration, print it with secrets redacted, and its hash",
+        "Prints the effective configuration (keys as variable names only) and its\n"
+        "config_sha256; exit 0 when valid, 2 with the offending variable or JSON path.",
+    ),
     "version": ("", "print the version (and the sha256 of this executable when frozen)", ""),
-    "demo": ("", "run a scripted outage against built-in fake upstreams and narrate it",
-             "Starts two fake providers and a gateway, sends traffic through an outage and\n"
-             "prints what the gateway did; exit 0 when the scripted story happened."),
-    "fake": ("[PORT]", "run the built-in fake provider (OpenAI and Anthropic APIs) on 127.0.0.1",
-             "A well-behaved stand-in provider for trying tinygw without keys: chat, completions,\n"
-             "embeddings (base64 when encoding_format says so), responses, messages,\n"
-             "count_tokens and model listings, every route streamed when asked; it calls the\n"
-             "first function tool once when a request has tools, and answers text once the\n"
-             "request carries the tool's result. Prints its port (a free one without PORT), then\n"
-             "serves until interrupted. Point a provider at it:\n"
-             '  {"base_url": "http://127.0.0.1:PORT/v1", "api": "openai"}\n'
-             '  {"base_url": "http://127.0.0.1:PORT", "api": "anthropic"}'),
+    "demo": (
+        "",
+        "run a scripted outage against built-in fake upstreams and narrate it",
+        "Starts two fake providers and a gateway, sends traffic through an outage and\n"
+        "prints what the gateway did; exit 0 when the scripted story happened.",
+    ),
+    "fake": (
+        "[PORT]",
+        "run the built-in fake provider (OpenAI and Anthropic APIs) on 127.0.0.1",
+        "A well-behaved stand-in provider for trying tinygw without keys: chat, completions,\n"
+        "embeddings (base64 when encoding_format says so), responses, messages,\n"
+        "count_tokens and model listings, every route streamed when asked; it calls the\n"
+        "first function tool once when a request has tools, and answers text once the\n"
+        "request carries the tool's result. Prints its port (a free one without PORT), then\n"
+        "serves until interrupted. Point a provider at it:\n"
+        '  {"base_url": "http://127.0.0.1:PORT/v1", "api": "openai"}\n'
+        '  {"base_url": "http://127.0.0.1:PORT", "api": "anthropic"}',
+    ),
 }
 
-USAGE = "usage: tinygw COMMAND [--help] [--version]\n\n" + "".join(
-    f"  {name:<9} {summary}\n" for name, (_, summary, _) in COMMANDS.items()
-) + "\nRun `tinygw COMMAND --help` for a command's own help.\n"
+USAGE = (
+    "usage: tinygw COMMAND [--help] [--version]\n\n"
+    + "".join(f"  {name:<9} {summary}\n" for name, (_, summary, _) in COMMANDS.items())
+    + "\nRun `tinygw COMMAND --help` for a command's own help.\n"
+)
 
 
 def command_help(name: str) -> str:
     arguments, summary, more = COMMANDS[name]
-    return f"usage: tinygw {name}{' ' + arguments if arguments else ''}\n\n{summary}\n" + (f"\n{more}\n" if more else "")
+    return f"usage: tinygw {name}{' ' + arguments if arguments else ''}\n\n{summary}\n" + (
+        f"\n{more}\n" if more else ""
+    )
 
 
 EXIT_CONFIG = 2

@@ -106,8 +106,11 @@ def remove_leftovers(parents: list[str], keep: str, now: float | None = None) ->
             continue
         candidates += [os.path.join(parent, n) for n in names if n.startswith(PREFIXES)]
     keep = os.path.realpath(keep)
-    candidates = [path for path in candidates if _ours_and_settled(path, now)
-                  and not (keep + "/").startswith(os.path.realpath(path) + "/")]
+    candidates = [
+        path
+        for path in candidates
+        if _ours_and_settled(path, now) and not (keep + "/").startswith(os.path.realpath(path) + "/")
+    ]
     if not candidates:
         return []
     mapped = _mapped_directories()
@@ -160,6 +163,7 @@ def _mapped_directories() -> set[str]:
             continue  # gone, or another user's
         for path in paths:
             parts = path.split("/")
-            directories.update("/" + "/".join(parts[: i + 1])
-                               for i, part in enumerate(parts) if part.startswith(PREFIXES))
+            directories.update(
+                "/" + "/".join(parts[: i + 1]) for i, part in enumerate(parts) if part.startswith(PREFIXES)
+            )
     return directories

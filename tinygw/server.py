@@ -19,17 +19,22 @@ import socket
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from granian import Granian
 from granian._internal import load_target
 from granian.constants import HTTPModes, Interfaces, Loops
 from granian.http import HTTP1Settings
 from granian.log import LogLevels
+from granian.server import MPServer, MTServer
 
 from tinygw import lifecycle, logs
 from tinygw.config import environment
-from tinygw.errors import ConfigError
 from tinygw.config.settings import Settings
+from tinygw.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tinygw.trust.tls import Served
 
 APP_TARGET = "tinygw.api.app:app"
 
@@ -97,27 +102,28 @@ def remove_leftovers(settings: Settings) -> None:
     """Remove what dead gateways of this user left: key, metrics and unpack directories."""
     temporary = tempfile.gettempdir()
     unpack_parent = os.path.dirname(getattr(sys, "_MEIPASS", "")) or temporary
-    parents = [*settings.tls_key_dirs, "/dev/shm", temporary, unpack_parent]
+    parents = [*settings.tls_key_dirs, "/dev/shm", temporary, unpack_parent]  # noqa: S108 -- searched for our own leftovers
     if os.path.basename(temporary).startswith(lifecycle.LAUNCH_PREFIX):  # attest/launch's TMPDIR: its siblings
         parents.append(os.path.dirname(temporary))
     for path in lifecycle.remove_leftovers(parents, keep=temporary):
         logs.log(logging.INFO, "removed what a dead gateway left", path=path)
 
 
-def _tls(settings: Settings):
-    """The certificate and key to serve (tinygw.trust.tls.Served), or None with TLS off."""
+def _tls(settings: Settings) -> Served | None:
+    """The certificate and key to serve, or None with TLS off."""
     if settings.tls_mode == "off":
         return None
     from tinygw.trust import tls  # cryptography is imported only when TLS is on
 
     if settings.tls_mode == "files":
-        served = tls.served_files(settings.tls_cert_file, settings.tls_key_file)
-        warn_of_expiry(served.not_after, datetime.datetime.now(datetime.timezone.utc).timestamp())
+        cert_file, key_file = settings.tls_cert_file, settings.tls_key_file
+        if not cert_file or not key_file:  # tinygw.config.tlsmode refuses this already
+            raise ConfigError("TINYGW_TLS", "'files' needs TINYGW_TLS_CERT_FILE and TINYGW_TLS_KEY_FILE")
+        served = tls.served_files(cert_file, key_file)
+        warn_of_expiry(served.not_after, datetime.datetime.now(datetime.UTC).timestamp())
         return served
-    served = tls.write_attested(settings.tls_names, list(settings.tls_key_dirs),
-                                datetime.datetime.now(datetime.timezone.utc))
-    logs.log(logging.INFO, "attested TLS key made", names=list(settings.tls_names),
-             tls_spki_sha256=served.spki_sha256)
+    served = tls.write_attested(settings.tls_names, list(settings.tls_key_dirs), datetime.datetime.now(datetime.UTC))
+    logs.log(logging.INFO, "attested TLS key made", names=list(settings.tls_names), tls_spki_sha256=served.spki_sha256)
     return served
 
 
@@ -128,13 +134,21 @@ EXPIRY_WARNING_DAYS = 14
 
 def warn_of_expiry(not_after: float, now: float) -> None:
     """Say at start when the served certificate has expired, or soon will."""
-    when = datetime.datetime.fromtimestamp(not_after, datetime.timezone.utc).isoformat()
+    when = datetime.datetime.fromtimestamp(not_after, datetime.UTC).isoformat()
     if not_after <= now:
-        logs.log(logging.ERROR, "the served TLS certificate has EXPIRED: clients will refuse it",
-                 not_after=when, expired_days_ago=round((now - not_after) / 86400, 1))
+        logs.log(
+            logging.ERROR,
+            "the served TLS certificate has EXPIRED: clients will refuse it",
+            not_after=when,
+            expired_days_ago=round((now - not_after) / 86400, 1),
+        )
     elif not_after - now < EXPIRY_WARNING_DAYS * 86400:
-        logs.log(logging.WARNING, "the served TLS certificate expires soon", not_after=when,
-                 days_left=round((not_after - now) / 86400, 1))
+        logs.log(
+            logging.WARNING,
+            "the served TLS certificate expires soon",
+            not_after=when,
+            days_left=round((not_after - now) / 86400, 1),
+        )
 
 
 def refuse_taken_port(host: str, port: int) -> None:
@@ -152,8 +166,10 @@ def refuse_taken_port(host: str, port: int) -> None:
         try:
             probe.bind(address)
         except OSError as e:
-            raise ConfigError("TINYGW_PORT", f"{host}:{port} is taken ({os.strerror(e.errno)}): is a gateway "
-                                             "already serving there?") from None
+            reason = os.strerror(e.errno) if e.errno else type(e).__name__
+            raise ConfigError(
+                "TINYGW_PORT", f"{host}:{port} is taken ({reason}): is a gateway already serving there?"
+            ) from None
 
 
 def raise_open_file_limit() -> int:
@@ -179,14 +195,18 @@ def _metrics_dir(workers: int) -> str | None:
     """This run's directory for the workers' counts: in memory (/dev/shm) where it can
     be made, else in the temporary directory; said in the log when it is not in
     memory, and when there is none (each worker then counts its own traffic only)."""
-    for parent in ("/dev/shm", None):
+    for parent in ("/dev/shm", None):  # noqa: S108 -- a parent for mkdtemp's private directory
         if parent is not None and not os.path.isdir(parent):
             continue
         try:
             path = tempfile.mkdtemp(prefix="tinygw-metrics-", dir=parent)
         except OSError as e:
-            logs.log(logging.WARNING, "cannot make the metrics directory", parent=parent or tempfile.gettempdir(),
-                     error=os.strerror(e.errno) if e.errno else type(e).__name__)
+            logs.log(
+                logging.WARNING,
+                "cannot make the metrics directory",
+                parent=parent or tempfile.gettempdir(),
+                error=os.strerror(e.errno) if e.errno else type(e).__name__,
+            )
             continue
         if parent is None:
             logs.log(logging.WARNING, "metrics directory is not in /dev/shm", path=path)
@@ -196,10 +216,8 @@ def _metrics_dir(workers: int) -> str | None:
     return None
 
 
-def _granian(settings: Settings, open_files: int, served) -> Granian:
-    tls = {}
-    if served is not None:
-        tls = {"ssl_cert": Path(served.cert_path), "ssl_key": Path(served.key_path)}
+def _granian(settings: Settings, open_files: int, served: Served | None) -> MPServer | MTServer:
+    """Granian's server (one process per worker, or one thread in a free-threaded Python)."""
     return Granian(
         APP_TARGET,
         address=settings.host,
@@ -221,7 +239,9 @@ def _granian(settings: Settings, open_files: int, served) -> Granian:
         ),
         log_level=LogLevels(settings.log_level),
         log_dictconfig=logs.granian_log_config(settings.log_level),
-        # Granian reads 0 as "wait forever"; a zero drain means stop at once.
-        workers_kill_timeout=settings.drain_seconds or 0.001,
-        **tls,
+        # Granian reads 0 as "wait forever"; a zero drain means stop at once. Granian
+        # annotates an int, but uses it as join()'s timeout in seconds: a fraction is kept.
+        workers_kill_timeout=settings.drain_seconds or 0.001,  # type: ignore[arg-type]
+        ssl_cert=Path(served.cert_path) if served is not None else None,
+        ssl_key=Path(served.key_path) if served is not None else None,
     )

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import ROOT, Gateway, wait_until
 
 HERE = Path(__file__).resolve().parent
@@ -26,18 +27,31 @@ MAX_REQUESTS = 40  # an agent that loops on tools would pass this
 # Every variable that turns off a client's telemetry, error reports, update checks and
 # other traffic that is not the prompt (the network namespace is the guarantee).
 QUIET = {
-    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1",
-    "DISABLE_ERROR_REPORTING": "1", "DISABLE_BUG_COMMAND": "1", "DISABLE_COST_WARNINGS": "1",
-    "DISABLE_NON_ESSENTIAL_MODEL_CALLS": "1", "CLAUDE_CODE_ENABLE_TELEMETRY": "0", "DO_NOT_TRACK": "1",
-    "NO_UPDATE_NOTIFIER": "1", "NO_PROXY": "127.0.0.1,localhost", "OTEL_SDK_DISABLED": "true",
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+    "DISABLE_BUG_COMMAND": "1",
+    "DISABLE_COST_WARNINGS": "1",
+    "DISABLE_NON_ESSENTIAL_MODEL_CALLS": "1",
+    "CLAUDE_CODE_ENABLE_TELEMETRY": "0",
+    "DO_NOT_TRACK": "1",
+    "NO_UPDATE_NOTIFIER": "1",
+    "NO_PROXY": "127.0.0.1,localhost",
+    "OTEL_SDK_DISABLED": "true",
 }
 
 
 @pytest.fixture(scope="module")
 def fake_port(tmp_path_factory):
     """`tinygw fake` as the docs start it: a process of its own, its port on stdout."""
-    process = subprocess.Popen([sys.executable, "-m", "tinygw", "fake"], cwd=ROOT, stdout=subprocess.PIPE,
-                               env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)}, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tinygw", "fake"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)},
+        text=True,
+    )
     try:
         yield int(process.stdout.readline())
     finally:
@@ -66,21 +80,35 @@ def run(command: list[str], env: dict[str, str], cwd: Path) -> str:
         pytest.fail(f"{command[:2]} is not installed: run `make test-clients`")
     base = {"PATH": os.environ["PATH"], "HOME": str(cwd / "home"), "LANG": "C.UTF-8", "TERM": "dumb", **QUIET}
     (cwd / "home").mkdir(exist_ok=True)
-    done = subprocess.run(command, env={**base, **env}, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True,
-                          text=True, timeout=RUN_SECONDS, check=False)
+    done = subprocess.run(
+        command,
+        env={**base, **env},
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=RUN_SECONDS,
+        check=False,
+    )
     assert done.returncode == 0, f"{command[:3]} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
     return done.stdout
 
 
 def requests(gateway: Gateway, route: str, agent: str) -> list[dict]:
-    return [r for r in gateway.log_records() if r.get("msg") == "request" and r.get("route") == route
-            and (r.get("user_agent") or "").startswith(agent)]
+    return [
+        r
+        for r in gateway.log_records()
+        if r.get("msg") == "request" and r.get("route") == route and (r.get("user_agent") or "").startswith(agent)
+    ]
 
 
 def test_claude_code(gateway, tmp_path):
     """Only ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY: its default model goes through "claude-*"."""
-    out = run(["node", str(NODE / "@anthropic-ai" / "claude-code" / "cli-wrapper.cjs"), "-p", "Say hello"],
-              {"ANTHROPIC_BASE_URL": gateway.url, "ANTHROPIC_API_KEY": GATEWAY_KEY}, tmp_path)
+    out = run(
+        ["node", str(NODE / "@anthropic-ai" / "claude-code" / "cli-wrapper.cjs"), "-p", "Say hello"],
+        {"ANTHROPIC_BASE_URL": gateway.url, "ANTHROPIC_API_KEY": GATEWAY_KEY},
+        tmp_path,
+    )
     assert ANSWER in out
     seen = wait_until(lambda: requests(gateway, "/v1/messages", "claude-cli"), 5, "Claude Code's requests")
     assert len(seen) <= MAX_REQUESTS and all(r["status"] == 200 and r["model"] == "claude-*" for r in seen), seen
@@ -107,8 +135,11 @@ def test_codex(gateway, tmp_path):
     home = tmp_path / "codex"
     home.mkdir()
     (home / "config.toml").write_text(CODEX_CONFIG.format(url=gateway.url))
-    out = run(["node", str(NODE / "@openai" / "codex" / "bin" / "codex.js"), "exec", "--skip-git-repo-check",
-               "Say hello"], {"CODEX_HOME": str(home), "TINYGW_API_KEY": GATEWAY_KEY}, tmp_path)
+    out = run(
+        ["node", str(NODE / "@openai" / "codex" / "bin" / "codex.js"), "exec", "--skip-git-repo-check", "Say hello"],
+        {"CODEX_HOME": str(home), "TINYGW_API_KEY": GATEWAY_KEY},
+        tmp_path,
+    )
     assert ANSWER in out
     seen = wait_until(lambda: requests(gateway, "/v1/responses", "codex"), 5, "Codex's requests")
     assert len(seen) <= MAX_REQUESTS and all(r["status"] == 200 and r["model"] == "gpt-*" for r in seen), seen
@@ -127,8 +158,9 @@ LLM_MODELS = """\
 """
 
 
-@pytest.mark.parametrize("model,route", [("tinygw-chat", "/v1/chat/completions"),
-                                         ("tinygw-instruct", "/v1/completions")])
+@pytest.mark.parametrize(
+    "model,route", [("tinygw-chat", "/v1/chat/completions"), ("tinygw-instruct", "/v1/completions")]
+)
 def test_llm(gateway, tmp_path, model, route):
     """llm's extra-openai-models.yaml, streamed (its default), chat and completions."""
     (tmp_path / "extra-openai-models.yaml").write_text(LLM_MODELS.format(url=gateway.url))

@@ -101,7 +101,7 @@ async def handle(gateway: Gateway, scope, receive, send) -> None:
         send = wire.anthropic_errors(send)
     refusal = _refusal(gateway, endpoint, scope)
     if refusal is not None:
-        await _refuse_at_dispatch(gateway, route, scope, _with_request_id(send, request_id), request_id, refusal)
+        await _refuse(gateway, route, scope, _with_request_id(send, request_id), request_id, refusal)
     elif route is not None:  # the hot path: its answers get the id in _proxy
         await _proxy(gateway, route, scope, receive, send, request_id)
     elif endpoint is not None and endpoint.page is not None:
@@ -120,8 +120,8 @@ def _refusal(gateway: Gateway, endpoint: Endpoint | None, scope) -> tuple[int, s
     return None
 
 
-async def _refuse_at_dispatch(gateway: Gateway, route: Route | None, scope, send, request_id: bytes,
-                              refusal: tuple[int, str, str, str]) -> None:
+async def _refuse(gateway: Gateway, route: Route | None, scope, send, request_id: bytes,
+                  refusal: tuple[int, str, str, str]) -> None:
     """A refused request: answered, written on the access log, and counted when its
     route is an API's (a bounded label; an unknown path is not one)."""
     status = await send_error(send, *refusal)
@@ -155,11 +155,11 @@ async def _proxy(gateway: Gateway, route, scope, receive, send, request_id: byte
             inbound, resolution = admitted
             await _forward(gateway, inbound, resolution, receive, send, record, task)
     except BadBody as e:  # read_head, or wire.rewrite_model for an attempt
-        await _refuse(send, record, 400, str(e), "invalid_request_error", "invalid_body")
+        await _answer_error(send, record, 400, str(e), "invalid_request_error", "invalid_body")
     except Exception:
         logs.log_exception("request failed inside the gateway", route=route.path)
         if not record.status:  # else the client sees its response end early
-            await _refuse(send, record, 500, "internal gateway error", "internal_error", "internal_error")
+            await _answer_error(send, record, 500, "internal gateway error", "internal_error", "internal_error")
         record.failed()
     except BaseException:  # cancelled, not by the client: the server is stopping
         record.failed()
@@ -168,7 +168,7 @@ async def _proxy(gateway: Gateway, route, scope, receive, send, request_id: byte
         _account(gateway, route, scope, record, loop)
 
 
-async def _refuse(send, record: Record, status: int, message: str, type_: str, code: str) -> None:
+async def _answer_error(send, record: Record, status: int, message: str, type_: str, code: str) -> None:
     """Answer the client with an error of the gateway's own, whose head the record
     makes, as a proxied answer's (x-request-id, and the debug headers once forwarding
     began)."""
@@ -191,23 +191,23 @@ async def _admit(gateway: Gateway, route, scope, receive, send, record: Record, 
         # Granian reports a malformed chunked body the same way as a client that left:
         # answer 400 (a client that really left will not read it), and count it as a
         # client that left, which is what it most often is.
-        await _refuse(send, record, 400, "the request body is incomplete or its chunked framing is malformed",
+        await _answer_error(send, record, 400, "the request body is incomplete or its chunked framing is malformed",
                       "invalid_request_error", "invalid_body")
         record.client_left()
         return None
     except TimeoutError:
         limit = settings.client_timeout_seconds
-        return await _refuse(send, record, 408, f"no byte of the request body for {limit:g} s",
+        return await _answer_error(send, record, 408, f"no byte of the request body for {limit:g} s",
                              "invalid_request_error", "request_timeout")
     if body is None:
         limit = settings.max_body_bytes
-        return await _refuse(send, record, 413, f"request body over {limit} bytes", "invalid_request_error",
+        return await _answer_error(send, record, 413, f"request body over {limit} bytes", "invalid_request_error",
                              "request_too_large")
     head = read_head(body)  # BadBody: _proxy answers 400
     resolution = gateway.resolver.resolve(route, head.model)
     if resolution is None:
         message = f"the model {head.model!r} does not exist on {route.path}"
-        return await _refuse(send, record, 404, message, "invalid_request_error", "model_not_found")
+        return await _answer_error(send, record, 404, message, "invalid_request_error", "model_not_found")
     record.resolved(resolution.model)
     inbound = proxy.Inbound(route=route, model=head.model, stream=bool(head.stream), body=body, headers=headers,
                             query=scope.get("query_string", b""), request_id=record.request_id)

@@ -36,7 +36,9 @@ async def attestation_page(gateway, scope, send) -> None:
         if gateway.artifact_digests is None:  # the executable does not change while it runs
             gateway.artifact_digests = await asyncio.to_thread(artifact_digests)
         artifact_sha256, artifact_sha384 = gateway.artifact_digests
-        async with gateway.evidence_queue.turn():  # one quote at a time: the platform makes them slowly
+        client = scope.get("client")
+        # one quote at a time (the platform makes them slowly); a full queue is shared fairly by address
+        async with gateway.evidence_queue.turn(client[0] if client else None):
             evidence = await fetch_evidence(gateway.settings.tsm_report_dir, data)
         events = await asyncio.to_thread(read_event_log, gateway.settings.event_log)
     except EvidenceUnavailable as e:

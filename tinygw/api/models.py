@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs
 
-from tinygw.worker.gateway import Gateway
 from tinygw.protocol.wire import header, send_error, send_json
+from tinygw.worker.gateway import Gateway
 
 MODEL_PREFIX = "/v1/models/"
 
@@ -25,8 +25,9 @@ def _model_entries(gateway: Gateway) -> list[dict]:
     # and reading this page must not add circuits (and metric series) for every listed model.
     circuits = {(c.provider, c.provider_model): c for c in gateway.breakers.all()}
     models = gateway.settings.models
-    entries = [(name, "tinygw", [(t.provider, t.upstream_model) for t in models[name].targets])
-               for name in sorted(models)]
+    entries = [
+        (name, "tinygw", [(t.provider, t.upstream_model) for t in models[name].targets]) for name in sorted(models)
+    ]
     for provider in sorted(gateway.listings):
         for upstream_model in gateway.listings[provider]:
             if f"{provider}/{upstream_model}" not in models:  # else the alias is what a request gets
@@ -58,8 +59,13 @@ ANTHROPIC_MAX_PAGE = 1000
 
 def _anthropic_entry(entry: dict) -> dict:
     """A model in the shape of Anthropic's Models API, with tinygw's `availability`."""
-    return {"type": "model", "id": entry["id"], "display_name": entry["id"], "created_at": _EPOCH,
-            "availability": entry["availability"]}
+    return {
+        "type": "model",
+        "id": entry["id"],
+        "display_name": entry["id"],
+        "created_at": _EPOCH,
+        "availability": entry["availability"],
+    }
 
 
 def _anthropic_page(data: list[dict], query: bytes) -> dict | str:
@@ -67,10 +73,10 @@ def _anthropic_page(data: list[dict], query: bytes) -> dict | str:
     `before_id`), or the reason the query is refused. An id not in the list gives an
     empty page."""
     params = {k: v[-1] for k, v in parse_qs(query.decode("latin-1")).items()}
-    limit = params.get("limit", str(ANTHROPIC_PAGE))
-    if not limit.isdigit() or not 1 <= int(limit) <= ANTHROPIC_MAX_PAGE:
+    raw_limit = params.get("limit", str(ANTHROPIC_PAGE))
+    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= ANTHROPIC_MAX_PAGE:
         return f"limit must be an integer from 1 to {ANTHROPIC_MAX_PAGE}"
-    limit = int(limit)
+    limit = int(raw_limit)
     ids = [e["id"] for e in data]
     if "before_id" in params:
         end = ids.index(params["before_id"]) if params["before_id"] in ids else 0
@@ -79,8 +85,12 @@ def _anthropic_page(data: list[dict], query: bytes) -> dict | str:
         after = params.get("after_id")
         start = 0 if after is None else ids.index(after) + 1 if after in ids else len(ids)
         page, has_more = data[start : start + limit], start + limit < len(ids)
-    return {"data": page, "has_more": has_more, "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None}
+    return {
+        "data": page,
+        "has_more": has_more,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+    }
 
 
 async def model_list(gateway: Gateway, scope, send) -> None:
@@ -99,7 +109,7 @@ async def model_list(gateway: Gateway, scope, send) -> None:
 
 async def one_model(gateway: Gateway, scope, send) -> None:
     """GET /v1/models/{id}: one entry of the list (the id may hold '/'), or 404."""
-    model_id = scope["path"][len(MODEL_PREFIX):]
+    model_id = scope["path"][len(MODEL_PREFIX) :]
     for entry in _model_entries(gateway):
         if entry["id"] == model_id:
             anthropic = header(scope["headers"], b"anthropic-version") is not None

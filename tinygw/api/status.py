@@ -24,18 +24,18 @@ import asyncio
 import math
 import os
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from html import escape
 
 import msgspec
 
 from tinygw import __version__
-from tinygw.observe import board
-from tinygw.trust.attestation import artifact_digests
-from tinygw.resilience.breaker import State
 from tinygw.errors import EvidenceUnavailable
-from tinygw.worker.gateway import Gateway
+from tinygw.observe import board
 from tinygw.protocol.wire import JSON_HEADERS
+from tinygw.resilience.breaker import State
+from tinygw.trust.attestation import artifact_digests
+from tinygw.worker.gateway import Gateway
 
 STATE_WORDS = {
     State.CLOSED: "Circuit Closed",
@@ -52,7 +52,7 @@ _HTML_HEADERS = [(b"content-type", b"text/html; charset=utf-8"), (b"cache-contro
 def _iso(wall_seconds: float | None) -> str | None:
     if wall_seconds is None:
         return None
-    return datetime.fromtimestamp(wall_seconds, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(wall_seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _circuit(c: board.CircuitView, slot: int, now: float, wall: float) -> dict:
@@ -82,7 +82,8 @@ def snapshot(gateway: Gateway, pid: int, artifact_sha256: str | None = None) -> 
         provider = settings.providers[name]
         enabled = provider.doc.listing and settings.listing_seconds > 0
         listed = [w.listings.get(name) for w in workers]
-        up = bool(listed) and all(n is not None for n in listed)
+        counts = [n for n in listed if n is not None]
+        up = bool(listed) and len(counts) == len(listed)
         circuits = [_circuit(c, w.slot, now, wall) for w in workers for c in w.circuits if c.provider == name]
         circuits.sort(key=lambda c: (c["provider_model"], c["worker"]))
         providers.append(
@@ -92,7 +93,7 @@ def snapshot(gateway: Gateway, pid: int, artifact_sha256: str | None = None) -> 
                 "listing": {
                     "enabled": enabled,
                     "up": up if enabled else None,
-                    "models": min(listed) if enabled and up else None,
+                    "models": min(counts) if enabled and up else None,
                 },
                 "circuits": circuits,
             }
@@ -107,8 +108,10 @@ def snapshot(gateway: Gateway, pid: int, artifact_sha256: str | None = None) -> 
         "uptime_seconds": round(max(0.0, wall - started), 1),
         "worker": {"pid": pid, "slot": gateway.metrics.store.slot},
         "workers": [{"slot": w.slot, "pid": w.pid, "started_at": _iso(w.started_at)} for w in workers],
-        "models": [{"name": n, "strategy": m.strategy, "targets": [str(t) for t in m.targets]}
-                   for n, m in sorted(settings.models.items())],
+        "models": [
+            {"name": n, "strategy": m.strategy, "targets": [str(t) for t in m.targets]}
+            for n, m in sorted(settings.models.items())
+        ],
         "providers": providers,
     }
 
@@ -163,8 +166,15 @@ table.facts th { width: 12em; }
 table.models th { width: auto !important; }
 """
 
-_COLUMNS = [("Upstream model", ""), ("Worker", ' class="num"'), ("State", ""), ("Consecutive failures", ' class="num"'),
-            ("Current pause", ' class="num"'), ("Next probe", ""), ("Last error", "")]
+_COLUMNS = [
+    ("Upstream model", ""),
+    ("Worker", ' class="num"'),
+    ("State", ""),
+    ("Consecutive failures", ' class="num"'),
+    ("Current pause", ' class="num"'),
+    ("Next probe", ""),
+    ("Last error", ""),
+]
 _STATE_CLASS = {"Circuit Closed": "closed", "Circuit Open": "open", "Circuit Half-Open": "half-open"}
 
 
@@ -185,14 +195,15 @@ def _circuit_row(c: dict) -> str:
     next_probe = c["next_probe_seconds"]
     probe = "—" if next_probe is None else f"next probe in {math.ceil(next_probe)} s"
     cells = [
-        f'<td><code>{escape(c["provider_model"])}</code></td>' if c["provider_model"]
+        f"<td><code>{escape(c['provider_model'])}</code></td>"
+        if c["provider_model"]
         else "<td><em>(the provider&#x27;s own)</em></td>",
         f'<td class="num">{escape(str(c["worker"]))}</td>',
         f'<td class="state {_STATE_CLASS[c["state"]]}">{escape(c["state"])}</td>',
         f'<td class="num">{escape(str(c["consecutive_failures"]))}</td>',
         f'<td class="num">{escape(_seconds(c["pause_seconds"]))}</td>',
         f'<td class="probe">{escape(probe)}</td>',
-        f'<td>{escape(c["last_error"] or "—")}</td>',
+        f"<td>{escape(c['last_error'] or '—')}</td>",
     ]
     return "<tr>" + "".join(cells) + "</tr>"
 
@@ -200,8 +211,11 @@ def _circuit_row(c: dict) -> str:
 def _provider_section(p: dict) -> str:
     head = "".join(f"<th{cls}>{h}</th>" for h, cls in _COLUMNS)
     rows = "".join(_circuit_row(c) for c in p["circuits"])
-    table = (f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>" if rows
-             else "<p class=\"meta\">No circuits yet.</p>")
+    table = (
+        f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+        if rows
+        else '<p class="meta">No circuits yet.</p>'
+    )
     return (
         f'<section><h2>{escape(p["name"])} <small class="meta">({escape(p["api"])})</small></h2>'
         f'<p class="listing">Listing: {escape(_listing_text(p["listing"]))}</p>{table}</section>'
@@ -219,16 +233,24 @@ def _overview(data: dict) -> str:
     facts = [
         ("Version", escape(str(data.get("version")))),
         ("Artifact sha256", f"<code>{escape(sha)}</code>" if sha else "— (not a frozen build)"),
-        ("Config sha256", f'<code>{escape(str(data.get("config_sha256")))}</code>'),
-        ("Up since", f'{escape(str(data.get("started_at")))} ({escape(_uptime(data.get("uptime_seconds", 0)))})'),
-        ("Workers", escape(", ".join(f'{w["slot"]} (PID {w["pid"]})' for w in data.get("workers", [])) or "—")),
+        ("Config sha256", f"<code>{escape(str(data.get('config_sha256')))}</code>"),
+        ("Up since", f"{escape(str(data.get('started_at')))} ({escape(_uptime(data.get('uptime_seconds', 0)))})"),
+        ("Workers", escape(", ".join(f"{w['slot']} (PID {w['pid']})" for w in data.get("workers", [])) or "—")),
     ]
     rows = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in facts)
     models = "".join(
-        f'<tr><td><code>{escape(m["name"])}</code></td><td>{escape(m["strategy"])}</td>'
-        f'<td>{escape(", ".join(m["targets"]))}</td></tr>' for m in data.get("models", []))
-    model_table = (f'<h2>Models</h2><table class="models"><thead><tr><th>Alias</th><th>Strategy</th><th>Targets</th>'
-                   f"</tr></thead><tbody>{models}</tbody></table>") if models else ""
+        f"<tr><td><code>{escape(m['name'])}</code></td><td>{escape(m['strategy'])}</td>"
+        f"<td>{escape(', '.join(m['targets']))}</td></tr>"
+        for m in data.get("models", [])
+    )
+    model_table = (
+        (
+            f'<h2>Models</h2><table class="models"><thead><tr><th>Alias</th><th>Strategy</th><th>Targets</th>'
+            f"</tr></thead><tbody>{models}</tbody></table>"
+        )
+        if models
+        else ""
+    )
     return f'<table class="facts"><tbody>{rows}</tbody></table>{model_table}'
 
 

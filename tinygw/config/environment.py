@@ -14,13 +14,11 @@ import os
 import re
 import socket
 from collections.abc import Mapping
+from typing import Literal, TypeVar
 from urllib.parse import urlsplit
 
 import msgspec
 
-from tinygw.errors import ConfigError
-from tinygw.headers import CREDENTIALS, GATEWAY_HEADERS
-from tinygw.secret import Secret
 from tinygw.config import strict, tlsmode
 from tinygw.config.files import MAX_SECRET_FILE_BYTES, read_file
 from tinygw.config.settings import (
@@ -44,8 +42,14 @@ from tinygw.config.settings import (
     Target,
     plain,
 )
+from tinygw.errors import ConfigError
+from tinygw.headers import CREDENTIALS, GATEWAY_HEADERS
+from tinygw.secret import Secret
 
-_DECODERS = {t: msgspec.json.Decoder(t) for t in (ConfigDoc, ProviderDoc, ModelDoc)}
+_CONFIG_DECODER = msgspec.json.Decoder(ConfigDoc)
+_PROVIDER_DECODER = msgspec.json.Decoder(ProviderDoc)
+_MODEL_DECODER = msgspec.json.Decoder(ModelDoc)
+_Doc = TypeVar("_Doc")
 
 # ---- reading the environment -------------------------------------------------------
 
@@ -139,12 +143,14 @@ def _config_document(env: Mapping[str, str]) -> tuple[str, bytes]:
         return "TINYGW_CONFIG_FILE", read_file("TINYGW_CONFIG_FILE", file_path).encode()
     if inline is not None:
         return "TINYGW_CONFIG", inline.encode()
-    raise ConfigError("TINYGW_CONFIG", "unset: give the JSON configuration in TINYGW_CONFIG or a path in TINYGW_CONFIG_FILE")
+    raise ConfigError(
+        "TINYGW_CONFIG", "unset: give the JSON configuration in TINYGW_CONFIG or a path in TINYGW_CONFIG_FILE"
+    )
 
 
-def _decode(where: str, raw: bytes, kind: type, prefix: str = "$"):
+def _decode(where: str, raw: bytes, decoder: msgspec.json.Decoder[_Doc], prefix: str = "$") -> _Doc:
     try:
-        return _DECODERS[kind].decode(raw)
+        return decoder.decode(raw)
     except msgspec.ValidationError as e:
         message, _, path = str(e).partition(" - at `")
         path = prefix + path.rstrip("`").removeprefix("$")
@@ -170,8 +176,11 @@ def parse_base_url(where: str, url: str) -> Origin:
     if parts.query or parts.fragment or parts.username or parts.password or "?" in url or "#" in url:
         raise ConfigError(where, "must not carry a query, fragment or credentials")
     host = parts.hostname
-    if not (_HOST_NAME.fullmatch(host) and len(host) <= 253 and all(0 < len(label) <= 63 for label in
-                                                                     host.rstrip(".").split("."))):
+    if not (
+        _HOST_NAME.fullmatch(host)
+        and len(host) <= 253
+        and all(0 < len(label) <= 63 for label in host.rstrip(".").split("."))
+    ):
         try:
             ipaddress.ip_address(host)
         except ValueError:
@@ -186,7 +195,8 @@ def parse_base_url(where: str, url: str) -> Origin:
         port = 443 if parts.scheme == "https" else 80
     if not 1 <= port <= 65535:
         raise ConfigError(where, f"has a bad port: {url!r}")
-    return Origin(parts.scheme, host, port, parts.path.rstrip("/"))
+    scheme: Literal["http", "https"] = "https" if parts.scheme == "https" else "http"  # the two allowed above
+    return Origin(scheme, host, port, parts.path.rstrip("/"))
 
 
 def _provider(env: Mapping[str, str], where: str, name: str, doc: ProviderDoc) -> Provider:
@@ -195,9 +205,12 @@ def _provider(env: Mapping[str, str], where: str, name: str, doc: ProviderDoc) -
         raise ConfigError(path, "a provider name must be non-empty and hold no '/' or ':'")
     origin = parse_base_url(f"{path}.base_url", doc.base_url)
     if origin.scheme == "http" and not _is_loopback(origin.host) and not doc.plaintext:
-        raise ConfigError(f"{path}.base_url", "http:// to an address that is not loopback: the network (inside a "
-                                              "confidential VM, its host) reads every byte; use https, or say "
-                                              '"plaintext": true')
+        raise ConfigError(
+            f"{path}.base_url",
+            "http:// to an address that is not loopback: the network (inside a "
+            "confidential VM, its host) reads every byte; use https, or say "
+            '"plaintext": true',
+        )
     names = [doc.api_key_env] if isinstance(doc.api_key_env, str) else list(doc.api_key_env or [])
     for key_name in names:
         if not key_name or not key_name.replace("_", "a").isalnum():
@@ -271,13 +284,15 @@ def from_environ(env: Mapping[str, str] | None = None) -> Settings:
     """Build the effective Settings from an environment, or raise ConfigError."""
     env = os.environ if env is None else env
     where, raw = _config_document(env)
-    doc = _decode(where, raw, ConfigDoc)
+    doc = _decode(where, raw, _CONFIG_DECODER)
     strict.refuse_duplicate_keys(where, raw)
-    provider_docs = {name: _decode(where, p, ProviderDoc, f"$.providers.{name}") for name, p in doc.providers.items()}
+    provider_docs = {
+        name: _decode(where, p, _PROVIDER_DECODER, f"$.providers.{name}") for name, p in doc.providers.items()
+    }
     strict.refuse_unknown_variables(env, {n for d in provider_docs.values() for n in d.key_variables()})
     providers = {name: _provider(env, where, name, d) for name, d in provider_docs.items()}
     models = {
-        name: _model(where, name, _decode(where, m, ModelDoc, f"$.models.{name}"), providers)
+        name: _model(where, name, _decode(where, m, _MODEL_DECODER, f"$.models.{name}"), providers)
         for name, m in doc.models.items()
     }
     return Settings(

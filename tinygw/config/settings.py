@@ -96,7 +96,6 @@ class ConfigDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     routing: RoutingDoc = RoutingDoc()
 
 
-
 # ---- the effective configuration ---------------------------------------------------
 
 

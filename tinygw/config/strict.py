@@ -13,13 +13,13 @@ import difflib
 import json
 from collections.abc import Mapping
 
-from tinygw.errors import ConfigError
 from tinygw.config.settings import (
     METRICS_DIR_VARIABLE,
     SERVED_CERT_VARIABLE,
     SERVED_NOT_AFTER_VARIABLE,
     SERVED_SPKI_VARIABLE,
 )
+from tinygw.errors import ConfigError
 
 PREFIXES = ("TINYGW_", "PROVIDER_")
 

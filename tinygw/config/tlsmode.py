@@ -12,12 +12,14 @@ import ipaddress
 import re
 from collections.abc import Mapping
 
-from tinygw.errors import ConfigError
 from tinygw.config.files import MAX_SECRET_FILE_BYTES, read_file
 from tinygw.config.settings import SERVED_CERT_VARIABLE, SERVED_NOT_AFTER_VARIABLE, SERVED_SPKI_VARIABLE
+from tinygw.errors import ConfigError
 
 _TLS_MODES = ("off", "attested", "files")
-_DNS_NAME = re.compile(r"(?=.{1,253}$)(?:\*\.)?[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+_DNS_NAME = re.compile(
+    r"(?=.{1,253}$)(?:\*\.)?[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+)
 
 
 def tls_fields(env: Mapping[str, str]) -> dict:
@@ -48,15 +50,21 @@ def tls_fields(env: Mapping[str, str]) -> dict:
         if served is None:
             from tinygw.trust import tls  # cryptography is imported only when TLS is on, and not by workers
 
-            tls.check_files(cert_file, key_file,
-                            read_file("TINYGW_TLS_CERT_FILE", cert_file, MAX_SECRET_FILE_BYTES).encode(),
-                            read_file("TINYGW_TLS_KEY_FILE", key_file, MAX_SECRET_FILE_BYTES).encode())
+            tls.check_files(
+                cert_file,
+                key_file,
+                read_file("TINYGW_TLS_CERT_FILE", cert_file, MAX_SECRET_FILE_BYTES).encode(),
+                read_file("TINYGW_TLS_KEY_FILE", key_file, MAX_SECRET_FILE_BYTES).encode(),
+            )
         fields.update(tls_cert_file=cert_file, tls_key_file=key_file)
     elif cert_file or key_file:
-        raise ConfigError("TINYGW_TLS_CERT_FILE" if cert_file else "TINYGW_TLS_KEY_FILE",
-                          f"set, but TINYGW_TLS is {mode!r}, not 'files'")
+        raise ConfigError(
+            "TINYGW_TLS_CERT_FILE" if cert_file else "TINYGW_TLS_KEY_FILE",
+            f"set, but TINYGW_TLS is {mode!r}, not 'files'",
+        )
     # attest/launch points TMPDIR at its private directory in guest memory.
-    key_dirs = [d for d in (env.get("TMPDIR"), env.get("XDG_RUNTIME_DIR"), "/run", "/dev/shm") if d]
+    # Parents for mkdtemp's private directory (tinygw.trust.tls), in memory, never on disk.
+    key_dirs = [d for d in (env.get("TMPDIR"), env.get("XDG_RUNTIME_DIR"), "/run", "/dev/shm") if d]  # noqa: S108 -- parents only, see above
     fields["tls_key_dirs"] = tuple(key_dirs)
     if mode == "attested" and served is None:
         from tinygw.trust import tls

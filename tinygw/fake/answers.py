@@ -17,11 +17,6 @@ from collections.abc import Callable
 from msgspec import Struct
 
 from tinygw.fake import events
-from tinygw.fake.events import (  # noqa: F401
-    anthropic_stream_events,
-    openai_stream_events,
-    responses_stream_events,
-)
 from tinygw.fake.replies import FakeRequest, Reply, json_reply, sse_reply
 
 # Exactly representable in float32, so that a vector sent as base64 decodes to these.
@@ -114,9 +109,19 @@ def _messages(ask: Ask) -> Reply:
         if ask.stream:
             return ask.sse(events.anthropic_stream_events(ask.model, ask.words))
         content, stop, output_tokens = [{"type": "text", "text": "".join(ask.words)}], "end_turn", len(ask.words)
-    return json_reply(200, {"id": "msg_fake", "type": "message", "role": "assistant", "model": ask.model,
-                            "content": content, "stop_reason": stop, "stop_sequence": None,
-                            "usage": {"input_tokens": 3, "output_tokens": output_tokens}})
+    return json_reply(
+        200,
+        {
+            "id": "msg_fake",
+            "type": "message",
+            "role": "assistant",
+            "model": ask.model,
+            "content": content,
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 3, "output_tokens": output_tokens},
+        },
+    )
 
 
 def _count_tokens(ask: Ask) -> Reply:
@@ -134,9 +139,15 @@ def _responses(ask: Ask) -> Reply:
 
 
 def _embeddings(ask: Ask) -> Reply:
-    return json_reply(200, {"object": "list", "model": ask.model, "usage": {"prompt_tokens": 1, "total_tokens": 1},
-                            "data": [{"object": "embedding", "index": 0,
-                                      "embedding": _embedding(ask.body.get("encoding_format"))}]})
+    return json_reply(
+        200,
+        {
+            "object": "list",
+            "model": ask.model,
+            "usage": {"prompt_tokens": 1, "total_tokens": 1},
+            "data": [{"object": "embedding", "index": 0, "embedding": _embedding(ask.body.get("encoding_format"))}],
+        },
+    )
 
 
 def _chat(ask: Ask) -> Reply:
@@ -150,26 +161,44 @@ def _chat(ask: Ask) -> Reply:
             return ask.sse(events.openai_stream_events(ask.model, ask.words, _include_usage(ask.body)))
         message, finish = {"role": "assistant", "content": "".join(ask.words)}, "stop"
         completion = len(ask.words)
-    return json_reply(200, {"id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "model": ask.model,
-                            "choices": [{"index": 0, "finish_reason": finish, "message": message}],
-                            "usage": {"prompt_tokens": 3, "completion_tokens": completion,
-                                      "total_tokens": 3 + completion}})
+    return json_reply(
+        200,
+        {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "created": 0,
+            "model": ask.model,
+            "choices": [{"index": 0, "finish_reason": finish, "message": message}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": completion, "total_tokens": 3 + completion},
+        },
+    )
 
 
 def _completions(ask: Ask) -> Reply:
     if ask.stream:
         return ask.sse(events.completions_stream_events(ask.model, ask.words, _include_usage(ask.body)))
-    return json_reply(200, {"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": ask.model,
-                            "choices": [{"index": 0, "text": "".join(ask.words), "finish_reason": "stop",
-                                         "logprobs": None}],
-                            "usage": {"prompt_tokens": 3, "completion_tokens": len(ask.words),
-                                      "total_tokens": 3 + len(ask.words)}})
+    return json_reply(
+        200,
+        {
+            "id": "cmpl-fake",
+            "object": "text_completion",
+            "created": 0,
+            "model": ask.model,
+            "choices": [{"index": 0, "text": "".join(ask.words), "finish_reason": "stop", "logprobs": None}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": len(ask.words), "total_tokens": 3 + len(ask.words)},
+        },
+    )
 
 
 # By the end of the path (its query string left off), the longest first.
 _ANSWERS: tuple[tuple[str, Callable[[Ask], Reply]], ...] = (
-    ("/messages/count_tokens", _count_tokens), ("/messages", _messages), ("/responses", _responses),
-    ("/embeddings", _embeddings), ("/chat/completions", _chat), ("/completions", _completions))
+    ("/messages/count_tokens", _count_tokens),
+    ("/messages", _messages),
+    ("/responses", _responses),
+    ("/embeddings", _embeddings),
+    ("/chat/completions", _chat),
+    ("/completions", _completions),
+)
 
 
 def well_behaved(name: str = "fake", words: list[str] | None = None, delay_seconds: float = 0.0) -> Callable:

@@ -30,7 +30,8 @@ OPEN_SECONDS = 2  # the demo's pause, so that the probe comes quickly
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def _gateway_command() -> list[str]:
@@ -42,8 +43,9 @@ def _gateway_command() -> list[str]:
 def _chat(url: str, model: str) -> tuple[int, dict, dict]:
     """(status, headers, JSON body) of one chat request."""
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}]}).encode()
-    request = urllib.request.Request(f"{url}/v1/chat/completions", data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions", data=body, method="POST", headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=15) as response:
             return response.status, dict(response.headers), json.loads(response.read())
@@ -76,8 +78,11 @@ def _narrate_gateway_log(stream, timeline: Timeline) -> None:
         where = f"{line.get('provider')}:{line.get('provider_model')}"
         if msg == "provider circuit opened":
             timeline.mark("opened")
-            timeline.say("gateway", f"provider circuit opened   {where} after {line.get('failures')} failures, "
-                                    f"pause {line.get('pause_seconds')} s")
+            timeline.say(
+                "gateway",
+                f"provider circuit opened   {where} after {line.get('failures')} failures, "
+                f"pause {line.get('pause_seconds')} s",
+            )
         elif msg == "provider circuit half-open":
             timeline.mark("half_open")
             timeline.say("gateway", f"provider circuit half-open {where}: the next request is a probe")
@@ -100,10 +105,15 @@ def _config(primary: FakeUpstream, backup: FakeUpstream, port: int) -> dict[str,
             "solo": {"targets": ["primary:chat-large"]},
         },
     }
-    return {"TINYGW_CONFIG": json.dumps(config), "TINYGW_PORT": str(port), "TINYGW_LOG_LEVEL": "info",
-            "PROVIDER_BREAKER_OPEN_SECONDS": str(OPEN_SECONDS), "PROVIDER_HEALTH_CHECK_SECONDS": "0",
-            "PROVIDER_LISTING_SECONDS": "0",
-            "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))}
+    return {
+        "TINYGW_CONFIG": json.dumps(config),
+        "TINYGW_PORT": str(port),
+        "TINYGW_LOG_LEVEL": "info",
+        "PROVIDER_BREAKER_OPEN_SECONDS": str(OPEN_SECONDS),
+        "PROVIDER_HEALTH_CHECK_SECONDS": "0",
+        "PROVIDER_LISTING_SECONDS": "0",
+        "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    }
 
 
 def _ready(url: str, gateway: subprocess.Popen) -> bool:
@@ -159,8 +169,13 @@ def main(argv: list[str]) -> int:
     timeline = Timeline()
     print(f"tinygw demo: gateway on {url}; fake providers primary ({primary.url}) and backup ({backup.url})")
     print("  model 'chat' -> primary:chat-large, then backup:chat-large-copy; model 'solo' -> primary only\n")
-    gateway = subprocess.Popen(_gateway_command(), env=_config(primary, backup, port), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
+    gateway = subprocess.Popen(
+        _gateway_command(),
+        env=_config(primary, backup, port),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     threading.Thread(target=_narrate_gateway_log, args=(gateway.stderr, timeline), daemon=True).start()
     try:
         if not _ready(url, gateway):

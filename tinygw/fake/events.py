@@ -19,11 +19,17 @@ def _named(kind: str, value: dict) -> bytes:
 # ---- OpenAI chat and completions ------------------------------------------------------------
 
 
-def _openai_chunk(model: str, content: str | None, finish: str | None = None, role: bool = False,
-                  with_usage: bool = False) -> bytes:
+def _openai_chunk(
+    model: str, content: str | None, finish: str | None = None, role: bool = False, with_usage: bool = False
+) -> bytes:
     delta = {"role": "assistant"} if role else ({"content": content} if content is not None else {})
-    chunk = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model,
-             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    chunk = {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
     if with_usage:
         chunk["usage"] = None  # as OpenAI sends it on every chunk but the last
     return _data(chunk)
@@ -47,9 +53,17 @@ def openai_stream_events(model: str, words: list[str], include_usage: bool = Fal
 
 def completions_stream_events(model: str, words: list[str], include_usage: bool = False) -> list[bytes]:
     """Legacy completions chunks (`object: text_completion`, `choices[].text`)."""
+
     def chunk(text: str, finish: str | None = None) -> bytes:
-        return _data({"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": model,
-                      "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]})
+        return _data(
+            {
+                "id": "cmpl-fake",
+                "object": "text_completion",
+                "created": 0,
+                "model": model,
+                "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+            }
+        )
 
     events = [*(chunk(w) for w in words), chunk("", "stop")]
     if include_usage:
@@ -59,13 +73,23 @@ def completions_stream_events(model: str, words: list[str], include_usage: bool 
 
 def openai_tool_chunks(model: str, name: str, arguments: str) -> list[bytes]:
     def chunk(delta: dict, finish: str | None = None) -> bytes:
-        return _data({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model,
-                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        return _data(
+            {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
+        )
 
     call = {"index": 0, "id": "call_fake", "type": "function", "function": {"name": name, "arguments": ""}}
-    return [chunk({"role": "assistant", "content": None, "tool_calls": [call]}),
-            chunk({"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]}),
-            chunk({}, "tool_calls"), b"data: [DONE]\n\n"]
+    return [
+        chunk({"role": "assistant", "content": None, "tool_calls": [call]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]}),
+        chunk({}, "tool_calls"),
+        b"data: [DONE]\n\n",
+    ]
 
 
 # ---- Anthropic messages -----------------------------------------------------------------------
@@ -75,16 +99,28 @@ def _anthropic_events(model: str, block: dict, deltas: list[dict], stop_reason: 
     def event(kind: str, data: dict) -> bytes:
         return _named(kind, {"type": kind, **data})
 
-    message: dict = {"id": "msg_fake", "type": "message", "role": "assistant", "model": model, "content": [],
-                     "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 3, "output_tokens": 1}}
-    return [event("message_start", {"message": message}),
-            event("content_block_start", {"index": 0, "content_block": block}),
-            event("ping", {}),
-            *(event("content_block_delta", {"index": 0, "delta": d}) for d in deltas),
-            event("content_block_stop", {"index": 0}),
-            event("message_delta", {"delta": {"stop_reason": stop_reason, "stop_sequence": None},
-                                    "usage": {"output_tokens": output_tokens}}),
-            event("message_stop", {})]
+    message: dict = {
+        "id": "msg_fake",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 3, "output_tokens": 1},
+    }
+    return [
+        event("message_start", {"message": message}),
+        event("content_block_start", {"index": 0, "content_block": block}),
+        event("ping", {}),
+        *(event("content_block_delta", {"index": 0, "delta": d}) for d in deltas),
+        event("content_block_stop", {"index": 0}),
+        event(
+            "message_delta",
+            {"delta": {"stop_reason": stop_reason, "stop_sequence": None}, "usage": {"output_tokens": output_tokens}},
+        ),
+        event("message_stop", {}),
+    ]
 
 
 def anthropic_stream_events(model: str, words: list[str]) -> list[bytes]:
@@ -105,24 +141,54 @@ def anthropic_tool_events(model: str, name: str, arguments: str) -> list[bytes]:
 
 def text_item(words: list[str], status: str = "completed") -> dict:
     text = "".join(words)
-    return {"type": "message", "id": "msg_fake", "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []}
+    return {
+        "type": "message",
+        "id": "msg_fake",
+        "status": status,
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else [],
+    }
 
 
 def function_call_item(name: str, arguments: str, status: str = "completed") -> dict:
-    return {"type": "function_call", "id": "fc_fake", "call_id": "call_fake", "name": name, "arguments": arguments,
-            "status": status}
+    return {
+        "type": "function_call",
+        "id": "fc_fake",
+        "call_id": "call_fake",
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
 
 
 def responses_object(model: str, output: list[dict], status: str = "completed") -> dict:
     """A Responses API `response` object: finished with `output`, or in progress, empty."""
     done = status == "completed"
-    usage = {"input_tokens": 3, "output_tokens": 4, "total_tokens": 7,
-             "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
-    return {"id": "resp_fake", "object": "response", "created_at": 0, "status": status, "model": model,
-            "output": output if done else [], "usage": usage if done else None,
-            "error": None, "incomplete_details": None, "instructions": None, "metadata": {},
-            "parallel_tool_calls": True, "temperature": 1.0, "tool_choice": "auto", "tools": [], "top_p": 1.0}
+    usage = {
+        "input_tokens": 3,
+        "output_tokens": 4,
+        "total_tokens": 7,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": 0},
+    }
+    return {
+        "id": "resp_fake",
+        "object": "response",
+        "created_at": 0,
+        "status": status,
+        "model": model,
+        "output": output if done else [],
+        "usage": usage if done else None,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": None,
+        "metadata": {},
+        "parallel_tool_calls": True,
+        "temperature": 1.0,
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": 1.0,
+    }
 
 
 class _Sequence:

@@ -35,16 +35,29 @@ class Reply(Struct):
     action: str = "answer"
 
 
-REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 429: "Too Many Requests",
-            500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout",
-            529: "Overloaded"}
+REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    404: "Not Found",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+    529: "Overloaded",
+}
 
 
 def json_reply(status: int, value, headers: list[tuple[str, str]] | None = None) -> Reply:
-    return Reply(status=status, headers=[("content-type", "application/json"), *(headers or [])],
-                 body=json.dumps(value).encode())
+    return Reply(
+        status=status, headers=[("content-type", "application/json"), *(headers or [])], body=json.dumps(value).encode()
+    )
 
 
 def sse_reply(events: list[bytes], delay_seconds: float = 0.0, cut: bool = False) -> Reply:
-    return Reply(headers=[("content-type", "text/event-stream")],
-                 chunks=[(delay_seconds, e) for e in events], action="cut" if cut else "answer")
+    return Reply(
+        headers=[("content-type", "text/event-stream")],
+        chunks=[(delay_seconds, e) for e in events],
+        action="cut" if cut else "answer",
+    )

@@ -13,22 +13,21 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
+from typing import Any
 
-from tinygw.fake.answers import (  # noqa: F401  (the names the tests, demo and bench use)
-    EMBEDDING,
-    anthropic_stream_events,
-    openai_stream_events,
-    responses_stream_events,
-    well_behaved,
-)
-from tinygw.fake.replies import REASONS, FakeRequest, Reply, json_reply, sse_reply  # noqa: F401
+# This module is the fake provider's one door: the tests, the demo and bench import from
+# here what they need to script it, so some of these names are only passed on.
+from tinygw.fake.answers import EMBEDDING, well_behaved  # noqa: F401 -- passed on
+from tinygw.fake.events import anthropic_stream_events, openai_stream_events, responses_stream_events  # noqa: F401 -- passed on
+from tinygw.fake.replies import REASONS, FakeRequest, Reply, json_reply, sse_reply  # noqa: F401 -- passed on
 
 
 class FakeUpstream:
     """An HTTP/1.1 server on 127.0.0.1. `script` may be replaced at any time."""
 
-    def __init__(self, script: Callable[[FakeRequest], Reply] | None = None, port: int = 0,
-                 record: bool = True) -> None:
+    def __init__(
+        self, script: Callable[[FakeRequest], Reply] | None = None, port: int = 0, record: bool = True
+    ) -> None:
         self.script = script or well_behaved()
         self.requests: list[FakeRequest] = []
         self.record = record
@@ -128,6 +127,7 @@ async def _read_request(reader: asyncio.StreamReader) -> FakeRequest | None:
 
 async def _wait(reader: asyncio.StreamReader, wait) -> bool:
     """Sleep or wait for a gate, watching the connection; False if the peer closed it."""
+    waiting: asyncio.Future[Any]  # the result is never read: only that it came
     if isinstance(wait, threading.Event):
         waiting = asyncio.ensure_future(asyncio.get_running_loop().run_in_executor(None, wait.wait, 60))
     else:

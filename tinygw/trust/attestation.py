@@ -44,9 +44,14 @@ POLL_SECONDS = 0.02
 BLOB_MAX_BYTES = EVENT_LOG_MAX_BYTES = 1 << 20
 
 SEV_GUEST = "sev_guest"
-SNP_CERT_GUIDS = {uuid.UUID(guid).bytes: name for guid, name in (
-    ("63da758d-e664-4564-adc5-f4b93be8accd", "vcek"), ("4ab7b379-bbac-4fe4-a02f-05aef327c782", "ask"),
-    ("c0b406a4-a803-4952-9743-3fb6014cd0ae", "ark"))}
+SNP_CERT_GUIDS = {
+    uuid.UUID(guid).bytes: name
+    for guid, name in (
+        ("63da758d-e664-4564-adc5-f4b93be8accd", "vcek"),
+        ("4ab7b379-bbac-4fe4-a02f-05aef327c782", "ask"),
+        ("c0b406a4-a803-4952-9743-3fb6014cd0ae", "ark"),
+    )
+}
 
 _HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")
 

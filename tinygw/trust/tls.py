@@ -101,12 +101,17 @@ def memory_directory(candidates: list[str]) -> str:
     writable (a directory is made there and removed, as the key's will be)."""
     mounts = _mounts()
     for candidate in candidates:
-        if candidate and os.path.isdir(candidate) and _file_system(os.path.realpath(candidate), mounts) in MEMORY_FILE_SYSTEMS:
+        if (
+            candidate
+            and os.path.isdir(candidate)
+            and _file_system(os.path.realpath(candidate), mounts) in MEMORY_FILE_SYSTEMS
+        ):
             try:
                 os.rmdir(tempfile.mkdtemp(prefix="tinygw-probe-", dir=candidate))
             except OSError as e:
-                raise ConfigError("TINYGW_TLS", f"attested: cannot write the key in {candidate!r}: "
-                                                f"{e.strerror or type(e).__name__}") from None
+                raise ConfigError(
+                    "TINYGW_TLS", f"attested: cannot write the key in {candidate!r}: {e.strerror or type(e).__name__}"
+                ) from None
             return candidate
     raise ConfigError("TINYGW_TLS", f"attested: no memory file system (tmpfs) to hold the key among {candidates}")
 
@@ -162,7 +167,9 @@ def check_files(cert_path: str, key_path: str, cert_pem: bytes, key_pem: bytes) 
     if certificate.public_key().public_bytes(serialization.Encoding.DER, public) != key.public_key().public_bytes(
         serialization.Encoding.DER, public
     ):
-        raise ConfigError("TINYGW_TLS_KEY_FILE", f"{key_path!r} is not the key of the certificate in TINYGW_TLS_CERT_FILE")
+        raise ConfigError(
+            "TINYGW_TLS_KEY_FILE", f"{key_path!r} is not the key of the certificate in TINYGW_TLS_CERT_FILE"
+        )
     weak = _weakness(key)
     if weak:
         raise ConfigError("TINYGW_TLS_KEY_FILE", f"{key_path!r} holds {weak}")

@@ -81,15 +81,20 @@ def encode_query(query: dict[str, str]) -> bytes:
     return "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in query.items()).encode()
 
 
+def _configured_circuits(settings: Settings) -> list[tuple[str, str]]:
+    """(provider, upstream model) of every configured target. A target of `*` has a circuit
+    per name as sent, made by the first attempt: none up front."""
+    return sorted({(t.provider, t.upstream_model) for m in settings.models.values() for t in m.targets
+                   if t.upstream_model != WILDCARD})
+
+
 class Gateway:
     def __init__(self, settings: Settings, *, artifact_sha256: str = "", clock: Clock = time.monotonic) -> None:
         self.settings = settings
         self.clock = clock
         self.auth = InboundAuth(settings.api_keys)
         self.metrics = Metrics(__version__, artifact_sha256, settings.metrics_dir)
-        # A target of `*` has a circuit per name as sent, made by the first attempt: none up front.
-        configured = sorted({(t.provider, t.upstream_model) for m in settings.models.values() for t in m.targets
-                             if t.upstream_model != WILDCARD})
+        configured = _configured_circuits(settings)
         # What the status page shows of this worker, in the shared store; wall clock for display only.
         self.started_at = time.time()
         self.board = Board(self.metrics.store, self.started_at)
