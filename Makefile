@@ -54,7 +54,7 @@ $(CLIENTS)/.venv-llm/.installed: $(CLIENTS)/llm.lock
 fuzz: $(STAMP)
 	HYPOTHESIS_PROFILE=long $(PY) -m pytest -q tests/test_fuzz_units.py tests/test_fuzz_gateway.py tests/test_fastpath.py
 
-# build/dist/tinygw and build/dist/release.json (SPEC section 8), built inside a Debian build
+# build/dist/tinygw and build/dist/release.json (docs/design.md section 8), built inside a Debian build
 # root from pinned packages and the locks: needs root and apt, not .venv; see build/build.sh.
 build:
 	sh build/build.sh

@@ -1,4 +1,4 @@
-"""Worker memory under large non-streamed answers (SPEC section 10).
+"""Worker memory under large non-streamed answers (docs/design.md section 10).
 
 Starts a provider on loopback that answers every request with SIZE_MiB of JSON
 (content-length framing, written in 1 MiB pieces), a real `tinygw serve` in front

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Build the one-file executable and its release.json inside a Debian build root (SPEC section 8).
+# Build the one-file executable and its release.json inside a Debian build root (docs/design.md section 8).
 #
 #   build/build.sh [OUTDIR]     OUTDIR defaults to build/dist of this source tree
 #

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The Debian build root that build/build.sh builds in (SPEC section 8: the build does not
+# The Debian build root that build/build.sh builds in (docs/design.md section 8: the build does not
 # depend on the builder's machine). Needs root and apt; installs mmdebstrap when missing.
 #
 #   build/buildroot.sh resolve MANIFEST   fetch Debian's package lists now and write MANIFEST:

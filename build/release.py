@@ -1,6 +1,6 @@
 """release.json: what a client (or its auditor) needs to check that a gateway runs this build.
 
-SPEC section 8. Run inside the build root by build/in-root.sh:
+docs/design.md section 8. Run inside the build root by build/in-root.sh:
 
     release.py requirements
         print what the build installs, with the locks' hashes: all of runtime.lock, and of

@@ -4,7 +4,7 @@
     reproduce.py --reference RELEASE  the same, then compare with that release.json too
     reproduce.py ARTIFACT ARTIFACT    compare two executables built anywhere
 
-SPEC section 8: two builds of one commit from two fresh build roots of the same package
+docs/design.md section 8: two builds of one commit from two fresh build roots of the same package
 versions, started from hosts with different Pythons, give byte-identical artifacts. Each
 build is `make build` in its own copy of the tree (two directories of different depth
 and length), with BUILDROOT_FRESH=1 (so each makes its build root anew from Debian's

@@ -1,4 +1,4 @@
-"""Circuit breakers: unit tests of the pure state machine on a fake clock (SPEC section 4)."""
+"""Circuit breakers: unit tests of the pure state machine on a fake clock (docs/design.md section 4)."""
 
 from __future__ import annotations
 
@@ -239,7 +239,7 @@ def test_a_stale_neutral_probe_frees_no_slot_in_the_next_half_open():
     assert circuit.allow() is None  # still no more than two probes at once
 
 
-# SPEC section 7's status page shows a circuit's last error: a ticket admitted before
+# docs/design.md section 7's status page shows a circuit's last error: a ticket admitted before
 # the last transition must not overwrite it (its verdict no longer belongs to this state).
 def test_a_stale_failure_does_not_overwrite_the_last_error():
     circuit, clock = make(failures=2)

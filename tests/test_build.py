@@ -1,6 +1,6 @@
 """The build's bookkeeping, without building: what goes into the build root's venv, how
 release.json records the root, and what `make reproduce REFERENCE=` says when a release
-differs (SPEC section 8). `make reproduce` and `make test-frozen` build for real."""
+differs (docs/design.md section 8). `make reproduce` and `make test-frozen` build for real."""
 
 from __future__ import annotations
 

@@ -230,7 +230,7 @@ def test_version():
     assert done.returncode == 0 and done.stdout.startswith("tinygw ")
 
 
-# ---- SPEC section 10: what a careless operator may set -------------------------------
+# ---- docs/design.md section 10: what a careless operator may set -------------------------------
 
 
 @pytest.mark.parametrize(

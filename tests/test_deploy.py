@@ -557,7 +557,7 @@ def test_deployment_environment_is_a_valid_configuration(tmp_path):
 
 # ---- the Containerfile ---------------------------------------------------------------------
 
-# What `make build` makes (SPEC section 8); this test does not build.
+# What `make build` makes (docs/design.md section 8); this test does not build.
 BUILD_OUTPUTS = {"build/dist/tinygw", "build/dist/release.json"}
 
 

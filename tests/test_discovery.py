@@ -1,6 +1,6 @@
 """Black-box: model discovery, health checks of open circuits, and `/v1/models`.
 
-A real tinygw process and a fake provider on loopback (SPEC sections 5 and 6).
+A real tinygw process and a fake provider on loopback (docs/design.md sections 5 and 6).
 Listings and health checks run every 0.2 s here; every wait polls with a deadline.
 """
 

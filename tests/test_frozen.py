@@ -1,4 +1,4 @@
-"""The frozen executable, build/dist/tinygw: what a deployment runs (SPEC section 8).
+"""The frozen executable, build/dist/tinygw: what a deployment runs (docs/design.md section 8).
 
 `make test-frozen` builds it, runs these tests, then runs the black-box suites against
 it too (TINYGW_BINARY). Plain `make test` leaves this file out: a binary left from an

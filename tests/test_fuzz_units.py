@@ -205,7 +205,7 @@ RESPONSE_NAMES = [
     ]
 )
 def test_relay_headers_only_relay_the_fixed_set(headers):
-    # SPEC: answers are relayed with a fixed set of headers (content-type, request ids,
+    # docs/design.md section 10: answers are relayed with a fixed set of headers (content-type, request ids,
     # rate-limit and retry headers, openai-*, anthropic-*), never the provider's cookies,
     # HSTS, CORS, redirect targets or x-tinygw-*.
     # The provider's x-request-id goes on as x-upstream-request-id (the gateway's is its own).

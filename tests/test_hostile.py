@@ -1,4 +1,4 @@
-"""SPEC section 10, black-box: a real gateway against providers and clients that
+"""docs/design.md section 10, black-box: a real gateway against providers and clients that
 misbehave on purpose. Each test here failed on the code before the fix it guards."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import zlib
 import pytest
 
 from conftest import call, module_fake, second_fake, wait_until
-from tinygw.fake.upstream import Reply, json_reply, openai_stream_events, well_behaved
+from tinygw.fake.upstream import Reply, openai_stream_events, well_behaved
 
 MiB = 1024 * 1024
 
@@ -46,8 +46,12 @@ def gateway(fake, backup, tmp_path_factory):
 
 
 def chat(gateway, model="m", stream=False, text="hi", timeout=10):
-    return call("POST", f"{gateway.url}/v1/chat/completions",
-                {"model": model, "stream": stream, "messages": [{"role": "user", "content": text}]}, timeout=timeout)
+    return call(
+        "POST",
+        f"{gateway.url}/v1/chat/completions",
+        {"model": model, "stream": stream, "messages": [{"role": "user", "content": text}]},
+        timeout=timeout,
+    )
 
 
 def raw_response(status_line: str, headers: list[str], body: bytes) -> bytes:
@@ -62,18 +66,22 @@ def request_record(gateway, target: str) -> dict:
     """The access-log line of the request that went to `target` (written just after
     the answer, so it is waited for); tests give each request an upstream model of
     its own (`one/<name>`) to find it."""
-    return wait_until(lambda: [r for r in request_records(gateway) if r["target"] == target],
-                      what=f"the access log line of {target}")[-1]
+    return wait_until(
+        lambda: [r for r in request_records(gateway) if r["target"] == target], what=f"the access log line of {target}"
+    )[-1]
 
 
 # ---- a connection is reused only when its answer ended where its framing said -------
 
 
 def test_bytes_past_content_length_never_reach_the_next_client(gateway, fake):
-    smuggled = raw_response("HTTP/1.1 200 OK", ["content-type: application/json", "content-length: 26"],
-                            b'{"answer": "alice-private"}')
-    first = raw_response("HTTP/1.1 200 OK", ["content-type: application/json", "content-length: 12"],
-                         b'{"ok":"one"}') + smuggled  # bytes past the declared length
+    smuggled = raw_response(
+        "HTTP/1.1 200 OK", ["content-type: application/json", "content-length: 26"], b'{"answer": "alice-private"}'
+    )
+    first = (
+        raw_response("HTTP/1.1 200 OK", ["content-type: application/json", "content-length: 12"], b'{"ok":"one"}')
+        + smuggled
+    )  # bytes past the declared length
     fake.script = lambda r: Reply(action="raw", body=first) if b"alice" in r.body else well_behaved("fake")(r)
 
     status, _, body = chat(gateway, text="from alice")
@@ -124,8 +132,14 @@ HOSTILE_HEADERS = [
     ("anthropic-ratelimit-requests-limit", "50"),
     ("retry-after-ms", "10"),
 ]
-RELAYED = {"content-type", "x-request-id", "x-ratelimit-remaining-requests", "openai-processing-ms",
-           "anthropic-ratelimit-requests-limit", "retry-after-ms"}
+RELAYED = {
+    "content-type",
+    "x-request-id",
+    "x-ratelimit-remaining-requests",
+    "openai-processing-ms",
+    "anthropic-ratelimit-requests-limit",
+    "retry-after-ms",
+}
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -148,12 +162,16 @@ def test_only_a_fixed_set_of_provider_headers_reaches_the_client(gateway, fake, 
 # ---- compressed answers despite accept-encoding: identity -------------------------
 
 
-@pytest.mark.parametrize("coding,compress", [("gzip", gzip.compress), ("deflate", zlib.compress),
-                                             ("deflate", lambda b: zlib.compress(b)[2:-4])])  # raw deflate
+@pytest.mark.parametrize(
+    "coding,compress",
+    [("gzip", gzip.compress), ("deflate", zlib.compress), ("deflate", lambda b: zlib.compress(b)[2:-4])],
+)  # raw deflate
 def test_a_compressed_answer_is_decoded(gateway, fake, coding, compress):
     document = {"id": "x", "choices": [{"message": {"content": "compressed " * 1000}}]}
-    fake.script = lambda r: Reply(headers=[("content-type", "application/json"), ("content-encoding", coding)],
-                                  body=compress(json.dumps(document).encode()))
+    fake.script = lambda r: Reply(
+        headers=[("content-type", "application/json"), ("content-encoding", coding)],
+        body=compress(json.dumps(document).encode()),
+    )
     status, headers, body = chat(gateway)
     assert status == 200 and "content-encoding" not in {k.lower() for k in headers.keys()}
     assert json.loads(body) == document
@@ -164,17 +182,21 @@ def test_a_compressed_stream_is_decoded(gateway, fake):
     events = openai_stream_events("up", ["zipped", " words"])
     whole = gzip.compress(b"".join(events))
     pieces = [whole[i : i + 17] for i in range(0, len(whole), 17)]
-    fake.script = lambda r: Reply(headers=[("content-type", "text/event-stream"), ("content-encoding", "gzip")],
-                                  chunks=[(0, p) for p in pieces])
+    fake.script = lambda r: Reply(
+        headers=[("content-type", "text/event-stream"), ("content-encoding", "gzip")], chunks=[(0, p) for p in pieces]
+    )
     status, _, body = chat(gateway, stream=True)
     assert status == 200 and body == b"".join(events)
 
 
-@pytest.mark.parametrize("coding,body", [("br", b"\x0b\x02\x80{}\x03"), ("gzip", b"not gzip at all"),
-                                         ("deflate", b'{"plain": "json, labelled deflate"}')])
+@pytest.mark.parametrize(
+    "coding,body",
+    [("br", b"\x0b\x02\x80{}\x03"), ("gzip", b"not gzip at all"), ("deflate", b'{"plain": "json, labelled deflate"}')],
+)
 def test_an_answer_that_cannot_be_decoded_is_502(gateway, fake, coding, body):
-    fake.script = lambda r: Reply(headers=[("content-type", "application/json"), ("content-encoding", coding)],
-                                  body=body)
+    fake.script = lambda r: Reply(
+        headers=[("content-type", "application/json"), ("content-encoding", coding)], body=body
+    )
     status, headers, answer = chat(gateway)
     assert status == 502 and json.loads(answer)["error"]["cause"] == "protocol_error"
     assert headers["content-type"] == "application/json"
@@ -189,8 +211,12 @@ def test_a_large_answer_reaches_the_client_before_it_has_all_arrived(gateway, fa
     fake.script = lambda r: Reply(headers=[("content-type", "application/json")], chunks=[(0, first), (gate, rest)])
     connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
     try:
-        connection.request("POST", "/v1/chat/completions", json.dumps({"model": "m", "messages": []}),
-                           {"content-type": "application/json"})
+        connection.request(
+            "POST",
+            "/v1/chat/completions",
+            json.dumps({"model": "m", "messages": []}),
+            {"content-type": "application/json"},
+        )
         response = connection.getresponse()  # the head came while the provider is held at the gate
         assert response.status == 200
         assert response.read(2 * MiB) == first[: 2 * MiB]
@@ -203,12 +229,17 @@ def test_a_large_answer_reaches_the_client_before_it_has_all_arrived(gateway, fa
 
 
 def test_a_large_answer_cut_midway_ends_incomplete_and_counts_as_a_failure(gateway, fake):
-    fake.script = lambda r: Reply(headers=[("content-type", "application/json")],
-                                  chunks=[(0, b'{"data": "' + b"a" * 2 * MiB)], action="cut")
+    fake.script = lambda r: Reply(
+        headers=[("content-type", "application/json")], chunks=[(0, b'{"data": "' + b"a" * 2 * MiB)], action="cut"
+    )
     connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
     try:
-        connection.request("POST", "/v1/chat/completions", json.dumps({"model": "one/cut-large", "messages": []}),
-                           {"content-type": "application/json"})
+        connection.request(
+            "POST",
+            "/v1/chat/completions",
+            json.dumps({"model": "one/cut-large", "messages": []}),
+            {"content-type": "application/json"},
+        )
         response = connection.getresponse()
         assert response.status == 200
         with pytest.raises(http.client.IncompleteRead):
@@ -221,8 +252,9 @@ def test_a_large_answer_cut_midway_ends_incomplete_and_counts_as_a_failure(gatew
 
 def test_a_large_error_answer_falls_back_or_is_passed_through_whole(gateway, fake):
     big_error = json.dumps({"error": {"message": "x" * 2 * MiB, "type": "server_error"}}).encode()
-    fake.script = lambda r: Reply(status=500, headers=[("content-type", "application/json")],
-                                  chunks=[(0, big_error[:MiB]), (0, big_error[MiB:])])
+    fake.script = lambda r: Reply(
+        status=500, headers=[("content-type", "application/json")], chunks=[(0, big_error[:MiB]), (0, big_error[MiB:])]
+    )
     status, _, body = chat(gateway, model="with-fallback")
     assert status == 200 and b"backup" in body
 
@@ -234,8 +266,10 @@ def test_a_large_error_answer_falls_back_or_is_passed_through_whole(gateway, fak
 
 
 def test_deeply_nested_json_is_400(gateway):
-    for body in (b'{"model": "m", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}",
-                 b'{"x": ' + b"[" * 5000 + b"]" * 5000 + b', "model": "m"}'):
+    for body in (
+        b'{"model": "m", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+        b'{"x": ' + b"[" * 5000 + b"]" * 5000 + b', "model": "m"}',
+    ):
         status, _, answer = call("POST", f"{gateway.url}/v1/chat/completions", body)
         assert status == 400 and json.loads(answer)["error"]["type"] == "invalid_request_error"
     assert call("GET", f"{gateway.url}/healthz")[0] == 200
@@ -252,8 +286,10 @@ def test_a_model_over_256_bytes_is_400(gateway, fake):
 
 def test_a_malformed_chunked_body_is_400_in_openai_shape(gateway):
     with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as client:
-        client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                       b"Transfer-Encoding: chunked\r\n\r\nZZ\r\n{}\r\n0\r\n\r\n")
+        client.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\nZZ\r\n{}\r\n0\r\n\r\n"
+        )
         answer = b""
         while chunk := client.recv(65536):
             answer += chunk
@@ -266,15 +302,19 @@ def test_a_malformed_chunked_body_is_400_in_openai_shape(gateway):
 
 
 def small_config(fake) -> dict:
-    return {"providers": {"p": {"base_url": f"{fake.url}/v1", "api": "openai", "listing": False}},
-            "models": {"m": {"targets": ["p:up"]}}}
+    return {
+        "providers": {"p": {"base_url": f"{fake.url}/v1", "api": "openai", "listing": False}},
+        "models": {"m": {"targets": ["p:up"]}},
+    }
 
 
 def test_a_body_sent_too_slowly_is_408(fake, start_gateway):
     gateway = start_gateway(small_config(fake), TINYGW_CLIENT_TIMEOUT_SECONDS="0.5")
     with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as client:
-        client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                       b"Content-Length: 100\r\n\r\n{")  # and then nothing
+        client.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n{"
+        )  # and then nothing
         answer = b""
         while chunk := client.recv(65536):  # the gateway answers, then closes
             answer += chunk
@@ -293,8 +333,10 @@ def test_thousands_of_idle_and_slow_clients_do_not_stop_the_gateway(fake, start_
             held.append(socket.create_connection(("127.0.0.1", gateway.port), timeout=10))
         for _ in range(100):
             slow = socket.create_connection(("127.0.0.1", gateway.port), timeout=10)
-            slow.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 1000\r\n\r\n{\"model\": ")
+            slow.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 1000\r\n\r\n{"model": '
+            )
             held.append(slow)
         assert call("GET", f"{gateway.url}/healthz", timeout=1)[0] == 200
         status, _, body = chat(gateway, timeout=1)
@@ -343,11 +385,17 @@ def test_a_client_that_leaves_during_a_large_answer_frees_its_connection_slot():
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = int(next(v for k, _, v in (line.partition(b":") for line in head.split(b"\r\n"))
-                                  if k.lower() == b"content-length"))
+                length = int(
+                    next(
+                        v
+                        for k, _, v in (line.partition(b":") for line in head.split(b"\r\n"))
+                        if k.lower() == b"content-length"
+                    )
+                )
                 await reader.readexactly(length)
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-                             % len(answer))
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(answer)
+                )
                 for i in range(0, len(answer), 65536):
                     writer.write(answer[i : i + 65536])
                     await writer.drain()
@@ -357,27 +405,39 @@ def test_a_client_that_leaves_during_a_large_answer_frees_its_connection_slot():
     async def run() -> list[int]:
         server = await asyncio.start_server(provider, "127.0.0.1", 0)
         url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
-        settings = environment.from_environ({"TINYGW_CONFIG": json.dumps({
-            "providers": {"p": {"base_url": url, "api": "openai", "max_connections": 2, "listing": False}},
-            "models": {"m": {"targets": ["p:m"]}}})})
+        settings = environment.from_environ(
+            {
+                "TINYGW_CONFIG": json.dumps(
+                    {
+                        "providers": {"p": {"base_url": url, "api": "openai", "max_connections": 2, "listing": False}},
+                        "models": {"m": {"targets": ["p:m"]}},
+                    }
+                )
+            }
+        )
         gateway = TinyGateway(settings)
         pool, free = gateway.upstreams["p"].pool, []
         for _ in range(3):
             messages = [{"type": "http.request", "body": b'{"model": "m"}', "more_body": False}]
             sent = []
 
-            async def receive():
+            async def receive(messages=messages):
                 if messages:
                     return messages.pop()
                 await asyncio.sleep(3600)
 
-            async def send(message):
+            async def send(message, sent=sent):
                 sent.append(message)
                 if len(sent) == 3:  # the first MiB went out; the client is gone
                     raise OSError("the client left")
 
-            scope = {"type": "http", "path": "/v1/chat/completions", "method": "POST",
-                     "headers": [(b"content-type", b"application/json")], "query_string": b""}
+            scope = {
+                "type": "http",
+                "path": "/v1/chat/completions",
+                "method": "POST",
+                "headers": [(b"content-type", b"application/json")],
+                "query_string": b"",
+            }
             route = app.ROUTES["/v1/chat/completions"].route
             await asyncio.wait_for(app._proxy(gateway, route, scope, receive, send), 10)
             free.append(pool._free_slots)

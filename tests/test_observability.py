@@ -49,7 +49,7 @@ def test_every_metric_of_spec_section_7_parses(fake, start_gateway):
 
 
 def test_build_info_names_the_frozen_artifact_s_sha256(fake, start_gateway):
-    """SPEC section 7: the artifact's sha256 is filled in whenever frozen (the frozen
+    """docs/design.md section 7: the artifact's sha256 is filled in whenever frozen (the frozen
     suite runs this against build/dist/tinygw); from source it is empty."""
     gateway = start_gateway({"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:x"]}}})
     binary = os.environ.get("TINYGW_BINARY")

@@ -11,7 +11,7 @@ import pytest
 from conftest import closed_port
 from tinygw import errors
 from tinygw.config.settings import Origin
-from tinygw.fake.upstream import FakeUpstream, Reply, json_reply, sse_reply
+from tinygw.fake.upstream import Reply, json_reply, sse_reply
 from tinygw.upstream.pool import Pool, Timeouts
 
 pytestmark = pytest.mark.anyio
@@ -50,8 +50,11 @@ async def test_keep_alive_reuses_one_connection(fake):
 
 async def test_a_partly_read_response_discards_its_connection(fake):
     gate = threading.Event()
-    fake.script = lambda r: sse_reply([b"data: 1\n\n", b"data: 2\n\n"], delay_seconds=0) if r.path == "/ok" \
+    fake.script = lambda r: (
+        sse_reply([b"data: 1\n\n", b"data: 2\n\n"], delay_seconds=0)
+        if r.path == "/ok"
         else Reply(headers=[("content-type", "text/event-stream")], chunks=[(0, b"data: 1\n\n"), (gate, b"x")])
+    )
     pool = pool_for(fake.port)
     response = await pool.request(b"POST", b"/partial", [], b"")
     assert await response.next_chunk() == b"data: 1\n\n"

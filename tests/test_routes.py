@@ -1,4 +1,4 @@
-"""Black-box: the routes that SDKs call besides chat and messages (SPEC section 3):
+"""Black-box: the routes that SDKs call besides chat and messages (docs/design.md section 3):
 the Responses API, count_tokens, one model, Anthropic-shaped listings, and the 404
 that names the routes. A real tinygw process, the official SDKs, a fake provider."""
 

@@ -1,4 +1,4 @@
-"""Black-box: the status page, `/status` and `/status.json` (SPEC section 7).
+"""Black-box: the status page, `/status` and `/status.json` (docs/design.md section 7).
 
 A real gateway whose provider `down` answers 502 to everything, so that two failures
 open its circuit for 300 s, and a healthy provider `up` whose circuit stays closed.

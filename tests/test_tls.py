@@ -1,4 +1,4 @@
-"""Attested TLS (SPEC section 9), black-box: real gateway processes serving HTTPS on
+"""Attested TLS (docs/design.md section 9), black-box: real gateway processes serving HTTPS on
 loopback, attest/verify over one TLS connection, a relay that terminates TLS with its
 own key, and the official OpenAI SDK trusting exactly the attested certificate."""
 

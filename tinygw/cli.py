@@ -1,4 +1,4 @@
-"""The command line: `tinygw serve | check | version | demo | fake` (SPEC section 1).
+"""The command line: `tinygw serve | check | version | demo | fake` (docs/design.md section 1).
 
 `--help`/`-h` and `--version` work everywhere (`tinygw serve --help` prints the help
 and serves nothing); any other argument is a usage error, exit 2.

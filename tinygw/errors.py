@@ -22,7 +22,7 @@ class ConfigError(Exception):
 class UpstreamError(Exception):
     """An attempt at a provider failed before a complete answer arrived."""
 
-    #: what SPEC section 3 calls the cause, in the 502/504 error body
+    #: what docs/design.md section 3 calls the cause, in the 502/504 error body
     cause = "connect_error"
 
 

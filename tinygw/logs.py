@@ -95,8 +95,18 @@ def access(loop: asyncio.AbstractEventLoop | None, **fields: object) -> None:
     `loop` (at once without a loop). Same shape as the other lines."""
     if not _logger.isEnabledFor(logging.INFO):
         return
-    _batch.append(_encode.encode({"ts": round(time.time(), 3),  # wall clock, as JsonFormatter: for people
-                                  "level": "info", "logger": LOGGER_NAME, "msg": "request", **fields}) + b"\n")
+    _batch.append(
+        _encode.encode(
+            {
+                "ts": round(time.time(), 3),  # wall clock, as JsonFormatter: for people
+                "level": "info",
+                "logger": LOGGER_NAME,
+                "msg": "request",
+                **fields,
+            }
+        )
+        + b"\n"
+    )
     if loop is None:
         flush()
     elif len(_batch) == 1:
@@ -105,8 +115,24 @@ def access(loop: asyncio.AbstractEventLoop | None, **fields: object) -> None:
 
 # Query parameters whose value is a credential: logged as "***". A name also counts when
 # it ends in one of these (x_api_key, access_token, client_secret).
-_CREDENTIAL_PARAMETERS = ("key", "api_key", "apikey", "token", "access_token", "auth", "authorization", "password",
-                          "passwd", "secret", "signature", "sig", "session", "code", "jwt", "credential")
+_CREDENTIAL_PARAMETERS = (
+    "key",
+    "api_key",
+    "apikey",
+    "token",
+    "access_token",
+    "auth",
+    "authorization",
+    "password",
+    "passwd",
+    "secret",
+    "signature",
+    "sig",
+    "session",
+    "code",
+    "jwt",
+    "credential",
+)
 _CREDENTIAL_ENDINGS = ("key", "token", "secret", "password", "signature")
 # Every name above, and every name with one of the endings, holds one of these (or is
 # percent-encoded): a query without any is logged as it is, unparsed.

@@ -3,7 +3,7 @@
 Before Granian starts: the open-file limit is raised, the port is checked to be free
 (Granian binds with SO_REUSEPORT, so a second gateway would otherwise share the port
 silently), and a directory for the workers' shared metrics is made. Granian's own
-limits on clients are set here, deliberately (SPEC section 10).
+limits on clients are set here, deliberately (docs/design.md section 10).
 """
 
 from __future__ import annotations

@@ -15,31 +15,26 @@ import logging
 import os
 import sys
 
-
 from tinygw import logs
-from tinygw.config import environment
-from tinygw.worker import discovery
 from tinygw.api import models
-from tinygw.worker import proxy
-from tinygw.protocol import wire
 from tinygw.api.attestation import attestation_page
-from tinygw.trust.attestation import artifact_digests
-from tinygw.errors import ConfigError, EvidenceUnavailable
-from tinygw.worker.gateway import Gateway
-from tinygw.worker.record import Record
-from tinygw.protocol.routing import Endpoint, Route, api_endpoint, page_endpoint
-from tinygw.api.status import status_json, status_page
+from tinygw.api.body import ClientLeft, read_body
 from tinygw.api.models import MODEL_PREFIX
 from tinygw.api.pages import healthz, metrics, root
-from tinygw.protocol.wire import BadBody, header, read_head, send_error
+from tinygw.api.status import status_json, status_page
+from tinygw.config import environment
+from tinygw.errors import ConfigError, EvidenceUnavailable
+from tinygw.protocol import wire
+from tinygw.protocol.routing import Endpoint, Route, api_endpoint, page_endpoint
+from tinygw.protocol.wire import BadBody, read_head, send_error
+from tinygw.trust.attestation import artifact_digests
+from tinygw.worker import discovery, proxy
+from tinygw.worker.gateway import Gateway
+from tinygw.worker.record import Record
 
 # A proxied request starts watching for its client leaving this long after its body
 # was read (a task waiting in receive() costs about a tenth of a quick request's CPU).
 WATCH_AFTER_SECONDS = 0.05
-
-
-class ClientLeft(Exception):
-    """The client disconnected while the gateway was still reading its request."""
 
 
 async def app(scope, receive, send) -> None:
@@ -52,7 +47,8 @@ async def app(scope, receive, send) -> None:
 
 async def lifespan(scope, receive, send) -> None:
     message = await receive()
-    assert message["type"] == "lifespan.startup"
+    if message["type"] != "lifespan.startup":  # the server speaks ASGI lifespan otherwise
+        raise RuntimeError(f"lifespan: expected lifespan.startup, got {message['type']}")
     try:
         settings = environment.from_environ()
         logs.configure(settings.log_level)
@@ -120,20 +116,29 @@ def _refusal(gateway: Gateway, endpoint: Endpoint | None, scope) -> tuple[int, s
     return None
 
 
-async def _refuse(gateway: Gateway, route: Route | None, scope, send, request_id: bytes,
-                  refusal: tuple[int, str, str, str]) -> None:
+async def _refuse(
+    gateway: Gateway, route: Route | None, scope, send, request_id: bytes, refusal: tuple[int, str, str, str]
+) -> None:
     """A refused request: answered, written on the access log, and counted when its
     route is an API's (a bounded label; an unknown path is not one)."""
     status = await send_error(send, *refusal)
     if route is not None:
         gateway.metrics.count_request(route.path, "unknown", status, 0.0)
-    logs.access(gateway.loop, route=route.path if route is not None else None, model=None, status=status,
-                worker=gateway.pid, request_id=request_id.decode(), **logs.request_line(scope))
+    logs.access(
+        gateway.loop,
+        route=route.path if route is not None else None,
+        model=None,
+        status=status,
+        worker=gateway.pid,
+        request_id=request_id.decode(),
+        **logs.request_line(scope),
+    )
 
 
 def _with_request_id(send, request_id: bytes):
     """`send`, with `x-request-id` added to the answer's head (pages and refusals; a
     proxied answer gets it from its record, tinygw.worker.record)."""
+
     async def send_with_id(message) -> None:
         if message["type"] == "http.response.start":
             message["headers"] = [*message["headers"], (b"x-request-id", request_id)]
@@ -147,7 +152,8 @@ async def _proxy(gateway: Gateway, route, scope, receive, send, request_id: byte
     model), then forwarded; counted and logged from its record, whatever ended it."""
     loop = gateway.loop or asyncio.get_running_loop()
     record = Record(request_id or wire.new_request_id(), loop.time())
-    task = asyncio.current_task(loop)  # this request's, looked up once
+    # this request's, looked up once (never None: _proxy runs in the request's task)
+    task: asyncio.Task = asyncio.current_task(loop)  # type: ignore[assignment]
     gateway.metrics.add_in_flight(1)
     try:
         admitted = await _admit(gateway, route, scope, receive, send, record, task)
@@ -186,31 +192,52 @@ async def _admit(gateway: Gateway, route, scope, receive, send, record: Record, 
     headers = scope["headers"]
     settings = gateway.settings
     try:
-        body = await _read_body(receive, headers, settings.max_body_bytes, settings.client_timeout_seconds, task)
+        body = await read_body(receive, headers, settings.max_body_bytes, settings.client_timeout_seconds, task)
     except ClientLeft:
         # Granian reports a malformed chunked body the same way as a client that left:
         # answer 400 (a client that really left will not read it), and count it as a
         # client that left, which is what it most often is.
-        await _answer_error(send, record, 400, "the request body is incomplete or its chunked framing is malformed",
-                      "invalid_request_error", "invalid_body")
+        await _answer_error(
+            send,
+            record,
+            400,
+            "the request body is incomplete or its chunked framing is malformed",
+            "invalid_request_error",
+            "invalid_body",
+        )
         record.client_left()
         return None
     except TimeoutError:
         limit = settings.client_timeout_seconds
-        return await _answer_error(send, record, 408, f"no byte of the request body for {limit:g} s",
-                             "invalid_request_error", "request_timeout")
+        return await _answer_error(
+            send,
+            record,
+            408,
+            f"no byte of the request body for {limit:g} s",
+            "invalid_request_error",
+            "request_timeout",
+        )
     if body is None:
         limit = settings.max_body_bytes
-        return await _answer_error(send, record, 413, f"request body over {limit} bytes", "invalid_request_error",
-                             "request_too_large")
+        return await _answer_error(
+            send, record, 413, f"request body over {limit} bytes", "invalid_request_error", "request_too_large"
+        )
     head = read_head(body)  # BadBody: _proxy answers 400
-    resolution = gateway.resolver.resolve(route, head.model)
+    model: str = head.model  # type: ignore[assignment]  # read_head refuses a body without one
+    resolution = gateway.resolver.resolve(route, model)
     if resolution is None:
-        message = f"the model {head.model!r} does not exist on {route.path}"
+        message = f"the model {model!r} does not exist on {route.path}"
         return await _answer_error(send, record, 404, message, "invalid_request_error", "model_not_found")
     record.resolved(resolution.model)
-    inbound = proxy.Inbound(route=route, model=head.model, stream=bool(head.stream), body=body, headers=headers,
-                            query=scope.get("query_string", b""), request_id=record.request_id)
+    inbound = proxy.Inbound(
+        route=route,
+        model=model,
+        stream=bool(head.stream),
+        body=body,
+        headers=headers,
+        query=scope.get("query_string", b""),
+        request_id=record.request_id,
+    )
     return inbound, resolution
 
 
@@ -294,92 +321,25 @@ def _account(gateway: Gateway, route, scope, record: Record, loop: asyncio.Abstr
     )
 
 
-async def _receive_within(receive, timeout_seconds: float, task: asyncio.Task):
-    """`await receive()` in `task`, or TimeoutError after `timeout_seconds`. asyncio.timeout's
-    work with the task at hand: asyncio's own looks the loop up twice (two getpid(2)
-    on Python 3.11), for each request."""
-    expired = []
-
-    def expire() -> None:
-        expired.append(True)
-        task.cancel()
-
-    timer = task.get_loop().call_later(timeout_seconds, expire)
-    try:
-        message = await receive()
-        if expired:  # the timer fired as the message came: as asyncio.timeout, take the cancel back
-            task.uncancel()
-        return message
-    except asyncio.CancelledError:
-        if expired and task.uncancel() == 0:
-            raise TimeoutError from None
-        raise
-    finally:
-        timer.cancel()
-
-
-async def _read_body(receive, headers, limit: int, timeout_seconds: float, task: asyncio.Task) -> bytes | None:
-    """The whole request body, or None when it is over `limit` bytes. Raises
-    TimeoutError when `timeout_seconds` pass without a byte of it (SPEC section 10)."""
-    declared = header(headers, b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        return None
-    message = await _receive_within(receive, timeout_seconds, task)
-    if message["type"] == "http.disconnect":
-        raise ClientLeft
-    body = message.get("body", b"")
-    if not message.get("more_body") and len(body) <= limit:
-        return body  # the usual request: all of its body in one message
-    parts = []
-    size = 0
-    while True:
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            await _discard_body(receive, message, timeout_seconds, task)
-            return None
-        parts.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(parts)
-        message = await _receive_within(receive, timeout_seconds, task)
-        if message["type"] == "http.disconnect":
-            raise ClientLeft
-
-
-# After a body goes over the limit, up to this much more of it is read and dropped
-# so that the client, still sending, gets its 413 rather than a broken pipe.
-DISCARD_BYTES = 1024 * 1024
-
-
-async def _discard_body(receive, message, timeout_seconds: float, task: asyncio.Task) -> None:
-    discarded = 0
-    while message.get("more_body") and discarded < DISCARD_BYTES:
-        try:
-            message = await _receive_within(receive, timeout_seconds, task)
-        except TimeoutError:
-            return
-        if message["type"] == "http.disconnect":
-            raise ClientLeft
-        discarded += len(message.get("body", b""))
-
-
 MODEL_ROUTE = f"{MODEL_PREFIX}{{id}}"
 # The one route table: every path the gateway answers.
-ROUTES: dict[str, Endpoint] = dict([
-    api_endpoint("/v1/chat/completions", "openai", "/chat/completions"),
-    api_endpoint("/v1/completions", "openai", "/completions"),
-    api_endpoint("/v1/embeddings", "openai", "/embeddings"),
-    api_endpoint("/v1/responses", "openai", "/responses"),
-    api_endpoint("/v1/messages", "anthropic", "/v1/messages"),
-    api_endpoint("/v1/messages/count_tokens", "anthropic", "/v1/messages/count_tokens"),
-    page_endpoint("/v1/models", models.model_list, auth=True, both_shapes=True),
-    page_endpoint(MODEL_ROUTE, models.one_model, auth=True, both_shapes=True),  # any path under MODEL_PREFIX
-    page_endpoint("/", root),
-    page_endpoint("/healthz", healthz),
-    page_endpoint("/metrics", metrics),
-    page_endpoint("/status", status_page),
-    page_endpoint("/status.json", status_json),
-    page_endpoint("/attestation", attestation_page),
-])
+ROUTES: dict[str, Endpoint] = dict(
+    [
+        api_endpoint("/v1/chat/completions", "openai", "/chat/completions"),
+        api_endpoint("/v1/completions", "openai", "/completions"),
+        api_endpoint("/v1/embeddings", "openai", "/embeddings"),
+        api_endpoint("/v1/responses", "openai", "/responses"),
+        api_endpoint("/v1/messages", "anthropic", "/v1/messages"),
+        api_endpoint("/v1/messages/count_tokens", "anthropic", "/v1/messages/count_tokens"),
+        page_endpoint("/v1/models", models.model_list, auth=True, both_shapes=True),
+        page_endpoint(MODEL_ROUTE, models.one_model, auth=True, both_shapes=True),  # any path under MODEL_PREFIX
+        page_endpoint("/", root),
+        page_endpoint("/healthz", healthz),
+        page_endpoint("/metrics", metrics),
+        page_endpoint("/status", status_page),
+        page_endpoint("/status.json", status_json),
+        page_endpoint("/attestation", attestation_page),
+    ]
+)
 # Named in the 404 for an unknown path, so that a client learns what there is.
 ROUTE_LIST = ", ".join(f"{e.methods[0]} {path}" for path, e in ROUTES.items())

@@ -1,4 +1,4 @@
-"""The model list (SPEC sections 3 and 6): GET /v1/models and /v1/models/{id}.
+"""The model list (docs/design.md sections 3 and 6): GET /v1/models and /v1/models/{id}.
 
 Every configured alias, then `provider/upstream_model` for each model of each provider
 whose last listing succeeded, each with its `availability` from the circuits of its
@@ -17,7 +17,7 @@ MODEL_PREFIX = "/v1/models/"
 
 
 def _model_entries(gateway: Gateway) -> list[dict]:
-    """SPEC section 6: every model alias, then `provider/upstream_model` for each model
+    """docs/design.md section 6: every model alias, then `provider/upstream_model` for each model
     of each provider whose last listing succeeded, each with its `availability`: true
     if any of its targets' circuits admits an attempt now, else `retry_after`, whole
     seconds until the soonest probe."""

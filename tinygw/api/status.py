@@ -1,4 +1,4 @@
-"""The status page (SPEC section 7): `/status` in HTML and `/status.json`.
+"""The status page (docs/design.md section 7): `/status` in HTML and `/status.json`.
 
 Both show every live worker's circuits and listings in one view, read from the shared
 metric store where each worker publishes them (tinygw.observe.board), whichever worker answers;

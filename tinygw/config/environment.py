@@ -99,7 +99,7 @@ def _path(env: Mapping[str, str], name: str, default: str) -> str:
 
 
 def _secret(env: Mapping[str, str], name: str) -> Secret:
-    """A key held in `NAME`, or in the file that `NAME_FILE` names (SPEC section 2)."""
+    """A key held in `NAME`, or in the file that `NAME_FILE` names (docs/design.md section 2)."""
     value, file_path = env.get(name), env.get(f"{name}_FILE")
     if value is not None and file_path is not None:
         raise ConfigError(name, f"both {name} and {name}_FILE are set; set one")

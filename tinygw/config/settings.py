@@ -16,17 +16,17 @@ from msgspec import Meta, Struct
 
 from tinygw.secret import Secret
 
-# A request body above this many bytes is refused with 413 (SPEC section 3).
+# A request body above this many bytes is refused with 413 (docs/design.md section 3).
 DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
 
 METRICS_DIR_VARIABLE = "TINYGW_METRICS_DIR"
-# The certificate that `serve` hands its workers to report in /attestation (SPEC section 9).
+# The certificate that `serve` hands its workers to report in /attestation (docs/design.md section 9).
 SERVED_CERT_VARIABLE = "TINYGW_TLS_SERVED_CERT"
 SERVED_SPKI_VARIABLE = "TINYGW_TLS_SERVED_SPKI"
 # When the served certificate expires (its notAfter, Unix time): a metric of the workers.
 SERVED_NOT_AFTER_VARIABLE = "TINYGW_TLS_SERVED_NOT_AFTER"
 
-# Where attestation measures and reports (SPEC section 8). attest/launch reads the same
+# Where attestation measures and reports (docs/design.md section 8). attest/launch reads the same
 # variables with the same defaults; tests point them at fake trees.
 DEFAULT_RTMR_PATH = "/sys/devices/virtual/misc/tdx_guest/measurements/rtmr3:sha384"
 DEFAULT_TSM_REPORT_DIR = "/sys/kernel/config/tsm/report"
@@ -155,7 +155,7 @@ class Settings(Struct, frozen=True, kw_only=True):
     drain_seconds: float = 30.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     # How long a request's head may take to arrive, and the longest pause between
-    # bytes of its body (SPEC section 10).
+    # bytes of its body (docs/design.md section 10).
     client_timeout_seconds: float = 30.0
     api_keys: tuple[Secret, ...] = ()
     providers: dict[str, Provider] = {}
@@ -165,7 +165,7 @@ class Settings(Struct, frozen=True, kw_only=True):
     retry_fast_failures: bool = True
     health_check_seconds: float = 10.0
     listing_seconds: float = 60.0
-    # TLS (SPEC section 9): "off" | "attested" | "files"; the names of an attested
+    # TLS (docs/design.md section 9): "off" | "attested" | "files"; the names of an attested
     # certificate; the files of `files`; where an attested key may be written (memory
     # file systems only, tinygw.trust.tls); and the certificate being served, set by serve for
     # its workers (not configuration: not in the hash, nor is the key's place).

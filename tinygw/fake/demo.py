@@ -1,5 +1,5 @@
 """`tinygw demo`: a real gateway in front of built-in fake providers, telling the story
-of an outage (SPEC section 1): fallback, circuit opened, 503 with Retry-After, probe,
+of an outage (docs/design.md section 1): fallback, circuit opened, 503 with Retry-After, probe,
 circuit closed.
 
 Two fake providers run in this process; a `tinygw serve` process stands in front of

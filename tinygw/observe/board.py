@@ -1,7 +1,7 @@
 """What each worker publishes of its circuits and listings, for the status page.
 
-Circuits are per worker (SPEC section 4), but the status page shows every live
-worker's in one view (SPEC section 7), whichever worker a reload reaches. So each
+Circuits are per worker (docs/design.md section 4), but the status page shows every live
+worker's in one view (docs/design.md section 7), whichever worker a reload reaches. So each
 worker writes its circuits' state into its own file of the shared metric store
 (tinygw.observe.metricstore), under names that /metrics does not export, and the page reads
 every live worker's. A circuit tells the board when it changed (the breakers'
@@ -108,9 +108,15 @@ def read(store) -> list[WorkerView]:
             elif name == "status_worker" and part == "started_at":
                 started_at = value
         circuits = [
-            CircuitView(provider=p, provider_model=m, state=STATES.get(int(f.get("state", 0)), State.CLOSED),
-                        failures=int(f.get("failures", 0)), pause_seconds=f.get("pause", 0.0),
-                        opened_at=f.get("opened_at") or None, last_error=errors.get((p, m), (0, None))[1])
+            CircuitView(
+                provider=p,
+                provider_model=m,
+                state=STATES.get(int(f.get("state", 0)), State.CLOSED),
+                failures=int(f.get("failures", 0)),
+                pause_seconds=f.get("pause", 0.0),
+                opened_at=f.get("opened_at") or None,
+                last_error=errors.get((p, m), (0, None))[1],
+            )
             for (p, m), f in sorted(fields.items())
         ]
         views.append(WorkerView(pid=pid, slot=slot, started_at=started_at, circuits=circuits, listings=listings))

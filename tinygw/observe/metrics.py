@@ -1,8 +1,8 @@
-"""SPEC section 7's metrics, kept in a store shared by the workers, in Prometheus text.
+"""docs/design.md section 7's metrics, kept in a store shared by the workers, in Prometheus text.
 
 Counters and histograms are summed over every worker, so a scrape of any worker
 counts all traffic; so is the in-flight gauge, over live workers. Gauges of
-per-process state (a circuit is per worker by design, SPEC section 4; so is a worker's
+per-process state (a circuit is per worker by design, docs/design.md section 4; so is a worker's
 last listing; and `process_*`) are shown per worker, with a `worker` label (its slot,
 1..N, stable across restarts: tinygw.observe.metricstore), and only for workers that are
 alive. `process_*` is read at the scrape from /proc for each live worker, so it costs
@@ -35,23 +35,47 @@ LIVE_SUM = "live_sum"  # a gauge summed over live workers, shown without a `work
 # name -> (type, help, label names); per-worker gauges get a `worker` label too.
 FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "tinygw_requests_total": (COUNTER, "Client requests answered.", ("route", "model", "status")),
-    "tinygw_request_duration_seconds": (HISTOGRAM, "Time from a request's arrival to its end.",
-                                        ("route", "model", "status")),
+    "tinygw_request_duration_seconds": (
+        HISTOGRAM,
+        "Time from a request's arrival to its end.",
+        ("route", "model", "status"),
+    ),
     "tinygw_requests_in_flight": (LIVE_SUM, "Proxied requests being answered now.", ()),
-    "tinygw_tokens_total": (COUNTER, "Tokens the providers' answers report in their usage.",
-                            ("provider", "model", "kind")),
-    "tinygw_stream_first_token_seconds": (HISTOGRAM, "Time from a streamed request's arrival to its first output event "
-                                          "relayed.", ("model",)),
-    "tinygw_upstream_attempts_total": (COUNTER, "Provider attempts, by how they ended.",
-                                       ("provider", "provider_model", "outcome")),
-    "tinygw_upstream_first_byte_seconds": (HISTOGRAM, "Time from an attempt's start to the provider's response head.",
-                                           ("provider",)),
-    "tinygw_provider_retries_total": (COUNTER, "Attempts after the first, by why they were made.",
-                                      ("provider", "provider_model", "reason")),
-    "tinygw_circuit_transitions_total": (COUNTER, "Circuit state changes, by the state entered.",
-                                         ("provider", "provider_model", "state")),
-    "tinygw_circuit_open": (GAUGE, "1 while the circuit is open (per worker: circuits are).",
-                            ("provider", "provider_model")),
+    "tinygw_tokens_total": (
+        COUNTER,
+        "Tokens the providers' answers report in their usage.",
+        ("provider", "model", "kind"),
+    ),
+    "tinygw_stream_first_token_seconds": (
+        HISTOGRAM,
+        "Time from a streamed request's arrival to its first output event relayed.",
+        ("model",),
+    ),
+    "tinygw_upstream_attempts_total": (
+        COUNTER,
+        "Provider attempts, by how they ended.",
+        ("provider", "provider_model", "outcome"),
+    ),
+    "tinygw_upstream_first_byte_seconds": (
+        HISTOGRAM,
+        "Time from an attempt's start to the provider's response head.",
+        ("provider",),
+    ),
+    "tinygw_provider_retries_total": (
+        COUNTER,
+        "Attempts after the first, by why they were made.",
+        ("provider", "provider_model", "reason"),
+    ),
+    "tinygw_circuit_transitions_total": (
+        COUNTER,
+        "Circuit state changes, by the state entered.",
+        ("provider", "provider_model", "state"),
+    ),
+    "tinygw_circuit_open": (
+        GAUGE,
+        "1 while the circuit is open (per worker: circuits are).",
+        ("provider", "provider_model"),
+    ),
     "tinygw_listing_up": (GAUGE, "1 when the provider's last model listing succeeded (per worker).", ("provider",)),
 }
 
@@ -79,13 +103,14 @@ class Metrics:
         self._build = (("version", version), ("artifact_sha256", artifact_sha256))
         self._version = version
         self._tls_not_after: float | None = None
-        self.store = MemoryStore()
+        self.store: MemoryStore | FileStore = MemoryStore()
         if directory:
             try:
                 self.store = FileStore(directory)
             except OSError as e:
-                logs.log(logging.WARNING, "metrics kept per worker: the shared directory is unusable",
-                         error=type(e).__name__)
+                logs.log(
+                    logging.WARNING, "metrics kept per worker: the shared directory is unusable", error=type(e).__name__
+                )
         self._in_flight = self.store.index(_IN_FLIGHT)
         self._requests: dict[tuple[str, str, int], tuple[int, list]] = {}
         self._histograms: dict[tuple[str, tuple[str, ...]], list] = {}
@@ -234,14 +259,14 @@ class Metrics:
             if kind == GAUGE:
                 for (family, labels), value in sorted(per_worker.items()):
                     if family == name:
-                        pairs = zip((*label_names, "worker"), labels)
+                        pairs = zip((*label_names, "worker"), labels, strict=False)
                         lines.append(f"{name}{{{_labels(pairs)}}} {_number(value)}")
             elif kind == LIVE_SUM:
                 lines.append(f"{name} {_number(summed.get((name, (), ''), 0.0))}")
             elif kind == COUNTER:
                 for (family, labels, _), value in sorted(summed.items()):
                     if family == name:
-                        lines.append(f"{name}{{{_labels(zip(label_names, labels))}}} {_number(value)}")
+                        lines.append(f"{name}{{{_labels(zip(label_names, labels, strict=False))}}} {_number(value)}")
             else:
                 self._render_histogram(lines, name, label_names, summed)
         lines += process.render(sorted(live))
@@ -251,7 +276,7 @@ class Metrics:
     def _render_histogram(lines: list[str], name: str, label_names: tuple[str, ...], summed: dict) -> None:
         series = sorted({labels for (family, labels, _) in summed if family == name})
         for labels in series:
-            base = list(zip(label_names, labels))
+            base = list(zip(label_names, labels, strict=False))
             cumulative = 0.0
             for le in (*map(str, DURATION_BUCKETS), "+Inf"):
                 cumulative += summed.get((name, labels, le), 0.0)

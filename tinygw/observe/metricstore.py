@@ -10,7 +10,7 @@ file) and slot, and a live worker holds a lock on it: a scrape tells live worker
 dead ones by trying that lock, not by the pid, which the system may have given to
 another.
 
-A worker's slot (1..N, the `worker` label of per-process gauges, SPEC section 7) is the
+A worker's slot (1..N, the `worker` label of per-process gauges, docs/design.md section 7) is the
 first of the directory's `slot-N.lock` files that it can lock: a worker that replaces
 one that died takes the slot it freed, so the label stays across restarts. Granian
 numbers its workers too, but tells the app nothing of it.
@@ -28,7 +28,6 @@ import os
 import struct
 import sys
 import time
-from collections.abc import Hashable
 
 import msgspec
 
@@ -58,7 +57,7 @@ class MemoryStore:
         self.pid = os.getpid()
         self.slot = 1
         self.values: list[float] = []  # by index, as FileStore's
-        self._indexes: dict[Hashable, int] = {}
+        self._indexes: dict[Key, int] = {}
 
     def owns(self, pid: int) -> bool:
         return pid == self.pid
@@ -175,7 +174,8 @@ class _StructDoubles:
         self._buffer = buffer
 
     def __getitem__(self, index: int) -> float:
-        return _VALUE.unpack_from(self._buffer, index * 8)[0]
+        value: float = _VALUE.unpack_from(self._buffer, index * 8)[0]
+        return value
 
     def __setitem__(self, index: int, value: float) -> None:
         _VALUE.pack_into(self._buffer, index * 8, value)

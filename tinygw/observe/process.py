@@ -1,4 +1,4 @@
-"""`process_*` metrics of each live worker, read from /proc at the scrape (SPEC section 7).
+"""`process_*` metrics of each live worker, read from /proc at the scrape (docs/design.md section 7).
 
 The names are Prometheus' standard process metrics (as its clients export them), with
 a `worker` label: the worker's slot. The worker that answers a scrape reads every

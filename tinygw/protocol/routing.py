@@ -84,8 +84,7 @@ def resolve(settings: Settings, route: Route, model: str) -> Resolution | None:
         if alias is None:
             return None
     if any(t.upstream_model == WILDCARD for t in alias.targets):
-        alias = Model(name=alias.name, targets=tuple(as_sent(t, model) for t in alias.targets),
-                      strategy=alias.strategy)
+        alias = Model(name=alias.name, targets=tuple(as_sent(t, model) for t in alias.targets), strategy=alias.strategy)
     targets = tuple(t for t in alias.targets if settings.providers[t.provider].doc.api == route.api)
     return Resolution(alias.name, targets, alias) if targets else None
 

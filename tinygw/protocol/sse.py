@@ -1,7 +1,7 @@
 """Server-sent events as the gateway reads them: where events end, and what they carry.
 
 The gateway holds back a stream's leading events until one carries model output
-(SPEC section 4), so that an error that comes first can still fall back. `kind()`
+(docs/design.md section 4), so that an error that comes first can still fall back. `kind()`
 tells the three apart for OpenAI (chat and completions chunks, the Responses API) and
 Anthropic events; an event it does not know counts as output, so nothing unknown is
 ever held back.
@@ -30,12 +30,16 @@ _OUTPUT_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls", "fu
 
 
 # Bytes without which an event can neither end an answer nor report an error: after
-# output, only events that carry one of them are classified (SPEC section 4). Inside a
+# output, only events that carry one of them are classified (docs/design.md section 4). Inside a
 # JSON string a quote is escaped, so `"error"` and `"finish_reason": "` are structure.
 # Plain bytes, then patterns, each starting with a long literal.
 _END_OR_FAIL_BYTES = (b"[DONE]", b"message_stop", b'"error"')
-_END_OR_FAIL_PATTERNS = (rb'"finish_reason"\s*:\s*"', rb'"stop_reason"\s*:\s*"',
-                         rb"response\.(?:completed|incomplete|failed|error)", rb"event:\s*error")
+_END_OR_FAIL_PATTERNS = (
+    rb'"finish_reason"\s*:\s*"',
+    rb'"stop_reason"\s*:\s*"',
+    rb"response\.(?:completed|incomplete|failed|error)",
+    rb"event:\s*error",
+)
 _MAY_END_OR_FAIL = re.compile(b"|".join([*map(re.escape, _END_OR_FAIL_BYTES), *_END_OR_FAIL_PATTERNS]))
 
 
@@ -253,7 +257,9 @@ def kind(event: bytes) -> tuple[Kind, bool]:
                 continue
             if choice.get("finish_reason") is not None:
                 output = finished = True
-            delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+            delta = choice.get("delta")
+            if not isinstance(delta, dict):
+                delta = {}
             if any(delta.get(f) for f in _OUTPUT_FIELDS) or choice.get("text"):
                 output = True
         return (Kind.OUTPUT if output else Kind.PREAMBLE), finished

@@ -1,4 +1,4 @@
-"""Tokens an answer reports in its `usage`, for `tinygw_tokens_total` (SPEC section 7).
+"""Tokens an answer reports in its `usage`, for `tinygw_tokens_total` (docs/design.md section 7).
 
 OpenAI reports `usage.prompt_tokens` / `completion_tokens` (chat, completions,
 embeddings), Anthropic and the Responses API `input_tokens` / `output_tokens`. Only
@@ -79,7 +79,8 @@ def of_event(event: bytes) -> Usage | None:
         value = _decode_event.decode(data)
     except (msgspec.MsgspecError, RecursionError):
         return None
-    for usage in (value.usage, value.message and value.message.usage, value.response and value.response.usage):
+    message, response = value.message, value.response
+    for usage in (value.usage, message.usage if message else None, response.usage if response else None):
         if usage is not None:
             return usage
     return None

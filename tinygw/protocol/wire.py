@@ -11,14 +11,15 @@ import math
 import os
 import re
 import time
-from datetime import timezone
+from datetime import UTC
 from email.utils import parsedate_to_datetime
 from itertools import compress
 from operator import itemgetter, not_
 
 import msgspec
 
-from tinygw.headers import GATEWAY_HEADERS, HOP_BY_HOP as _HOP_BY_HOP_NAMES
+from tinygw.headers import GATEWAY_HEADERS
+from tinygw.headers import HOP_BY_HOP as _HOP_BY_HOP_NAMES
 
 
 class RequestHead(msgspec.Struct):
@@ -33,7 +34,7 @@ _decode_any = msgspec.json.Decoder()
 _encode = msgspec.json.Encoder()
 
 
-# A model name is a label in logs, metrics and circuits: longer ones are refused (SPEC
+# A model name is a label in logs, metrics and circuits: longer ones are refused (docs/design.md
 # section 10), so that a client cannot pin memory or grow pages with its model names.
 MAX_MODEL_BYTES = 256
 
@@ -92,11 +93,12 @@ def rewrite_model(body: bytes, requested: str, upstream: str) -> bytes:
 # with the configuration's).
 HOP_BY_HOP = frozenset(name.encode() for name in _HOP_BY_HOP_NAMES)
 _NOT_FORWARDED = frozenset(name.encode() for name in GATEWAY_HEADERS)
-# A provider's answer reaches the client with these headers only (SPEC section 10):
+# A provider's answer reaches the client with these headers only (docs/design.md section 10):
 # never its cookies, HSTS, CORS, a redirect's target, or headers that look like the
 # gateway's own (x-tinygw-*). Framing headers are the gateway's to set.
-_RELAYED = frozenset({b"content-type", b"x-request-id", b"request-id", b"retry-after", b"retry-after-ms",
-                      b"x-should-retry"})
+_RELAYED = frozenset(
+    {b"content-type", b"x-request-id", b"request-id", b"retry-after", b"retry-after-ms", b"x-should-retry"}
+)
 _RELAYED_PREFIXES = (b"x-ratelimit-", b"ratelimit", b"openai-", b"anthropic-")
 # The answer's `x-request-id` is the gateway's; the provider's own goes on under this name.
 UPSTREAM_REQUEST_ID = b"x-upstream-request-id"
@@ -105,7 +107,8 @@ _RENAMED = {b"x-request-id": UPSTREAM_REQUEST_ID}
 # starts with one of _RELAYED_PREFIXES.
 _RELAYED_NAME = re.compile(
     b"|".join([*map(re.escape, sorted(_RELAYED)), *(re.escape(prefix) + b".*" for prefix in _RELAYED_PREFIXES)]),
-    re.DOTALL)
+    re.DOTALL,
+)
 
 
 _NAME_OF = itemgetter(0)  # a header's name
@@ -170,7 +173,7 @@ def retry_after_seconds(value: bytes | None, cap_seconds: float) -> float | None
         except (TypeError, ValueError, IndexError, OverflowError):
             return None
         if date.tzinfo is None:
-            date = date.replace(tzinfo=timezone.utc)  # HTTP-dates are GMT
+            date = date.replace(tzinfo=UTC)  # HTTP-dates are GMT
         seconds = date.timestamp() - time.time()  # wall
     if not math.isfinite(seconds):
         return None
@@ -194,9 +197,17 @@ JSON_HEADERS = [(b"content-type", b"application/json")]
 
 # Anthropic's error types, by status (an unlisted 4xx is a bad request, an unlisted 5xx
 # the API's own error); the gateway's 503 (circuits open) is Anthropic's "overloaded".
-_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
-                    503: "overloaded_error", 529: "overloaded_error"}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
 _SSE_ERROR = b"event: error\ndata: "
 
 
@@ -224,7 +235,7 @@ def anthropic_sse_error(chunk: bytes) -> bytes | None:
     any other chunk (the provider's own events are relayed as they are)."""
     if not chunk.startswith(_SSE_ERROR + b'{"error"'):
         return None
-    reshaped = anthropic_error(chunk[len(_SSE_ERROR):].strip(), 500)
+    reshaped = anthropic_error(chunk[len(_SSE_ERROR) :].strip(), 500)
     return None if reshaped is None else _SSE_ERROR + reshaped + b"\n\n"
 
 

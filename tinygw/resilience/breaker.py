@@ -6,7 +6,7 @@ attempt admitted before a change cannot move the new state; `allow()` hands back
 `Ticket` whose `done(outcome)` reports the attempt's verdict when it ends (a stream's
 may end minutes later). Every legal move is a row of `TRANSITIONS`; any other raises.
 
-SPEC section 4: CLOSED -> OPEN after `failures` consecutive failures. OPEN skips the
+docs/design.md section 4: CLOSED -> OPEN after `failures` consecutive failures. OPEN skips the
 target until the pause ends (or a health check succeeds), then HALF_OPEN admits
 `half_open_probes` probes; that many successes in a row close it and reset the pause;
 any probe failure reopens it with the pause doubled, capped at `max_open_seconds`. A
@@ -138,7 +138,7 @@ class Circuit:
         if state is State.CLOSED or (state is State.HALF_OPEN and self._probe_free()):
             return None
         if state is State.OPEN:
-            return max(0.0, self.opened_at + self.pause_seconds - self._clock())
+            return max(0.0, (self.opened_at or 0.0) + self.pause_seconds - self._clock())  # set while OPEN
         return 0.0  # HALF_OPEN with every probe slot taken: a verdict is due any moment
 
     def snapshot(self) -> tuple[State, int, float, float | None, str | None]:
@@ -149,7 +149,7 @@ class Circuit:
         return self._state, self.failures, self.pause_seconds, self.opened_at, self.last_error
 
     def retry_after_header(self) -> int:
-        """SPEC's Retry-After: whole seconds until the next probe, at least 1."""
+        """The Retry-After of docs/design.md section 3: whole seconds until the next probe, at least 1."""
         return max(1, math.ceil(self.retry_after() or 0.0))
 
     # ---- attempts -------------------------------------------------------------------------

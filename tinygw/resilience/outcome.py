@@ -1,4 +1,4 @@
-"""What an attempt's ending means: SPEC section 4's failure table, in one place.
+"""What an attempt's ending means: docs/design.md section 4's failure table, in one place.
 
 Each outcome of an attempt maps to a `Verdict`: whether it counts for the breaker
 (failure, success, or no verdict), whether the request may go on to another target,
@@ -12,10 +12,10 @@ from msgspec import Struct
 
 from tinygw import errors
 from tinygw.protocol import usage
-from tinygw.resilience.breaker import Outcome
 from tinygw.protocol.usage import Usage
+from tinygw.resilience.breaker import Outcome
 
-# A 502/503 that came back within this many seconds is a quick failure (SPEC section 4).
+# A 502/503 that came back within this many seconds is a quick failure (docs/design.md section 4).
 QUICK_SECONDS = 5.0
 
 

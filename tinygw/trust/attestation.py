@@ -32,7 +32,7 @@ from tinygw import logs
 from tinygw.errors import EvidenceUnavailable, Raced
 
 # report_data = SHA-512(DOMAIN || nonce || config_sha256): 64 bytes, the quote's REPORTDATA;
-# with TLS on, SHA-512(DOMAIN_TLS || nonce || config_sha256 || tls_spki_sha256) (SPEC section 9).
+# with TLS on, SHA-512(DOMAIN_TLS || nonce || config_sha256 || tls_spki_sha256) (docs/design.md section 9).
 DOMAIN = b"tinygw.attest.v1"
 DOMAIN_TLS = b"tinygw.attest.v2"
 NONCE_MIN_BYTES, NONCE_MAX_BYTES = 32, 64

@@ -47,8 +47,12 @@ class EvidenceQueue:
     asyncio.Lock wakes its waiters in order. `held` has an entry per address that holds a
     place, `waiters` one per caller waiting: both are bounded by the queue."""
 
-    def __init__(self, waiting_max: int = WAITING_MAX, wait_seconds: float = WAIT_SECONDS,
-                 per_address_share: int = PER_ADDRESS_SHARE) -> None:
+    def __init__(
+        self,
+        waiting_max: int = WAITING_MAX,
+        wait_seconds: float = WAIT_SECONDS,
+        per_address_share: int = PER_ADDRESS_SHARE,
+    ) -> None:
         self.waiting_max = waiting_max
         self.wait_seconds = wait_seconds
         self.per_address_share = per_address_share
@@ -76,12 +80,15 @@ class EvidenceQueue:
         """Have the newest waiter of the address that holds the most give way to `address`, when
         that one holds more than its share and more than `address` would; True when it does."""
         mine = self.held.get(address, 0) + 1 if address is not None else 1
-        heavy = [w for w in self.waiters if w.address is not None and not w.evicted
-                 and self.held[w.address] > max(self.per_address_share, mine)]
+        heavy = [
+            (self.held[w.address], w)
+            for w in self.waiters
+            if w.address is not None and not w.evicted and self.held[w.address] > max(self.per_address_share, mine)
+        ]
         if not heavy:
             return False
-        most = max(self.held[w.address] for w in heavy)
-        victim = next(w for w in reversed(heavy) if self.held[w.address] == most)
+        most = max(held for held, _ in heavy)
+        victim = next(w for held, w in reversed(heavy) if held == most)
         victim.evicted = True
         victim.timeout.reschedule(asyncio.get_running_loop().time())  # its wait ends now, as a refusal
         return True
@@ -100,8 +107,9 @@ class EvidenceQueue:
                     self.waiters.remove(waiter)
         except TimeoutError:
             if waiter is not None and waiter.evicted:
-                raise EvidenceUnavailable("busy: callers of this address hold more than its share of the queue; "
-                                          "retry") from None
+                raise EvidenceUnavailable(
+                    "busy: callers of this address hold more than its share of the queue; retry"
+                ) from None
             raise EvidenceUnavailable(f"busy: no turn within {self.wait_seconds:g} s; retry") from None
         finally:
             self.waiting -= 1

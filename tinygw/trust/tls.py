@@ -1,4 +1,4 @@
-"""The gateway's own TLS (SPEC section 9): the key that attestation binds.
+"""The gateway's own TLS (docs/design.md section 9): the key that attestation binds.
 
 `attested`: one ECDSA P-256 key and a self-signed certificate, made at start, before
 Granian starts its workers, with the `cryptography` library. Granian takes a key by

@@ -10,6 +10,7 @@ closed and never reused.
 from __future__ import annotations
 
 import ssl
+from typing import cast
 
 import h11
 
@@ -49,7 +50,7 @@ class Connection:
 
     def is_idle(self) -> bool:
         """True when this connection may carry the next request: the last answer ended
-        exactly where its framing said (SPEC section 10). Bytes past its end (beyond a
+        exactly where its framing said (docs/design.md section 10). Bytes past its end (beyond a
         content-length, a body after a 204 or 304), in a parser's buffer or the
         socket's, would be read as the next request's answer: that connection is
         discarded."""
@@ -68,8 +69,9 @@ class Connection:
         return not self._stream.has_news()
 
     def _finish_cycle(self) -> None:
-        if self._h11.our_state is h11.DONE and self._h11.their_state is h11.DONE:
-            self._h11.start_next_cycle()
+        parser = self._h11
+        if parser is not None and parser.our_state is h11.DONE and parser.their_state is h11.DONE:
+            parser.start_next_cycle()
 
     # ---- the exchange --------------------------------------------------------------
 
@@ -83,9 +85,9 @@ class Connection:
             self._h11, self._answer, self._reusable = None, fastpath.Answer(MAX_HEAD_BYTES), False
         else:
             self._answer = None
-            self._h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
+            self._h11 = parser = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
             try:
-                data = self._h11_request_bytes()
+                data = self._h11_request_bytes(parser)
             except h11.LocalProtocolError:  # h11's message quotes the header, which may be a key
                 self.close()
                 raise errors.WriteError("could not encode the request's headers") from None
@@ -98,21 +100,21 @@ class Connection:
             self.close()
             raise
 
-    def _h11_request_bytes(self) -> bytes:
+    def _h11_request_bytes(self, parser: h11.Connection) -> bytes:
         method, target, headers, body = self._request
-        data = self._h11.send(h11.Request(method=method, target=target, headers=headers))
-        data += self._h11.send(h11.Data(data=body)) if body else b""
-        return data + self._h11.send(h11.EndOfMessage())
+        data = parser.send(h11.Request(method=method, target=target, headers=headers)) or b""
+        data += (parser.send(h11.Data(data=body)) or b"") if body else b""
+        return data + (parser.send(h11.EndOfMessage()) or b"")
 
     def _hand_off(self, eof: bool) -> None:
         """h11 takes over the answer the fast path could not read: it is told what was
         sent, and given every byte received so far."""
-        self._h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
-        self._h11_request_bytes()  # the bytes went out already; h11 learns what they were
+        self._h11 = parser = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self._h11_request_bytes(parser)  # the bytes went out already; h11 learns what they were
         try:
-            self._h11.receive_data(self._answer.raw())
+            parser.receive_data(self._answer.raw() if self._answer is not None else b"")
             if eof:
-                self._h11.receive_data(b"")
+                parser.receive_data(b"")
         except h11.RemoteProtocolError:
             self.close()
             raise errors.RemoteProtocolError(NOT_HTTP) from None
@@ -142,7 +144,7 @@ class Connection:
                 if _head_bytes(event) > MAX_HEAD_BYTES:
                     self.close()
                     raise errors.RemoteProtocolError(f"the response head is over {MAX_HEAD_BYTES} bytes")
-                return event.status_code, event.headers
+                return event.status_code, list(event.headers)  # h11's answers only: the slow path
             if not isinstance(event, h11.InformationalResponse):
                 self.close()
                 raise errors.RemoteProtocolError(f"expected a response head, got {type(event).__name__}")
@@ -177,7 +179,9 @@ class Connection:
         """The response body at once, when the fast path has all of it already and it is
         at most `limit` bytes (the exchange then ends here); else None."""
         answer = self._answer
-        data = answer.whole_body(limit) if answer is not None else None
+        if answer is None:
+            return None
+        data = answer.whole_body(limit)
         if data is not None:
             self._reusable = answer.keep_alive and not answer.leftover
             self._answer = None
@@ -191,9 +195,10 @@ class Connection:
         answer.feed(more)
 
     async def _next_event(self, deadline: float, timeout: Timeout) -> h11.Event:
+        parser = cast(h11.Connection, self._h11)  # the exchange is h11's once this is called
         while True:
             try:
-                event = self._h11.next_event()
+                event = parser.next_event()
             except h11.RemoteProtocolError:
                 self.close()
                 raise errors.RemoteProtocolError(NOT_HTTP) from None
@@ -201,12 +206,12 @@ class Connection:
                 if event is h11.PAUSED:  # cannot happen for a client between requests
                     self.close()
                     raise errors.RemoteProtocolError("the provider sent data out of turn")
-                return event
+                return cast(h11.Event, event)
             data = await self._read(deadline, timeout)
             if not data:
                 self._no_answer()
             try:
-                self._h11.receive_data(data)
+                parser.receive_data(data)
             except h11.RemoteProtocolError:
                 self.close()
                 raise errors.RemoteProtocolError(NOT_HTTP) from None
@@ -250,5 +255,7 @@ _TIMEOUT_WORDS = {
 }
 
 
-async def open_connection(host: str, port: int, ssl_context: ssl.SSLContext | None, timeout_seconds: float) -> Connection:
+async def open_connection(
+    host: str, port: int, ssl_context: ssl.SSLContext | None, timeout_seconds: float
+) -> Connection:
     return Connection(await open_stream(host, port, ssl_context, timeout_seconds))

@@ -38,8 +38,9 @@ _FIELD_VALUE = rb"(?:[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?)?"
 _HEADER_LINE = re.compile(rb"(" + _NAME + rb"):[ \t]*(" + _FIELD_VALUE + rb")[ \t]*\r\n")
 # A whole head but its last CRLF: the status line, then the header lines (group 2). A
 # match also says that no CR or LF stands alone in it.
-_HEAD = re.compile(rb"HTTP/1\.1 ([2-5][0-9]{2})(?: [\x20-\x7e]*)?\r\n((?:" + _NAME + rb":[ \t]*" + _FIELD_VALUE
-                   + rb"[ \t]*\r\n)*)")
+_HEAD = re.compile(
+    rb"HTTP/1\.1 ([2-5][0-9]{2})(?: [\x20-\x7e]*)?\r\n((?:" + _NAME + rb":[ \t]*" + _FIELD_VALUE + rb"[ \t]*\r\n)*)"
+)
 _VALUE_OF = operator.itemgetter(1)
 # A `connection` header's token `close`, among others.
 _CLOSE = re.compile(rb"(?:^|,)[ \t]*close[ \t]*(?:,|$)", re.IGNORECASE)

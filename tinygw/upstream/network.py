@@ -52,7 +52,8 @@ class Stream(asyncio.Protocol):
         self._buffered += len(data)
         if self._buffered > HIGH_WATER_BYTES and not self._reading_paused:
             self._reading_paused = True
-            self._transport.pause_reading()
+            if self._transport is not None:  # data comes only once connected
+                self._transport.pause_reading()
         self._wake_reader()
 
     def eof_received(self) -> bool:
@@ -105,7 +106,8 @@ class Stream(asyncio.Protocol):
             self._buffered = 0
             if self._reading_paused:
                 self._reading_paused = False
-                self._transport.resume_reading()
+                if self._transport is not None:
+                    self._transport.resume_reading()
             return data
         if self._lost is not None:
             raise errors.ReadError(describe(self._lost))

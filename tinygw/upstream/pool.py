@@ -90,9 +90,7 @@ class Pool:
             connection.close()
         return None
 
-    async def request(
-        self, method: bytes, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes
-    ) -> Response:
+    async def request(self, method: bytes, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> Response:
         """Send one request and wait for the response head; the body is read later."""
         t = self.timeouts
         loop = self._loop or asyncio.get_running_loop()
@@ -172,7 +170,7 @@ class Decoder:
     """Undoes a `content-encoding` of gzip or deflate, in bounded pieces.
 
     The gateway asks for `accept-encoding: identity`; a provider that compresses anyway
-    is decoded rather than relayed as mislabeled bytes (SPEC section 10). Any other
+    is decoded rather than relayed as mislabeled bytes (docs/design.md section 10). Any other
     coding cannot be read: the answer is a protocol error (502). `deflate` is zlib-
     wrapped as RFC 9110 says, or raw as some servers send it: told apart by the zlib
     header's two bytes, as browsers do."""
@@ -275,7 +273,7 @@ class Response:
                 self._done = True
                 self._pool._give_back(self._connection, reusable=True)
                 return data, True
-        parts = []
+        parts: list[bytes] = []
         size = 0
         while size <= limit:
             chunk = await self.next_chunk()

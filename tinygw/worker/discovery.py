@@ -1,6 +1,6 @@
 """Model discovery and health checks of open circuits: background loops per worker.
 
-Started and cancelled by the ASGI lifespan (`start`, `stop`); SPEC sections 5 and 6.
+Started and cancelled by the ASGI lifespan (`start`, `stop`); docs/design.md sections 5 and 6.
 `/v1/models` (tinygw.api.app) lists what the listings found.
 
 - Listing, every `PROVIDER_LISTING_SECONDS` (0: off), the first at start: each
@@ -29,8 +29,8 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from tinygw import errors, logs
-from tinygw.resilience.breaker import Circuit, State
 from tinygw.config.settings import Provider
+from tinygw.resilience.breaker import Circuit, State
 from tinygw.worker.gateway import Gateway, Upstream
 
 # A listing or health answer over this size is a failure: room for thousands of model
@@ -181,4 +181,3 @@ async def stop(tasks: list[asyncio.Task]) -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-

@@ -17,17 +17,16 @@ from urllib.parse import quote, unquote_to_bytes
 from msgspec import Struct
 
 from tinygw import __version__, logs
+from tinygw.config.settings import Provider, Settings, plain
+from tinygw.observe.board import Board
+from tinygw.observe.metrics import Metrics
+from tinygw.protocol.routing import WILDCARD, Resolver
+from tinygw.resilience.breaker import Breakers, Circuit, Clock, State
+from tinygw.resilience.keys import KeyRing
+from tinygw.resilience.strategy import Strategies
 from tinygw.trust.auth import InboundAuth
 from tinygw.trust.evidence_queue import EvidenceQueue, RateLimitedWarning
-from tinygw.observe.board import Board
-from tinygw.resilience.breaker import Breakers, Circuit, Clock, State
-from tinygw.config.settings import Provider, Settings, plain
-from tinygw.protocol.routing import WILDCARD, Resolver
-from tinygw.resilience.keys import KeyRing
-from tinygw.observe.metrics import Metrics
 from tinygw.upstream.pool import Pool, Timeouts, tls_context
-from tinygw.resilience.strategy import Strategies
-
 
 _FIRST_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+-----END CERTIFICATE-----")
 
@@ -58,8 +57,11 @@ class Upstream(Struct, frozen=True):
         if not self.query:
             return path + b"?" + client_query if client_query else path
         if client_query:
-            kept = [part for part in client_query.split(b"&")
-                    if part and unquote_to_bytes(part.partition(b"=")[0].replace(b"+", b" ")) not in self.query_names]
+            kept = [
+                part
+                for part in client_query.split(b"&")
+                if part and unquote_to_bytes(part.partition(b"=")[0].replace(b"+", b" ")) not in self.query_names
+            ]
             if kept:
                 return path + b"?" + self.query + b"&" + b"&".join(kept)
         return path + b"?" + self.query
@@ -84,8 +86,14 @@ def encode_query(query: dict[str, str]) -> bytes:
 def _configured_circuits(settings: Settings) -> list[tuple[str, str]]:
     """(provider, upstream model) of every configured target. A target of `*` has a circuit
     per name as sent, made by the first attempt: none up front."""
-    return sorted({(t.provider, t.upstream_model) for m in settings.models.values() for t in m.targets
-                   if t.upstream_model != WILDCARD})
+    return sorted(
+        {
+            (t.provider, t.upstream_model)
+            for m in settings.models.values()
+            for t in m.targets
+            if t.upstream_model != WILDCARD
+        }
+    )
 
 
 class Gateway:
@@ -111,7 +119,7 @@ class Gateway:
         self.artifact_digests: tuple[str | None, str | None] | None = None
         self.evidence_queue = EvidenceQueue()
         self.attestation_refusals = RateLimitedWarning()
-        # The certificate this worker serves, PEM, and its SPKI digest (SPEC section 9)
+        # The certificate this worker serves, PEM, and its SPKI digest (docs/design.md section 9)
         self.tls_certificate: str | None = None
         self.tls_spki_sha256: str | None = None
         if settings.served_cert and settings.served_spki_sha256:
@@ -150,7 +158,7 @@ class Gateway:
 
     def _on_transition(self, circuit: Circuit, old: State, new: State) -> None:
         self.metrics.count_transition(circuit.provider, circuit.provider_model, new.value)
-        open_until = circuit.opened_at + circuit.pause_seconds if new is State.OPEN else 0.0
+        open_until = (circuit.opened_at or 0.0) + circuit.pause_seconds if new is State.OPEN else 0.0
         self.metrics.set_circuit_open_until(circuit.provider, circuit.provider_model, open_until)
         if new is State.OPEN:
             logs.log(

@@ -142,8 +142,9 @@ async def _next_attempt(
         if ticket is not None:
             return Retry.FALLBACK, later, ticket
         # No target is left: the one quick retry, unless this failure opened the circuit.
-        if not (last.verdict.quick and gateway.settings.retry_fast_failures and not quick_retry_used
-                and circuit.available()):
+        if not (
+            last.verdict.quick and gateway.settings.retry_fast_failures and not quick_retry_used and circuit.available()
+        ):
             return None
         retry = Retry.QUICK
         await asyncio.sleep(QUICK_RETRY_DELAY_SECONDS)  # before allow(): the circuit may move meanwhile
@@ -290,7 +291,8 @@ async def _send_final(send: Send, record: Record, last: Attempt, target: Target)
             record.was_cut()
         return
     e = last.error
-    assert e is not None  # an attempt ends with an answer or an error
+    if e is None:  # an attempt ends with an answer or an error
+        raise RuntimeError("an attempt ended with neither an answer nor an error")
     body = error_body(
         f"provider {target.provider} failed: {e}",
         "provider_unavailable",

@@ -49,8 +49,20 @@ class State(enum.Enum):
 class Relay:
     """One streamed answer on its way to the client; `run()` relays it to its end."""
 
-    __slots__ = ("state", "_response", "_send", "_record", "_target", "_loop", "_pending", "_held", "_held_bytes",
-                 "_tokens", "_finished", "_failed")
+    __slots__ = (
+        "state",
+        "_response",
+        "_send",
+        "_record",
+        "_target",
+        "_loop",
+        "_pending",
+        "_held",
+        "_held_bytes",
+        "_tokens",
+        "_finished",
+        "_failed",
+    )
 
     def __init__(
         self, response: Response, send: Send, record: Record, target: Target, loop: asyncio.AbstractEventLoop
