@@ -19,7 +19,6 @@ import hashlib
 import os
 import struct
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+from fake_tdx import answer_reports  # attest/, beside this file
 
 # The host's certificate table (AMD's GHCB specification), GUIDs in RFC 4122 byte order.
 CERT_GUIDS = {
@@ -180,25 +180,10 @@ class FakeSnp:
         )
 
     def _tsm(self) -> None:
-        answered: set[str] = set()
-        while not self._stop.is_set():
-            for entry in self.report_dir.iterdir():
-                if entry.name in answered:
-                    continue
-                try:
-                    inblob = (entry / "inblob").read_bytes()
-                    if len(inblob) == 64:
-                        self._put(entry / "generation", b"1\n")
-                        self._put(entry / "provider", b"sev_guest\n")
-                        if self.auxblob:
-                            self._put(entry / "auxblob", self.auxblob)
-                        self._put(entry / "outblob", self.report(inblob))
-                        answered.add(entry.name)
-                except OSError:  # not written yet, or already removed by the gateway
-                    pass
-            time.sleep(0.005)
+        answer_reports(self.report_dir, self._scratch, self._stop, self._answer)
 
-    def _put(self, path: Path, content: bytes) -> None:
-        spare = self._scratch / uuid.uuid4().hex
-        spare.write_bytes(content)
-        os.replace(spare, path)
+    def _answer(self, inblob: bytes) -> dict[str, bytes]:
+        files = {"generation": b"1\n", "provider": b"sev_guest\n"}
+        if self.auxblob:
+            files["auxblob"] = self.auxblob
+        return {**files, "outblob": self.report(inblob)}

@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 # Where the TD quote body holds each field (TDX 1.0 TDREPORT): offset and size.
@@ -116,26 +117,34 @@ class FakeTdx:
             time.sleep(0.005)
 
     def _tsm(self) -> None:
-        answered: set[str] = set()
-        while not self._stop.is_set():
-            for entry in self.report_dir.iterdir():
-                if entry.name in answered:
-                    continue
-                try:
-                    inblob = (entry / "inblob").read_bytes()
-                    if len(inblob) == 64:
-                        self._put(entry / "generation", b"1\n")
-                        self._put(entry / "provider", b"tdx_guest\n")
-                        self._put(entry / "outblob", tdx_quote_v4(self.rtmr3, inblob))
-                        answered.add(entry.name)
-                except OSError:  # not written yet, or already removed by the gateway
-                    pass
-            time.sleep(0.005)
+        answer_reports(self.report_dir, self._scratch, self._stop, self._answer)
 
-    def _put(self, path: Path, content: bytes) -> None:
-        spare = self._scratch / uuid.uuid4().hex
-        spare.write_bytes(content)
-        os.replace(spare, path)
+    def _answer(self, inblob: bytes) -> dict[str, bytes]:
+        return {"generation": b"1\n", "provider": b"tdx_guest\n", "outblob": tdx_quote_v4(self.rtmr3, inblob)}
+
+
+def answer_reports(
+    report_dir: Path, scratch: Path, stop: threading.Event, answer: Callable[[bytes], dict[str, bytes]]
+) -> None:
+    """Until `stop`, answer each new entry of a configfs-tsm report directory once its 64-byte
+    `inblob` is there: `answer(inblob)` gives the files to write, in order (`outblob` last), each
+    moved in whole from `scratch` as the kernel's appear (shared with attest/fake_snp.py)."""
+    answered: set[str] = set()
+    while not stop.is_set():
+        for entry in report_dir.iterdir():
+            if entry.name in answered:
+                continue
+            try:
+                inblob = (entry / "inblob").read_bytes()
+                if len(inblob) == 64:
+                    for name, content in answer(inblob).items():
+                        spare = scratch / uuid.uuid4().hex
+                        spare.write_bytes(content)
+                        os.replace(spare, entry / name)
+                    answered.add(entry.name)
+            except OSError:  # not written yet, or already removed by the gateway
+                pass
+        time.sleep(0.005)
 
 
 if __name__ == "__main__":

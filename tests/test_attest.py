@@ -153,6 +153,11 @@ def verify(*args: str) -> tuple[int, dict[str, str], str]:
     return done.returncode, verdicts, done.stdout + done.stderr
 
 
+def run_verify(*args: str) -> subprocess.CompletedProcess:
+    """attest/verify as a program that reads it sees it: its stdout and stderr apart."""
+    return subprocess.run([sys.executable, str(VERIFY), *args], capture_output=True, text=True, timeout=60, check=False)
+
+
 def nonce_hex() -> str:
     return os.urandom(32).hex()
 
@@ -617,17 +622,22 @@ def test_verify_fails_an_event_log_that_does_not_replay(tmp_path, fake):
 # LICENSE beside them). Collateral expires: it verifies at a fixed time, never the wall clock.
 DCAP_SAMPLE = Path(__file__).parent / "data" / "dcap-sample"
 SAMPLE_TIME = "1751328000"  # 2025-07-01T00:00:00Z
+COLLATERAL = str(DCAP_SAMPLE / "tdx_quote_collateral.json")
+
+
+def verify_sample(*flags: str, now: str = SAMPLE_TIME) -> tuple[int, dict[str, str], str]:
+    """attest/verify on Intel's signed sample quote with its collateral, at `now`."""
+    return verify("--quote", str(DCAP_SAMPLE / "tdx_quote"), "--collateral", COLLATERAL, "--now", now, *flags)
+
+
+def verify_signed(release: Path, url: str, *flags: str) -> tuple[int, dict[str, str], str]:
+    """attest/verify of the gateway at `url` against `release`, the simulated quote's
+    signature standing in for a genuine one (attest/fake_tdx.py as the platform verifier)."""
+    return verify("--release", str(release), "--url", url, "--platform-verifier", SIMULATED_SIGNATURE, *flags)
 
 
 def test_a_real_intel_quote_verifies_at_its_time():
-    code, verdicts, output = verify(
-        "--quote",
-        str(DCAP_SAMPLE / "tdx_quote"),
-        "--collateral",
-        str(DCAP_SAMPLE / "tdx_quote_collateral.json"),
-        "--now",
-        SAMPLE_TIME,
-    )
+    code, verdicts, output = verify_sample()
     assert code == 0 and verdicts == {"quote signature": "PASS"}, output
     assert "TCB status UpToDate, advisories: none" in output
 

@@ -333,6 +333,18 @@ def test_stream_cut_by_the_upstream_ends_with_an_error_event(gateway, fake):
     assert b"[DONE]" not in body
 
 
+def chat_request(body: bytes) -> bytes:
+    """A whole chat request as its bytes, for a client on a raw socket."""
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+        + GATEWAY_KEY.encode()
+        + b"\r\nContent-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
+
+
 def test_client_leaving_mid_stream_closes_the_upstream(gateway, fake):
     gate = threading.Event()
     events = openai_stream_events("m", ["one", " two"])
@@ -342,14 +354,7 @@ def test_client_leaving_mid_stream_closes_the_upstream(gateway, fake):
     try:
         with socket.create_connection(("127.0.0.1", gateway.port), timeout=5) as client:
             body = json.dumps({"model": "gpt-x", "stream": True}).encode()
-            client.sendall(
-                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
-                + GATEWAY_KEY.encode()
-                + b"\r\nContent-Type: application/json\r\nContent-Length: "
-                + str(len(body)).encode()
-                + b"\r\n\r\n"
-                + body
-            )
+            client.sendall(chat_request(body))
             received = b""
             while b'"one"' not in received:
                 received += client.recv(65536)
@@ -365,14 +370,7 @@ def test_client_leaving_a_quick_request_still_closes_the_upstream(gateway, fake)
     fake.script = lambda r: Reply(action="hang")
     body = json.dumps({"model": "gpt-x", "messages": [{"role": "user", "content": "leave-at-once"}]}).encode()
     with socket.create_connection(("127.0.0.1", gateway.port), timeout=5) as client:
-        client.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
-            + GATEWAY_KEY.encode()
-            + b"\r\nContent-Type: application/json\r\nContent-Length: "
-            + str(len(body)).encode()
-            + b"\r\n\r\n"
-            + body
-        )
+        client.sendall(chat_request(body))
         wait_until(lambda: len(fake.requests) >= 1, seconds=3, what="the request to reach the provider")
     wait_until(lambda: fake.peer_closed >= 1, seconds=3, what="the upstream connection to be closed")
     wait_until(

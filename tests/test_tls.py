@@ -27,6 +27,7 @@ from test_attest import (  # puts attest/
     launched_gateway,
     make_artifact,
     verify,
+    verify_signed,
     write_release,  # on the path
 )
 
@@ -298,13 +299,9 @@ def test_files_mode_with_a_bad_certificate_or_key_exits_2_naming_it(fake, tmp_pa
 def test_the_openai_sdk_works_through_the_pinned_certificate_and_refuses_another(attested, tmp_path):
     gateway, release, _ = attested
     saved = tmp_path / "gateway.pem"
-    code, _, output = verify(
-        "--release",
-        str(release),
-        "--url",
+    code, _, output = verify_signed(
+        release,
         gateway.url,
-        "--platform-verifier",
-        SIMULATED_SIGNATURE,
         "--save-cert",
         str(saved),
     )

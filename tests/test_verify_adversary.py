@@ -9,23 +9,29 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
-import subprocess
-import sys
 import threading
 
 import pytest
 import test_attest
 import test_snp
-from relay import Relay  # attest/, put on the path by test_attest
-from test_attest import DCAP_SAMPLE, SAMPLE_TIME, SIMULATED_SIGNATURE, UNVERIFIED, VERIFY, nonce_hex, verify
+from test_attest import (
+    COLLATERAL,
+    DCAP_SAMPLE,
+    SIMULATED_SIGNATURE,
+    UNVERIFIED,
+    nonce_hex,
+    run_verify,
+    verify,
+    verify_sample,
+    verify_signed,
+)
 from test_tls import self_signed
-from test_verify_hostile import forged_answer
+from test_verify_hostile import verify_through_forging_relay
 
 from conftest import wait_until
 
 measured = test_attest.measured  # its gateway (simulated TDX), as a fixture here too
 snp_gateway = test_snp.snp_gateway  # a gateway on a simulated SEV-SNP guest
-COLLATERAL = str(DCAP_SAMPLE / "tdx_quote_collateral.json")
 SAMPLE_MRTD = "91eb2b44d141d4ece09f0c75c2c53d247a3c68edd7fafe8a3520c942a604a407de03ae6dc5f87f27428b2538873118b7"
 HOGS = 40  # looping callers: more than the queue holds (16)
 HOG_ADDRESS = "127.0.0.2"  # theirs, on loopback; the verifier's is 127.0.0.1
@@ -42,13 +48,9 @@ def test_a_policy_pinning_sev_snp_is_not_sidestepped_by_tdx_evidence(measured, t
     extends RTMR3 with the artifact's digest. The SEV-SNP pins must not silently vanish."""
     policy = write_policy(tmp_path, {"snp": {"measurement": ["ab" * 48], "vmpl": [0]}})
     saved = tmp_path / "gateway.pem"
-    code, verdicts, output = verify(
-        "--release",
-        str(measured.release_path),
-        "--url",
+    code, verdicts, output = verify_signed(
+        measured.release_path,
         measured.gateway.url,
-        "--platform-verifier",
-        SIMULATED_SIGNATURE,
         "--policy",
         policy,
         "--learn-policy",
@@ -84,16 +86,7 @@ def test_a_policy_pinning_tdx_is_not_sidestepped_by_sev_snp_evidence(snp_gateway
 
 def test_a_policy_for_both_platforms_judges_each_by_its_own_fields(measured, tmp_path):
     policy = write_policy(tmp_path, {"mrtd": ["00" * 48], "snp": {"measurement": ["ab" * 48]}})
-    code, verdicts, output = verify(
-        "--release",
-        str(measured.release_path),
-        "--url",
-        measured.gateway.url,
-        "--platform-verifier",
-        SIMULATED_SIGNATURE,
-        "--policy",
-        policy,
-    )
+    code, verdicts, output = verify_signed(measured.release_path, measured.gateway.url, "--policy", policy)
     assert code == 0 and verdicts["MRTD"] == "PASS" and "snp.measurement" not in verdicts, output
 
 
@@ -102,23 +95,11 @@ def test_save_cert_writes_the_certificate_the_connection_was_served_with_and_no_
     second certificate, which a client would then trust as a CA) are never saved."""
     cert, key = self_signed(tmp_path / "served")
     stowaway, _ = self_signed(tmp_path / "stowaway")
-    sha384, config = measured.release["artifact"]["sha384"], measured.config_sha256
     claimed = cert.read_text() + stowaway.read_text()
-    relay = Relay(cert, key, 1, replay=lambda path: forged_answer(path, claimed, sha384, config))
     saved = tmp_path / "gateway.pem"
-    try:
-        code, verdicts, output = verify(
-            "--release",
-            str(measured.release_path),
-            "--url",
-            f"https://127.0.0.1:{relay.port}",
-            "--platform-verifier",
-            "true",
-            "--save-cert",
-            str(saved),
-        )
-    finally:
-        relay.close()
+    code, verdicts, output = verify_through_forging_relay(
+        measured, cert, key, claimed, "--platform-verifier", "true", "--save-cert", str(saved)
+    )
     assert code == 0 and verdicts["tls channel"] == "PASS", output
     text = saved.read_text()
     assert text.count("BEGIN CERTIFICATE") == 1, text
@@ -176,13 +157,7 @@ def test_callers_that_ignore_retry_after_cannot_starve_a_verifier(measured):
 def test_a_policy_that_reads_two_ways_or_counts_past_time_is_one_line_exit_2(tmp_path, text, says):
     policy = tmp_path / "policy.json"
     policy.write_text(text)
-    code, verdicts, output = verify(
-        "--quote",
-        str(DCAP_SAMPLE / "tdx_quote"),
-        "--collateral",
-        COLLATERAL,
-        "--now",
-        SAMPLE_TIME,
+    code, verdicts, output = verify_sample(
         "--policy",
         str(policy),
     )
@@ -216,13 +191,7 @@ def test_a_now_that_no_clock_can_show_is_bad_usage(now):
 
 def test_json_is_one_document_on_bad_usage_too():
     """A program that asked for --json reads stdout: bad usage is a document as well (exit 2)."""
-    done = subprocess.run(
-        [sys.executable, str(VERIFY), "--json", "--artifact", "/bin/sh", "--url", "ftp://127.0.0.1/"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_verify("--json", "--artifact", "/bin/sh", "--url", "ftp://127.0.0.1/")
     assert done.returncode == 2, done.stdout + done.stderr
     document = json.loads(done.stdout)
     assert (document["verdict"], document["exit"], document["checks"]) == ("ERROR", 2, []), done.stdout

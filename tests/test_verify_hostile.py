@@ -19,7 +19,7 @@ import test_attest
 import test_tls
 from fake_tdx import tdx_quote_v4  # attest/, put on the path by test_attest
 from relay import Relay
-from test_attest import SIMULATED_SIGNATURE, UNVERIFIED, always_answering, nonce_hex, verify
+from test_attest import UNVERIFIED, always_answering, nonce_hex, verify, verify_signed
 from test_tls import self_signed, spki_of
 
 from conftest import call, wait_until
@@ -50,6 +50,17 @@ def forged_answer(path: str, cert_pem: str, artifact_sha384: str, config_sha256:
     ).encode()
 
 
+def verify_through_forging_relay(measured, cert: Path, key: Path, claimed: str, *flags: str):
+    """attest/verify of `measured`'s release through a relay on loopback that serves `cert` and
+    answers with evidence forged to bind `claimed` (PEM), as the gateway's would."""
+    sha384, config = measured.release["artifact"]["sha384"], measured.config_sha256
+    relay = Relay(cert, key, 1, replay=lambda path: forged_answer(path, claimed, sha384, config))
+    try:
+        return verify("--release", str(measured.release_path), "--url", f"https://127.0.0.1:{relay.port}", *flags)
+    finally:
+        relay.close()
+
+
 @pytest.mark.parametrize(
     "flags",
     [
@@ -63,23 +74,18 @@ def forged_answer(path: str, cert_pem: str, artifact_sha384: str, config_sha256:
 )
 def test_a_forging_relay_never_gets_its_certificate_saved(measured, tmp_path, flags):
     cert, key = self_signed(tmp_path / "relay")
-    sha384, config = measured.release["artifact"]["sha384"], measured.config_sha256
-    relay = Relay(cert, key, 1, replay=lambda path: forged_answer(path, cert.read_text(), sha384, config))
     saved = tmp_path / "gateway.pem"
-    try:
-        code, verdicts, output = verify(
-            "--release",
-            str(measured.release_path),
-            "--url",
-            f"https://127.0.0.1:{relay.port}",
-            "--config-sha256",
-            config,
-            "--save-cert",
-            str(saved),
-            *flags,
-        )
-    finally:
-        relay.close()
+    code, verdicts, output = verify_through_forging_relay(
+        measured,
+        cert,
+        key,
+        cert.read_text(),
+        "--config-sha256",
+        measured.config_sha256,
+        "--save-cert",
+        str(saved),
+        *flags,
+    )
     assert verdicts["tls channel"] == "PASS" and verdicts["report_data"] == "PASS", output  # the forgery holds up...
     assert verdicts["event log replays to RTMR3"] == "PASS" and verdicts["artifact measured"] == "PASS", output
     assert verdicts["quote signature"] in ("SKIP", "FAIL"), output  # ...except for its signature
@@ -148,13 +154,9 @@ def test_a_hostile_answer_is_one_line_fail(tmp_path, body, reason):
 
 def test_an_unwritable_save_cert_directory_is_one_line_exit_2(attested, tmp_path):
     gateway, release, _ = attested
-    code, verdicts, output = verify(
-        "--release",
-        str(release),
-        "--url",
+    code, verdicts, output = verify_signed(
+        release,
         gateway.url,
-        "--platform-verifier",
-        SIMULATED_SIGNATURE,
         "--save-cert",
         str(tmp_path / "no-such-dir" / "gw.pem"),
     )

@@ -3,14 +3,11 @@ collateral (tests/data/dcap-sample) the way Intel's PCS API does, or breaks it o
 
 from __future__ import annotations
 
-import contextlib
-import http.server
 import json
-import threading
 import urllib.parse
 
 import pytest
-from test_attest import DCAP_SAMPLE, SAMPLE_TIME, verify
+from test_attest import DCAP_SAMPLE, SAMPLE_TIME, always_answering, verify
 
 COLLATERAL = json.loads((DCAP_SAMPLE / "tdx_quote_collateral.json").read_text())
 
@@ -39,27 +36,9 @@ def pccs_answer(path: str, broken: str | None) -> tuple[int, dict, bytes]:
     return 404, {}, b""
 
 
-@contextlib.contextmanager
 def pccs(broken: str | None = None):
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            status, headers, body = pccs_answer(self.path, broken)
-            self.send_response(status)
-            for name, value in {**headers, "Content-Length": str(len(body))}.items():
-                self.send_header(name, value)
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    """A PCCS on loopback: its URL, for a `with`."""
+    return always_answering(lambda path: pccs_answer(path, broken))
 
 
 def test_collateral_from_a_pccs_verifies_the_intel_signed_quote():

@@ -9,18 +9,26 @@ from __future__ import annotations
 
 import datetime
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import test_attest
 from fake_tdx import BODY_FIELDS, tdx_quote_v4  # attest/, put on the path by test_attest
-from test_attest import DCAP_SAMPLE, SAMPLE_TIME, SIMULATED_SIGNATURE, UNVERIFIED, VERIFY, verify
+from tdx import CHECK_NAMES as CHECK  # the check each policy field names in the output
+from test_attest import (
+    COLLATERAL,
+    DCAP_SAMPLE,
+    SAMPLE_TIME,
+    SIMULATED_SIGNATURE,
+    UNVERIFIED,
+    run_verify,
+    verify,
+    verify_sample,
+    verify_signed,
+)
 
 measured = test_attest.measured  # its gateway, as a fixture here too
 
-COLLATERAL = str(DCAP_SAMPLE / "tdx_quote_collateral.json")
 # What dcap-qvl reads in the sample quote (its VerifiedReport) and its PCK certificate.
 SAMPLE = {
     "mrtd": "91eb2b44d141d4ece09f0c75c2c53d247a3c68edd7fafe8a3520c942a604a407de03ae6dc5f87f27428b2538873118b7",
@@ -32,17 +40,6 @@ SAMPLE = {
     "td_attributes": "0000001000000000",
     "fmspc": "b0c06f000000",
     "platform_ids": "07828474603e7019dc930775ffe8cdd2",
-}
-CHECK = {
-    "mrtd": "MRTD",
-    "rtmr0": "RTMR0",
-    "rtmr1": "RTMR1",
-    "rtmr2": "RTMR2",
-    "mrseam": "MRSEAM",
-    "xfam": "XFAM",
-    "td_attributes": "TD attributes",
-    "fmspc": "FMSPC",
-    "platform_ids": "platform ID",
 }
 TCB_DATE = datetime.datetime(2024, 3, 13, tzinfo=datetime.UTC)  # the newest tcbLevel of the sample's TCB info
 DAY = 86400
@@ -59,17 +56,7 @@ def with_policy(tmp_path: Path, policy: dict) -> str:
 
 
 def sample(tmp_path, policy: dict, *flags: str, now: str = SAMPLE_TIME):
-    return verify(
-        "--quote",
-        str(DCAP_SAMPLE / "tdx_quote"),
-        "--collateral",
-        COLLATERAL,
-        "--now",
-        now,
-        "--policy",
-        with_policy(tmp_path, policy),
-        *flags,
-    )
+    return verify_sample("--policy", with_policy(tmp_path, policy), *flags, now=now)
 
 
 def simulated(tmp_path, policy: dict, fields: dict[str, bytes] | None = None, borrow_pck: bool = False):
@@ -155,27 +142,12 @@ def test_tcb_grace_days_at_fixed_times_on_both_sides_of_the_limit(tmp_path, days
 
 
 def test_the_shorthands_remain(tmp_path, measured):
-    code, verdicts, output = verify(
-        "--quote",
-        str(DCAP_SAMPLE / "tdx_quote"),
-        "--collateral",
-        COLLATERAL,
-        "--now",
-        SAMPLE_TIME,
+    code, verdicts, output = verify_sample(
         "--expect-mrtd",
         SAMPLE["mrtd"].upper(),
     )
     assert code == 0 and verdicts["MRTD"] == "PASS", output
-    code, verdicts, output = verify(
-        "--quote",
-        str(DCAP_SAMPLE / "tdx_quote"),
-        "--collateral",
-        COLLATERAL,
-        "--now",
-        SAMPLE_TIME,
-        "--accept-tcb",
-        "SWHardeningNeeded",
-    )
+    code, verdicts, output = verify_sample("--accept-tcb", "SWHardeningNeeded")
     assert code == 0 and verdicts == {"quote signature": "PASS"}, output
     code, _, output = sample(tmp_path, {"mrtd": [SAMPLE["mrtd"]]}, "--expect-mrtd", SAMPLE["mrtd"])
     assert code == 2 and "not both" in output, output
@@ -207,13 +179,7 @@ def test_the_snp_object_is_left_to_the_snp_checks(tmp_path):
 
 def test_learn_policy_writes_what_the_signed_evidence_satisfies(tmp_path):
     learned = tmp_path / "learned.json"
-    code, _, output = verify(
-        "--quote",
-        str(DCAP_SAMPLE / "tdx_quote"),
-        "--collateral",
-        COLLATERAL,
-        "--now",
-        SAMPLE_TIME,
+    code, _, output = verify_sample(
         "--learn-policy",
         str(learned),
     )
@@ -224,13 +190,7 @@ def test_learn_policy_writes_what_the_signed_evidence_satisfies(tmp_path):
         "tcb": ["UpToDate"],
         "min_tcb_evaluation_data_number": 17,
     }
-    code, verdicts, output = verify(
-        "--quote",
-        str(DCAP_SAMPLE / "tdx_quote"),
-        "--collateral",
-        COLLATERAL,
-        "--now",
-        SAMPLE_TIME,
+    code, verdicts, output = verify_sample(
         "--policy",
         str(learned),
     )
@@ -244,13 +204,9 @@ def test_learn_policy_from_a_gateway_only_once_its_signature_passed(measured, tm
     assert code == UNVERIFIED and not learned.exists() and "not writing the policy" in output, output
     code, _, output = verify(*base, "--platform-verifier", SIMULATED_SIGNATURE)
     assert code == 0 and json.loads(learned.read_text())["mrtd"] == ["00" * 48], output
-    code, verdicts, output = verify(
-        "--release",
-        str(measured.release_path),
-        "--url",
+    code, verdicts, output = verify_signed(
+        measured.release_path,
         measured.gateway.url,
-        "--platform-verifier",
-        SIMULATED_SIGNATURE,
         "--policy",
         str(learned),
     )
@@ -258,24 +214,16 @@ def test_learn_policy_from_a_gateway_only_once_its_signature_passed(measured, tm
 
 
 def test_json_prints_the_checks_as_one_document(tmp_path):
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(VERIFY),
-            "--quote",
-            str(DCAP_SAMPLE / "tdx_quote"),
-            "--collateral",
-            COLLATERAL,
-            "--now",
-            SAMPLE_TIME,
-            "--json",
-            "--policy",
-            with_policy(tmp_path, {"mrtd": [other(SAMPLE["mrtd"])]}),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    done = run_verify(
+        "--quote",
+        str(DCAP_SAMPLE / "tdx_quote"),
+        "--collateral",
+        COLLATERAL,
+        "--now",
+        SAMPLE_TIME,
+        "--json",
+        "--policy",
+        with_policy(tmp_path, {"mrtd": [other(SAMPLE["mrtd"])]}),
     )
     assert done.returncode == 1, done.stdout + done.stderr
     document = json.loads(done.stdout)
@@ -287,9 +235,7 @@ def test_json_prints_the_checks_as_one_document(tmp_path):
 
 
 def test_help_lists_the_options():
-    done = subprocess.run(
-        [sys.executable, str(VERIFY), "--help"], capture_output=True, text=True, timeout=60, check=False
-    )
+    done = run_verify("--help")
     assert done.returncode == 0
     for option in ("--policy", "--learn-policy", "--json", "--timeout"):
         assert option in done.stdout, option
