@@ -17,8 +17,6 @@ from pathlib import Path
 from hypothesis import example
 from hypothesis import strategies as st
 
-from tinygw.headers import HOP_BY_HOP  # RFC 9110 section 7.6.1's list
-
 CORPUS = Path(__file__).resolve().parent / "fuzz_corpus"
 BODY_SEEDS = sorted(CORPUS.glob("body-*"))
 SSE_SEEDS = sorted(CORPUS.glob("sse-*"))
@@ -300,6 +298,18 @@ def canonical(value) -> str:
 # ---- headers ------------------------------------------------------------------------------
 
 TOKEN = st.from_regex(r"[!#$%&'*+.^_`|~0-9a-z-]{1,16}", fullmatch=True)
+# Written out here, not imported from tinygw.headers: the test must catch an entry the code loses.
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+}
 NOT_FORWARDED = HOP_BY_HOP | {
     "authorization",
     "x-api-key",
