@@ -27,7 +27,6 @@ from tinygw.errors import ConfigError, EvidenceUnavailable
 from tinygw.protocol import wire
 from tinygw.protocol.routing import Endpoint, Route, api_endpoint, page_endpoint
 from tinygw.protocol.wire import BadBody, read_head, send_error
-from tinygw.trust.attestation import artifact_digests
 from tinygw.worker import discovery, proxy
 from tinygw.worker.gateway import Gateway
 from tinygw.worker.record import Record
@@ -78,11 +77,11 @@ async def _hash_artifact(gateway: Gateway) -> None:
     """The frozen executable's digests, for `tinygw_build_info` and /attestation: hashed
     off the loop once the worker serves (~40 ms for the artifact), not before."""
     try:
-        gateway.artifact_digests = await asyncio.to_thread(artifact_digests)
+        sha256, _ = await gateway.artifact_hashes()
     except EvidenceUnavailable:
         return
-    if gateway.artifact_digests[0]:
-        gateway.metrics.set_artifact_sha256(gateway.artifact_digests[0])
+    if sha256:
+        gateway.metrics.set_artifact_sha256(sha256)
 
 
 # ---- requests ------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import msgspec
 from tinygw import __version__, logs
 from tinygw.errors import EvidenceUnavailable
 from tinygw.protocol.wire import JSON_HEADERS, error_body
-from tinygw.trust.attestation import artifact_digests, fetch_evidence, parse_nonce, read_event_log, report_data
+from tinygw.trust.attestation import fetch_evidence, parse_nonce, read_event_log, report_data
 from tinygw.trust.evidence_queue import RETRY_AFTER_SECONDS
 
 _encode = msgspec.json.Encoder()
@@ -33,9 +33,7 @@ async def attestation_page(gateway, scope, send) -> None:
     config_sha256 = gateway.settings.config_sha256()
     data = report_data(nonce, config_sha256, gateway.tls_spki_sha256)
     try:
-        if gateway.artifact_digests is None:  # the executable does not change while it runs
-            gateway.artifact_digests = await asyncio.to_thread(artifact_digests)
-        artifact_sha256, artifact_sha384 = gateway.artifact_digests
+        artifact_sha256, artifact_sha384 = await gateway.artifact_hashes()
         client = scope.get("client")
         # one quote at a time (the platform makes them slowly); a full queue is shared fairly by address
         async with gateway.evidence_queue.turn(client[0] if client else None):

@@ -20,7 +20,6 @@ refresh, and every value in it is HTML-escaped.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import os
 import time
@@ -34,7 +33,6 @@ from tinygw.errors import EvidenceUnavailable
 from tinygw.observe import board
 from tinygw.protocol.wire import JSON_HEADERS
 from tinygw.resilience.breaker import State
-from tinygw.trust.attestation import artifact_digests
 from tinygw.worker.gateway import Gateway
 
 STATE_WORDS = {
@@ -120,12 +118,10 @@ def snapshot(gateway: Gateway, pid: int, artifact_sha256: str | None = None) -> 
 
 
 async def _artifact_sha256(gateway: Gateway) -> str | None:
-    if gateway.artifact_digests is None:  # the executable does not change while it runs
-        try:
-            gateway.artifact_digests = await asyncio.to_thread(artifact_digests)
-        except EvidenceUnavailable:
-            return None
-    return gateway.artifact_digests[0]
+    try:
+        return (await gateway.artifact_hashes())[0]
+    except EvidenceUnavailable:
+        return None
 
 
 async def status_json(gateway: Gateway, scope, send) -> None:

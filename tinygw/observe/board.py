@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from msgspec import Struct
 
-from tinygw.resilience.breaker import Circuit, State, pause_over
+from tinygw.resilience.breaker import Circuit, State, pause_left, pause_over
 
 _STATE_CODE = {State.CLOSED: 0.0, State.OPEN: 1.0, State.HALF_OPEN: 2.0}
 STATES = {0: State.CLOSED, 1: State.OPEN, 2: State.HALF_OPEN}
@@ -47,7 +47,7 @@ class CircuitView(Struct):
         """Seconds until an OPEN circuit's pause ends; None when it is not OPEN at `now`."""
         if self.state_at(now) is not State.OPEN or not self.opened_at:
             return None
-        return max(0.0, self.opened_at + self.pause_seconds - now)
+        return pause_left(self.opened_at, self.pause_seconds, now)
 
 
 class WorkerView(Struct):

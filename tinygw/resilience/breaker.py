@@ -57,6 +57,12 @@ def pause_over(opened_at: float | None, pause_seconds: float, now: float) -> boo
     return opened_at is not None and now >= opened_at + pause_seconds
 
 
+def pause_left(opened_at: float | None, pause_seconds: float, now: float) -> float:
+    """Seconds until an OPEN circuit's pause ends (0 once it has): for the circuit and
+    for the readers of its snapshot, as `pause_over`."""
+    return max(0.0, (opened_at or 0.0) + pause_seconds - now)
+
+
 class IllegalTransition(RuntimeError):
     """A move that TRANSITIONS has no row for: a bug in the caller."""
 
@@ -134,11 +140,10 @@ class Circuit:
 
     def retry_after(self) -> float | None:
         """Seconds until the next probe may be let through; None while it is available."""
-        state = self.state()
-        if state is State.CLOSED or (state is State.HALF_OPEN and self._probe_free()):
+        if self.available():
             return None
-        if state is State.OPEN:
-            return max(0.0, (self.opened_at or 0.0) + self.pause_seconds - self._clock())  # set while OPEN
+        if self._state is State.OPEN:
+            return pause_left(self.opened_at, self.pause_seconds, self._clock())
         return 0.0  # HALF_OPEN with every probe slot taken: a verdict is due any moment
 
     def snapshot(self) -> tuple[State, int, float, float | None, str | None]:

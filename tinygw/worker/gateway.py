@@ -24,6 +24,7 @@ from tinygw.protocol.routing import WILDCARD, Resolver
 from tinygw.resilience.breaker import Breakers, Circuit, Clock, State
 from tinygw.resilience.keys import KeyRing
 from tinygw.resilience.strategy import Strategies
+from tinygw.trust.attestation import artifact_digests
 from tinygw.trust.auth import InboundAuth
 from tinygw.trust.evidence_queue import EvidenceQueue, RateLimitedWarning
 from tinygw.upstream.pool import Pool, Timeouts, tls_context
@@ -187,6 +188,14 @@ class Gateway:
                 provider_model=circuit.provider_model,
                 pause_seconds=circuit.pause_seconds,
             )
+
+    async def artifact_hashes(self) -> tuple[str | None, str | None]:
+        """(sha256, sha384) of the running executable (None, None from source), hashed off
+        the loop once: it does not change while it runs. EvidenceUnavailable when it
+        cannot be read (tried again at the next call)."""
+        if self.artifact_digests is None:
+            self.artifact_digests = await asyncio.to_thread(artifact_digests)
+        return self.artifact_digests
 
     async def aclose(self) -> None:
         for upstream in self.upstreams.values():
