@@ -16,6 +16,7 @@ Everything listens on 127.0.0.1; every wait has a deadline.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -144,6 +145,17 @@ class Proc:
         except subprocess.TimeoutExpired:
             pass
         self.err_file.close()
+
+    @contextlib.contextmanager
+    def stopped_on_error(self):
+        """For the block that waits for it to get ready: if that raises (or is interrupted), stop it, remove its
+        files and re-raise (the errors of wait_ready and read_stdout_line already carry its stderr)."""
+        try:
+            yield self
+        except BaseException:
+            self.stop()
+            self.cleanup_files()
+            raise
 
     def cleanup_files(self) -> None:
         try:
@@ -293,12 +305,8 @@ def start_nginx(nginx: str, upstream_port: int) -> tuple[Proc, int]:
     conf = Path(tmp) / "nginx.conf"
     conf.write_text(NGINX_CONF.format(tmp=tmp, host=HOST, up_port=upstream_port, port=port))
     proc = Proc("nginx", [nginx, "-p", tmp, "-c", str(conf), "-e", f"{tmp}/error.log"], tmpdir=tmp)
-    try:
+    with proc.stopped_on_error():
         wait_ready(proc, port, "/v1/models", 30)
-    except BaseException:
-        proc.stop()
-        proc.cleanup_files()
-        raise
     return proc, port
 
 
@@ -307,12 +315,8 @@ def start_upstream(words: int = STREAM_EVENTS - 2) -> tuple[Proc, int]:
     proc = Proc(
         "upstream", [sys.executable, str(HERE / "instant_upstream.py"), "0", str(words)], stdout=subprocess.PIPE
     )
-    try:
+    with proc.stopped_on_error():
         return proc, int(proc.read_stdout_line("", 15))
-    except BaseException:
-        proc.stop()
-        proc.cleanup_files()
-        raise
 
 
 def gateway_python() -> str:
@@ -349,12 +353,8 @@ def start_gateway(upstream_port: int, tls: bool = False) -> tuple[Proc, int]:
     )
     env.pop("TINYGW_CONFIG_FILE", None)
     proc = Proc("tinygw-tls" if tls else "tinygw", [gateway_python(), "-m", "tinygw", "serve"], env=env)
-    try:
+    with proc.stopped_on_error():
         wait_ready(proc, port, "/healthz", 60)
-    except BaseException:
-        proc.stop()
-        proc.cleanup_files()
-        raise
     return proc, port
 
 

@@ -178,12 +178,8 @@ def start_gateway(upstreams: list[Upstream]) -> tuple[Proc, int]:
     env.update(GATEWAY_ENV, TINYGW_PORT=str(port), TINYGW_CONFIG=json.dumps(config), PYTHONPATH=str(ROOT))
     binary = os.environ.get("TINYGW_BINARY")  # a frozen build, as in tests/conftest.py
     proc = Proc("soak-tinygw", [binary, "serve"] if binary else [sys.executable, "-m", "tinygw", "serve"], env=env)
-    try:
+    with proc.stopped_on_error():
         wait_ready(proc, port, "/healthz", 30)
-    except BaseException:
-        proc.stop()
-        proc.cleanup_files()  # wait_ready's message holds its stderr
-        raise
     return proc, port
 
 
