@@ -40,11 +40,10 @@ HOST = "127.0.0.1"
 PATH = "/v1/chat/completions"
 BODY = '{"model":"bench","messages":[{"role":"user","content":"hi"}]}'
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-# wrk's Lua script: the request, and a done() that prints one machine-readable line.
 STREAM_BODY = '{"model":"bench","stream":true,"messages":[{"role":"user","content":"hi"}]}'
 STREAM_EVENTS = 22  # bench/instant_upstream.py's streamed answer: role, 20 words, finish ([DONE] aside)
 
+# wrk's Lua script: the request, and a done() that prints one machine-readable line.
 WRK_LUA = (
     """
 wrk.method = "POST"

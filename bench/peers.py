@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lib import BODY, HERE, HOST, PATH, ROOT, Proc, check_once, free_port, log, wait_ready
+from lib import BODY, HERE, HOST, PATH, ROOT, STREAM_BODY, Proc, check_once, free_port, log, wait_ready
 
 PEER_INSTALL_TIMEOUT = 1200
 PEER_START_TIMEOUT = 180
@@ -448,7 +448,7 @@ class Peer:
     config_header: Callable[[int], dict[str, str]] | None = field(default=None)  # per request, from the upstream's port
 
     def body(self, stream: bool) -> str:
-        body = BODY if not stream else BODY.replace('"messages"', '"stream":true,"messages"')
+        body = STREAM_BODY if stream else BODY
         return body.replace('"model":"bench"', json.dumps(self.model).join(('"model":', "")))
 
     def headers(self, upstream_port: int) -> dict[str, str] | None:

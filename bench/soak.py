@@ -39,9 +39,8 @@ from pathlib import Path
 import h11
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: its library, however soak.py is started
-from lib import HOST, ROOT, Proc, descendants, machine, wait_ready  # noqa: E402 - processes in their own groups
+from lib import HOST, PATH, ROOT, Proc, descendants, machine, wait_ready  # noqa: E402 - processes in their own groups
 
-PATH = "/v1/chat/completions"
 NONCE = re.compile(rb"n[0-9a-f]{16}")
 WARMUP_SECONDS = 8  # traffic before the "start" measurement (no upstream kills yet)
 SETTLE_SECONDS = 3  # quiet before each RSS/fd measurement
