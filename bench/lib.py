@@ -241,16 +241,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def apt_install(package: str) -> str | None:
+    """`apt-get update`, then `apt-get install PACKAGE` (Debian's): None, or the end of what failed said."""
+    log(f"bench: {package} is not installed; installing it with apt-get (Debian package {package!r})")
+    environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", package]):
+        done = subprocess.run(command, env=environment, timeout=600, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if done.returncode != 0:
+            return done.stderr.decode("utf-8", "replace")[-500:]
+    return None
+
+
 def ensure_wrk() -> str:
     path = shutil.which("wrk")
     if path:
         return path
-    log("bench: wrk is not on PATH; installing it with apt-get (Debian package 'wrk')")
-    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "wrk"]):
-        subprocess.run(command, check=True, timeout=600, stdout=subprocess.DEVNULL)
+    failed = apt_install("wrk")
     path = shutil.which("wrk")
     if not path:
-        raise SystemExit("bench: wrk is still not on PATH after apt-get install")
+        raise SystemExit(f"bench: wrk is still not on PATH after apt-get install: {failed or 'no error'}")
     return path
 
 
@@ -259,14 +268,9 @@ def ensure_nginx() -> str | None:
     path = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
     if path:
         return path
-    log("bench: nginx is not installed; installing it with apt-get (Debian package 'nginx')")
-    environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "nginx"]):
-        done = subprocess.run(command, env=environment, timeout=600, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        if done.returncode != 0:
-            break
-    if done.returncode != 0:
-        print(f"WARNING: nginx could not be installed; no nginx peer: {done.stderr.decode()[-500:]}")
+    failed = apt_install("nginx")
+    if failed is not None:
+        print(f"WARNING: nginx could not be installed; no nginx peer: {failed}")
         return None
     return shutil.which("nginx") or "/usr/sbin/nginx"
 
