@@ -1,14 +1,15 @@
 """The benchmarks' library: processes, their CPU and memory, wrk, and the targets they all share.
 
-Imported by bench/run.py, floor.py, overhead.py, outage.py, soak.py, artifact.py and peers.py;
-imports none of them. What is here:
+Imported by bench/run.py, bytecodes.py, floor.py, overhead.py, outage.py, soak.py, artifact.py,
+large_answers.py and peers.py; imports none of them. What is here:
 
-- `Proc`: a child in a process group of its own, stopped with its whole tree; `wait_ready`.
+- `Proc`: a child in a process group of its own, stopped with its whole tree (`stopped_on_error` while
+  it gets ready); `wait_ready`.
 - `/proc` accounting: `descendants`, `tree_usage` (CPU seconds, VmHWM and VmRSS of a tree).
 - `free_port`, `url`, `check_once` (one request before measuring, so a broken setup fails loudly).
 - wrk: `ensure_wrk`, `WRK_LUA`, `run_wrk` (one run, parsed), `measured_run` (warm-up, run, CPU deltas).
 - the targets: `start_upstream` (bench/instant_upstream.py), `start_gateway` (tinygw at its
-  defaults), `ensure_nginx`/`start_nginx`.
+  defaults), `ensure_nginx`/`start_nginx` (`apt_install`, as for wrk).
 - the report: `median`, `machine`, `fmt`, `print_rows`, `tinygw_version`.
 
 Everything listens on 127.0.0.1; every wait has a deadline.
