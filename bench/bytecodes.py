@@ -34,7 +34,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: its library
-from lib import BODY, HOST, ROOT, Proc, start_upstream  # noqa: E402
+from lib import BODY, HOST, PATH, ROOT, STREAM_BODY, Proc, start_upstream  # noqa: E402
 
 sys.path.insert(0, str(ROOT))  # tinygw, from this tree
 
@@ -111,8 +111,8 @@ def scope(state: dict, body: bytes) -> dict:
         "scheme": "http",
         "method": "POST",
         "root_path": "",
-        "path": "/v1/chat/completions",
-        "raw_path": b"/v1/chat/completions",
+        "path": PATH,
+        "raw_path": PATH.encode(),
         "query_string": b"",
         "headers": headers,
         "state": state.copy(),
@@ -183,7 +183,7 @@ async def measure(requests: int, by_function: dict[str, collections.Counter]) ->
     if message["type"] != "lifespan.startup.complete":
         raise RuntimeError(f"the gateway did not start: {message}")
     plain = BODY.encode()
-    stream = BODY.replace('"messages"', '"stream":true,"messages"').encode()
+    stream = STREAM_BODY.encode()
     try:
         return {
             "plain": await count(app, state, plain, requests, by_function["plain"]),

@@ -1,14 +1,15 @@
 """The benchmarks' library: processes, their CPU and memory, wrk, and the targets they all share.
 
-Imported by bench/run.py, floor.py, overhead.py, outage.py, soak.py, artifact.py and peers.py;
-imports none of them. What is here:
+Imported by bench/run.py, bytecodes.py, floor.py, overhead.py, outage.py, soak.py, artifact.py,
+large_answers.py and peers.py; imports none of them. What is here:
 
-- `Proc`: a child in a process group of its own, stopped with its whole tree; `wait_ready`.
+- `Proc`: a child in a process group of its own, stopped with its whole tree (`stopped_on_error` while
+  it gets ready); `wait_ready`.
 - `/proc` accounting: `descendants`, `tree_usage` (CPU seconds, VmHWM and VmRSS of a tree).
 - `free_port`, `url`, `check_once` (one request before measuring, so a broken setup fails loudly).
 - wrk: `ensure_wrk`, `WRK_LUA`, `run_wrk` (one run, parsed), `measured_run` (warm-up, run, CPU deltas).
 - the targets: `start_upstream` (bench/instant_upstream.py), `start_gateway` (tinygw at its
-  defaults), `ensure_nginx`/`start_nginx`.
+  defaults), `ensure_nginx`/`start_nginx` (`apt_install`, as for wrk).
 - the report: `median`, `machine`, `fmt`, `print_rows`, `tinygw_version`.
 
 Everything listens on 127.0.0.1; every wait has a deadline.
@@ -16,6 +17,7 @@ Everything listens on 127.0.0.1; every wait has a deadline.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -39,11 +41,10 @@ HOST = "127.0.0.1"
 PATH = "/v1/chat/completions"
 BODY = '{"model":"bench","messages":[{"role":"user","content":"hi"}]}'
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-# wrk's Lua script: the request, and a done() that prints one machine-readable line.
 STREAM_BODY = '{"model":"bench","stream":true,"messages":[{"role":"user","content":"hi"}]}'
 STREAM_EVENTS = 22  # bench/instant_upstream.py's streamed answer: role, 20 words, finish ([DONE] aside)
 
+# wrk's Lua script: the request, and a done() that prints one machine-readable line.
 WRK_LUA = (
     """
 wrk.method = "POST"
@@ -145,6 +146,17 @@ class Proc:
             pass
         self.err_file.close()
 
+    @contextlib.contextmanager
+    def stopped_on_error(self):
+        """For the block that waits for it to get ready: if that raises (or is interrupted), stop it, remove its
+        files and re-raise (the errors of wait_ready and read_stdout_line already carry its stderr)."""
+        try:
+            yield self
+        except BaseException:
+            self.stop()
+            self.cleanup_files()
+            raise
+
     def cleanup_files(self) -> None:
         try:
             os.unlink(self.err_file.name)
@@ -230,16 +242,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def apt_install(package: str) -> str | None:
+    """`apt-get update`, then `apt-get install PACKAGE` (Debian's): None, or the end of what failed said."""
+    log(f"bench: {package} is not installed; installing it with apt-get (Debian package {package!r})")
+    environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", package]):
+        done = subprocess.run(command, env=environment, timeout=600, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if done.returncode != 0:
+            return done.stderr.decode("utf-8", "replace")[-500:]
+    return None
+
+
 def ensure_wrk() -> str:
     path = shutil.which("wrk")
     if path:
         return path
-    log("bench: wrk is not on PATH; installing it with apt-get (Debian package 'wrk')")
-    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "wrk"]):
-        subprocess.run(command, check=True, timeout=600, stdout=subprocess.DEVNULL)
+    failed = apt_install("wrk")
     path = shutil.which("wrk")
     if not path:
-        raise SystemExit("bench: wrk is still not on PATH after apt-get install")
+        raise SystemExit(f"bench: wrk is still not on PATH after apt-get install: {failed or 'no error'}")
     return path
 
 
@@ -248,14 +269,9 @@ def ensure_nginx() -> str | None:
     path = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
     if path:
         return path
-    log("bench: nginx is not installed; installing it with apt-get (Debian package 'nginx')")
-    environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "nginx"]):
-        done = subprocess.run(command, env=environment, timeout=600, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        if done.returncode != 0:
-            break
-    if done.returncode != 0:
-        print(f"WARNING: nginx could not be installed; no nginx peer: {done.stderr.decode()[-500:]}")
+    failed = apt_install("nginx")
+    if failed is not None:
+        print(f"WARNING: nginx could not be installed; no nginx peer: {failed}")
         return None
     return shutil.which("nginx") or "/usr/sbin/nginx"
 
@@ -293,12 +309,8 @@ def start_nginx(nginx: str, upstream_port: int) -> tuple[Proc, int]:
     conf = Path(tmp) / "nginx.conf"
     conf.write_text(NGINX_CONF.format(tmp=tmp, host=HOST, up_port=upstream_port, port=port))
     proc = Proc("nginx", [nginx, "-p", tmp, "-c", str(conf), "-e", f"{tmp}/error.log"], tmpdir=tmp)
-    try:
+    with proc.stopped_on_error():
         wait_ready(proc, port, "/v1/models", 30)
-    except BaseException:
-        proc.stop()
-        proc.cleanup_files()
-        raise
     return proc, port
 
 
@@ -307,12 +319,8 @@ def start_upstream(words: int = STREAM_EVENTS - 2) -> tuple[Proc, int]:
     proc = Proc(
         "upstream", [sys.executable, str(HERE / "instant_upstream.py"), "0", str(words)], stdout=subprocess.PIPE
     )
-    try:
+    with proc.stopped_on_error():
         return proc, int(proc.read_stdout_line("", 15))
-    except BaseException:
-        proc.stop()
-        proc.cleanup_files()
-        raise
 
 
 def gateway_python() -> str:
@@ -349,12 +357,8 @@ def start_gateway(upstream_port: int, tls: bool = False) -> tuple[Proc, int]:
     )
     env.pop("TINYGW_CONFIG_FILE", None)
     proc = Proc("tinygw-tls" if tls else "tinygw", [gateway_python(), "-m", "tinygw", "serve"], env=env)
-    try:
+    with proc.stopped_on_error():
         wait_ready(proc, port, "/healthz", 60)
-    except BaseException:
-        proc.stop()
-        proc.cleanup_files()
-        raise
     return proc, port
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lib import BODY, HERE, HOST, PATH, ROOT, Proc, check_once, free_port, log, wait_ready
+from lib import BODY, HERE, HOST, PATH, ROOT, STREAM_BODY, Proc, check_once, free_port, log, wait_ready
 
 PEER_INSTALL_TIMEOUT = 1200
 PEER_START_TIMEOUT = 180
@@ -100,7 +100,7 @@ def _start(
 ) -> tuple[Proc, int, float]:
     """Wait until GET ready_path (if any) answers 200 and one plain chat request succeeds (retried for up to
     retry_seconds); the process is stopped if it does not. Returns (process, port, seconds from spawn)."""
-    try:
+    with proc.stopped_on_error():
         if ready_path is not None:
             wait_ready(proc, port, ready_path, PEER_START_TIMEOUT)
         deadline = time.monotonic() + retry_seconds
@@ -112,10 +112,6 @@ def _start(
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
-    except BaseException:
-        proc.stop()
-        proc.cleanup_files()
-        raise
     return proc, port, time.monotonic() - t0
 
 
@@ -377,12 +373,8 @@ def start_tensorzero(info: dict, upstream_port: int) -> tuple[Proc, int, float]:
         tmpdir=tmpdir,
         stdout=subprocess.PIPE,
     )
-    try:
+    with proc.stopped_on_error():
         port = int(proc.read_stdout_line("tensorzero-port=", 60))
-    except BaseException:
-        proc.stop()
-        proc.cleanup_files()
-        raise
     return _start(proc, port, None, PEERS[name], upstream_port, t0, retry_seconds=30)  # it listens: up
 
 
@@ -456,7 +448,7 @@ class Peer:
     config_header: Callable[[int], dict[str, str]] | None = field(default=None)  # per request, from the upstream's port
 
     def body(self, stream: bool) -> str:
-        body = BODY if not stream else BODY.replace('"messages"', '"stream":true,"messages"')
+        body = STREAM_BODY if stream else BODY
         return body.replace('"model":"bench"', json.dumps(self.model).join(('"model":', "")))
 
     def headers(self, upstream_port: int) -> dict[str, str] | None:

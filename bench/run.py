@@ -28,6 +28,7 @@ from lib import (  # noqa: E402
     HOST,
     PATH,
     ROOT,
+    STREAM_BODY,
     WRK_LUA,
     Proc,
     check_once,
@@ -272,7 +273,7 @@ def start_targets(
 ) -> tuple[list[Target], dict]:
     """A fresh gateway (and nginx, and peers) for one concurrency level, so its peak RSS belongs to that level.
     Returns the targets and the chunk events each streamed in its check (or None for plain)."""
-    body = PEERS["litellm"].body(args.stream)  # model "bench", as tinygw and nginx take it
+    body = STREAM_BODY if args.stream else BODY  # model "bench", as tinygw and nginx take it
     words = args.stream_words
     gateway, gw_port = start_gateway(up_port)
     procs.append(gateway)
@@ -503,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         upstream, up_port = start_upstream(args.stream_words)
         procs.append(upstream)
-        check_once(up_port, "the instant upstream", None, PEERS["litellm"].body(args.stream), words=args.stream_words)
+        check_once(up_port, "the instant upstream", None, STREAM_BODY if args.stream else BODY, words=args.stream_words)
         for conns in args.levels:
             targets, events = start_targets(args, conns, up_port, nginx, peers, procs, stderr_of, luas)
             raw["levels"].append(run_level(args, wrk, conns, targets, upstream, events))

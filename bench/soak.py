@@ -39,9 +39,8 @@ from pathlib import Path
 import h11
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: its library, however soak.py is started
-from lib import HOST, ROOT, Proc, descendants, machine, wait_ready  # noqa: E402 - processes in their own groups
+from lib import HOST, PATH, ROOT, Proc, descendants, machine, wait_ready  # noqa: E402 - processes in their own groups
 
-PATH = "/v1/chat/completions"
 NONCE = re.compile(rb"n[0-9a-f]{16}")
 WARMUP_SECONDS = 8  # traffic before the "start" measurement (no upstream kills yet)
 SETTLE_SECONDS = 3  # quiet before each RSS/fd measurement
@@ -178,12 +177,8 @@ def start_gateway(upstreams: list[Upstream]) -> tuple[Proc, int]:
     env.update(GATEWAY_ENV, TINYGW_PORT=str(port), TINYGW_CONFIG=json.dumps(config), PYTHONPATH=str(ROOT))
     binary = os.environ.get("TINYGW_BINARY")  # a frozen build, as in tests/conftest.py
     proc = Proc("soak-tinygw", [binary, "serve"] if binary else [sys.executable, "-m", "tinygw", "serve"], env=env)
-    try:
+    with proc.stopped_on_error():
         wait_ready(proc, port, "/healthz", 30)
-    except BaseException:
-        proc.stop()
-        proc.cleanup_files()  # wait_ready's message holds its stderr
-        raise
     return proc, port
 
 
