@@ -13,7 +13,8 @@ Every field is optional; a field the policy names must match the evidence, or it
 FAILs naming the field and both values. Hex is as the quote holds the bytes (xfam and
 td_attributes too: dcap-qvl prints them so). `tcb` lists the TCB statuses to accept,
 each with an optional `grace_days` counted from the collateral's TCB date; without it,
-UpToDate only. `snp` holds the SEV-SNP fields, which attest/snp.py validates. An unknown
+UpToDate only. `snp` holds the SEV-SNP fields (SNP_FIELDS; attest/snp_policy.py checks
+the report against them), read here like the others. An unknown
 field, a field given twice (JSON readers disagree on which one counts), a malformed value
 or an empty list is a PolicyError (exit 2): a typo in a policy must never widen what it
 accepts.
@@ -47,6 +48,11 @@ TCB_STATUSES = (
     "OutOfDateConfigurationNeeded",
 )
 FIELDS = (*HEX_FIELDS, "tcb", "min_tcb_evaluation_data_number", "snp")
+# The `snp` object's fields: bytes per value of its hex ones, the TCB components of min_tcb.
+SNP_FIELDS = ("measurement", "host_data", "vmpl", "min_tcb", "chip_ids")
+SNP_HEX_FIELDS = {"measurement": 48, "host_data": 32, "chip_ids": 64}
+SNP_MIN_TCB_FIELDS = ("bootloader", "tee", "snp", "microcode")
+SNP_MAX_VMPL = 3
 POLICY_MAX_BYTES = 1 << 20
 # Ten years: longer than any collateral lives, and a date that a clock can still print.
 GRACE_DAYS_MAX = 3650
@@ -67,7 +73,7 @@ class Policy:
     allowed: dict[str, tuple[str, ...]] = field(default_factory=dict)  # hex field -> allowed values
     tcb: tuple[TcbAllowance, ...] | None = None  # None: the policy does not name it (UpToDate only)
     min_tcb_evaluation_data_number: int | None = None
-    snp: dict | None = None  # validated by attest/snp.py
+    snp: dict | None = None  # parse_snp's: field -> allowed values, min_tcb -> {component: floor}
 
     def names(self, name: str) -> bool:
         return (
@@ -118,9 +124,30 @@ def parse(document) -> Policy:
     if number is not None and (not isinstance(number, int) or isinstance(number, bool) or number < 0):
         raise PolicyError("policy min_tcb_evaluation_data_number: give a whole number >= 0")
     snp = document.get("snp")
-    if snp is not None and not isinstance(snp, dict):
-        raise PolicyError("policy snp: give an object of SEV-SNP fields")
-    return Policy(allowed, tcb, number, snp)
+    return Policy(allowed, tcb, number, None if snp is None else parse_snp(snp))
+
+
+def parse_snp(snp: object) -> dict:
+    """The `snp` object of a policy file, checked: one list of allowed values per field, and
+    `min_tcb` an object of floors. {} for None. PolicyError names the field that is wrong."""
+    if snp is None:
+        return {}
+    if not isinstance(snp, dict):
+        raise PolicyError("policy snp: give an object of SEV-SNP fields (" + ", ".join(SNP_FIELDS) + ")")
+    policy = {}
+    for key, value in snp.items():
+        where = f"policy snp.{key}"
+        if key in SNP_HEX_FIELDS:
+            policy[key] = list(_hex_list(f"snp.{key}", value, SNP_HEX_FIELDS[key]))
+        elif key == "vmpl":
+            policy[key] = _int_values(where, value, SNP_MAX_VMPL)
+        elif key == "min_tcb":
+            if not isinstance(value, dict) or not value or set(value) - set(SNP_MIN_TCB_FIELDS):
+                raise PolicyError(f"{where}: give an object of floors, keys among {', '.join(SNP_MIN_TCB_FIELDS)}")
+            policy[key] = {k: _int_values(f"{where}.{k}", [v], 255)[0] for k, v in value.items()}
+        else:
+            raise PolicyError(f"{where}: unknown field (known: {', '.join(SNP_FIELDS)})")
+    return policy
 
 
 def _hex_list(name: str, values, size: int) -> tuple[str, ...]:
@@ -131,6 +158,15 @@ def _hex_list(name: str, values, size: int) -> tuple[str, ...]:
         if not isinstance(value, str) or not pattern.fullmatch(value):
             raise PolicyError(f"policy {name}: {str(value)[:120]!r} is not {size} bytes in hex")
     return tuple(v.lower() for v in values)
+
+
+def _int_values(where: str, value: object, top: int) -> list[int]:
+    if not isinstance(value, list) or not value:
+        raise PolicyError(f"{where}: give a non-empty list of allowed values")
+    for item in value:
+        if type(item) is not int or not 0 <= item <= top:
+            raise PolicyError(f"{where}: {item!r} is not an integer from 0 to {top}")
+    return list(value)
 
 
 def _tcb(values) -> tuple[TcbAllowance, ...]:

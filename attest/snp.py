@@ -12,8 +12,8 @@ attest/verify uses it as the platform module of provider `sev_guest`, beside att
 
 Read in this order: attest/snp_report.py (the report's layout, parsing, the TCB layouts),
 attest/snp_chain.py (the pinned ARKs, the certificate chain, the report's signature, the
-VCEK's extensions against the report), attest/snp_policy.py (the policy's `snp` fields and
-their checks), then this file (the guest policy bits, all checks in order, the platform glue).
+VCEK's extensions against the report), attest/snp_policy.py (the checks of the policy's `snp`
+fields, which attest/policy.py reads), then this file (the guest policy bits, all checks in order, the platform glue).
 
 Each check is a `Check(name, result, reason, values)`, result PASS, FAIL or SKIP:
 

@@ -1,65 +1,20 @@
-"""attest/snp_policy.py: the `snp` fields of a policy file, and the checks they make (docs/verify.md).
+"""attest/snp_policy.py: the checks that the `snp` fields of a policy file make (docs/verify.md).
 
-`parse_policy` reads them (PolicyError names the field that is wrong), `policy_checks`
-compares the report with each, `artifact_measured` binds the binary through the pinned
-launch measurement, and `learned_policy` is what a report satisfies, to pin on first use.
+attest/policy.py reads those fields with the rest of the file (`parse_policy` here is its
+`parse_snp`: PolicyError names the field that is wrong); `policy_checks` compares the
+report with each, `artifact_measured` binds the binary through the pinned launch
+measurement, and `learned_policy` is what a report satisfies, to pin on first use.
 """
 
 from __future__ import annotations
 
-from snp_report import _HEX, Check, Report, failed, passed, skipped, tcb
+from policy import SNP_FIELDS as POLICY_FIELDS
+from policy import SNP_MIN_TCB_FIELDS as MIN_TCB_FIELDS
+from policy import PolicyError
+from policy import parse_snp as parse_policy
+from snp_report import Check, Report, failed, passed, skipped, tcb
 
-POLICY_FIELDS = ("measurement", "host_data", "vmpl", "min_tcb", "chip_ids")
-
-
-class PolicyError(ValueError):
-    """The `snp` part of a policy file is malformed; the message names the field."""
-
-
-HEX_FIELDS = {"measurement": 48, "host_data": 32, "chip_ids": 64}  # policy field: bytes of each value
-MIN_TCB_FIELDS = ("bootloader", "tee", "snp", "microcode")
-MAX_VMPL = 3
-
-
-def parse_policy(snp: object) -> dict:
-    """The `snp` object of a policy file, checked: one list of allowed values per field, and
-    `min_tcb` an object of floors. {} for None. PolicyError names the field that is wrong."""
-    if snp is None:
-        return {}
-    if not isinstance(snp, dict):
-        raise PolicyError("policy snp: give an object of SEV-SNP fields (" + ", ".join(POLICY_FIELDS) + ")")
-    policy = {}
-    for key, value in snp.items():
-        where = f"policy snp.{key}"
-        if key in HEX_FIELDS:
-            policy[key] = _hex_values(where, value, HEX_FIELDS[key])
-        elif key == "vmpl":
-            policy[key] = _int_values(where, value, MAX_VMPL)
-        elif key == "min_tcb":
-            if not isinstance(value, dict) or not value or set(value) - set(MIN_TCB_FIELDS):
-                raise PolicyError(f"{where}: give an object of floors, keys among {', '.join(MIN_TCB_FIELDS)}")
-            policy[key] = {k: _int_values(f"{where}.{k}", [v], 255)[0] for k, v in value.items()}
-        else:
-            raise PolicyError(f"{where}: unknown field (known: {', '.join(POLICY_FIELDS)})")
-    return policy
-
-
-def _hex_values(where: str, value: object, size: int) -> list[str]:
-    if not isinstance(value, list) or not value:
-        raise PolicyError(f"{where}: give a non-empty list of allowed values")
-    for item in value:
-        if not isinstance(item, str) or len(item) != 2 * size or not _HEX.fullmatch(item.encode()):
-            raise PolicyError(f"{where}: {str(item)[:40]!r} is not {size} bytes of hex")
-    return [item.lower() for item in value]
-
-
-def _int_values(where: str, value: object, top: int) -> list[int]:
-    if not isinstance(value, list) or not value:
-        raise PolicyError(f"{where}: give a non-empty list of allowed values")
-    for item in value:
-        if type(item) is not int or not 0 <= item <= top:
-            raise PolicyError(f"{where}: {item!r} is not an integer from 0 to {top}")
-    return list(value)
+__all__ = ["POLICY_FIELDS", "PolicyError", "artifact_measured", "learned_policy", "parse_policy", "policy_checks"]
 
 
 def policy_checks(report: Report, product: str, policy: dict) -> list[Check]:
