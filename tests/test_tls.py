@@ -16,19 +16,20 @@ from pathlib import Path
 
 import openai
 import pytest
+import test_attest  # noqa: F401 -- puts attest/ on the path, for relay below
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
-from relay import Relay  # noqa: E402 (attest/relay.py)
-from test_attest import (  # puts attest/
+from relay import Relay  # attest/relay.py
+from test_attest import (
     SIMULATED_SIGNATURE,
     FakeTdx,
     launched_gateway,
     make_artifact,
     verify,
     verify_signed,
-    write_release,  # on the path
+    write_release,
 )
 
 from conftest import ROOT, Gateway, call, free_port, gateway_command, metric_value, run_tinygw, wait_until

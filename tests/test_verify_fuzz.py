@@ -11,6 +11,7 @@ import json
 import os
 from types import SimpleNamespace
 
+import test_attest
 from answer import DEPTH_MAX, FetchFailed, parse_answer  # attest/, put on the path by test_attest
 from checks import Checks
 from fake_tdx import BODY_FIELDS, tdx_quote_v4
@@ -18,11 +19,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from policy import PolicyError
 from policy import parse as parse_policy
-from test_attest import VERIFY
 
 
 def _load_verify():
-    loader = importlib.machinery.SourceFileLoader("attest_verify", str(VERIFY))
+    loader = importlib.machinery.SourceFileLoader("attest_verify", str(test_attest.VERIFY))
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader("attest_verify", loader))
     loader.exec_module(module)
     return module
