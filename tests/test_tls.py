@@ -32,7 +32,7 @@ from test_attest import (
     write_release,
 )
 
-from conftest import ROOT, Gateway, call, free_port, gateway_command, metric_value, run_tinygw, wait_until
+from conftest import ROOT, Gateway, call, free_port, metric_value, run_tinygw, wait_until
 from tinygw.fake.upstream import FakeUpstream
 
 SECRET = "sk-attest-never-shown"  # test_attest's gateway_config names it
@@ -210,9 +210,7 @@ def test_the_private_key_appears_nowhere_the_gateway_writes(attested, tmp_path):
     key_pem = (served_key_dir(gateway) / "key.pem").read_bytes()
     places = {
         "log": gateway.logs(),
-        "check": subprocess.run(
-            [*gateway_command(), "check"], env=gateway.env, cwd=ROOT, capture_output=True, text=True, timeout=30
-        ).stdout,
+        "check": run_tinygw(["check"], gateway.env).stdout,
     }
     for path in (
         "/status",
@@ -284,11 +282,8 @@ def test_files_mode_with_a_bad_certificate_or_key_exits_2_naming_it(fake, tmp_pa
         env["TINYGW_TLS_KEY_FILE"] = str(other_cert)
     else:
         del env["TINYGW_TLS_KEY_FILE"]
-    full = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "TINYGW_CONFIG": json.dumps(files_config(fake)), **env}
     for command in ("check", "serve"):
-        done = subprocess.run(
-            [*gateway_command(), command], env=full, cwd=ROOT, capture_output=True, text=True, timeout=30
-        )
+        done = run_tinygw([command], {"TINYGW_CONFIG": json.dumps(files_config(fake)), **env})
         assert done.returncode == 2, done.stderr
         assert done.stderr.startswith(f"tinygw: configuration error: {variable}: "), done.stderr
         assert "PRIVATE KEY" not in done.stderr and "BEGIN" not in done.stderr
