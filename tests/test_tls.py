@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import ipaddress
 import json
 import os
 import re
@@ -52,9 +53,7 @@ def self_signed(directory: Path, name: str = "127.0.0.1", key=None, days: float 
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(days=30))
         .not_valid_after(now + datetime.timedelta(days=days))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(__import__("ipaddress").ip_address(name))]), critical=False
-        )
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(name))]), critical=False)
         .sign(key, hashes.SHA256())
     )
     directory.mkdir(parents=True, exist_ok=True)
