@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib.machinery
-import importlib.util
 import json
 import os
 from types import SimpleNamespace
@@ -20,15 +18,7 @@ from hypothesis import strategies as st
 from policy import PolicyError
 from policy import parse as parse_policy
 
-
-def _load_verify():
-    loader = importlib.machinery.SourceFileLoader("attest_verify", str(test_attest.VERIFY))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("attest_verify", loader))
-    loader.exec_module(module)
-    return module
-
-
-verify_script = _load_verify()
+verify_script = test_attest.verify_module()
 NONCE = bytes(range(32))
 SHA384 = hashlib.sha384(b"artifact").hexdigest()
 CONFIG = "ab" * 32
