@@ -203,6 +203,23 @@ def module_fake():
     return fake, fresh_fake
 
 
+@pytest.fixture(scope="module")
+def fake_port():
+    """`tinygw fake` as the docs start it: a process of its own, its port on stdout."""
+    process = subprocess.Popen(
+        [*gateway_command(), "fake"],
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield int(process.stdout.readline())  # its first line, once it listens
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
 @pytest.fixture
 def start_gateway(tmp_path):
     started: list[Gateway] = []

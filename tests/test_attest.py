@@ -21,6 +21,8 @@ import base64
 import contextlib
 import hashlib
 import http.server
+import importlib.machinery
+import importlib.util
 import json
 import os
 import platform
@@ -135,7 +137,7 @@ def launch(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen:
     )
 
 
-def verify(*args: str) -> tuple[int, dict[str, str], str]:
+def verify(*args: str | Path) -> tuple[int, dict[str, str], str]:
     """attest/verify's exit status, {check: PASS | FAIL | SKIP}, and its output."""
     # with the test's interpreter, which has the verifier's packages (requirements/verify.lock)
     done = subprocess.run(
@@ -151,6 +153,14 @@ def verify(*args: str) -> tuple[int, dict[str, str], str]:
         if verdict in ("PASS", "FAIL", "SKIP"):
             verdicts[rest.partition(":")[0]] = verdict
     return done.returncode, verdicts, done.stdout + done.stderr
+
+
+def verify_module(name: str = "attest_verify"):
+    """attest/verify (a script, no .py) loaded as a module, to call its functions directly."""
+    loader = importlib.machinery.SourceFileLoader(name, str(VERIFY))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
+    loader.exec_module(module)
+    return module
 
 
 def run_verify(*args: str) -> subprocess.CompletedProcess:

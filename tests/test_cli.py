@@ -81,25 +81,9 @@ def test_unknown_arguments_are_a_usage_error(args, named):
 # ---- tinygw fake ------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def fake_process():
-    process = subprocess.Popen(
-        [*gateway_command(), "fake"],
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    port = int(process.stdout.readline())  # its first line, once it listens
-    yield port
-    process.terminate()
-    process.wait(10)
-
-
 @pytest.fixture
-def gateway(fake_process, start_gateway):
-    url = f"http://127.0.0.1:{fake_process}"
+def gateway(fake_port, start_gateway):
+    url = f"http://127.0.0.1:{fake_port}"
     return start_gateway(
         {
             "providers": {

@@ -10,7 +10,7 @@ import json
 import anthropic
 import pytest
 
-from conftest import Gateway, call, closed_port, metric_value, module_fake, wait_until
+from conftest import Gateway, call, closed_port, metric_value, module_fake, sdk_clients, wait_until
 from tinygw.config import environment
 from tinygw.errors import ConfigError
 from tinygw.fake.upstream import Reply, anthropic_stream_events, json_reply
@@ -29,6 +29,7 @@ ANTHROPIC_TYPES = {
 }
 
 fake, fresh_fake = module_fake()
+_, anthropic_client = sdk_clients(GATEWAY_KEY)
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +183,7 @@ def test_provider_failures_keep_the_gateway_fields_in_anthropic_shape(gateway):
 
 
 def test_the_anthropic_sdk_reads_the_gateway_errors(gateway):
-    client = anthropic.Anthropic(base_url=gateway.url, api_key=GATEWAY_KEY, max_retries=0, timeout=10)
+    client = anthropic_client(gateway)
     with pytest.raises(anthropic.NotFoundError) as raised:
         client.messages.create(model="nope", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
     assert raised.value.body["type"] == "error" and raised.value.body["error"]["type"] == "not_found_error"

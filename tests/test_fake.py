@@ -10,7 +10,7 @@ import anthropic
 import openai
 import pytest
 
-from conftest import Gateway, module_fake
+from conftest import Gateway, module_fake, provider, sdk_clients
 
 GATEWAY_KEY = "gw-key-fake"
 TEXT = "Hello from fake."
@@ -21,13 +21,14 @@ WEATHER = {
 }
 
 fake, fresh_fake = module_fake()
+openai_client, anthropic_client = sdk_clients(GATEWAY_KEY)
 
 
 @pytest.fixture(scope="module")
 def gateway(fake, tmp_path_factory):
     config = {
         "providers": {
-            "oa": {"base_url": f"{fake.url}/v1", "api": "openai", "listing": False},
+            "oa": provider(fake),
             "an": {"base_url": fake.url, "api": "anthropic", "listing": False},
         },
     }
@@ -38,12 +39,12 @@ def gateway(fake, tmp_path_factory):
 
 @pytest.fixture
 def oai(gateway) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=GATEWAY_KEY, max_retries=0, timeout=10)
+    return openai_client(gateway)
 
 
 @pytest.fixture
 def ant(gateway) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=gateway.url, api_key=GATEWAY_KEY, max_retries=0, timeout=10)
+    return anthropic_client(gateway)
 
 
 # ---- OpenAI --------------------------------------------------------------------------------

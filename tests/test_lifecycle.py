@@ -47,10 +47,7 @@ def alive(pid: int) -> bool:
 
 
 def assert_all_die_within_a_second(pids: set[int]) -> None:
-    deadline = time.monotonic() + 1.0
-    while any(alive(pid) for pid in pids):
-        assert time.monotonic() < deadline, f"still alive a second later: {sorted(p for p in pids if alive(p))}"
-        time.sleep(0.01)
+    wait_until(lambda: not any(alive(pid) for pid in pids), 1.0, f"all of {sorted(pids)} to die")
 
 
 def test_workers_die_with_a_killed_gateway_and_the_port_serves_again(start_gateway):

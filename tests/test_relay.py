@@ -11,7 +11,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from conftest import wait_until
+from conftest import provider, wait_until
 from tinygw.fake.upstream import Reply
 from tinygw.protocol import sse
 
@@ -69,7 +69,7 @@ def relay(fake, start_gateway):
     """(gateway, its worker's pid)."""
     gateway = start_gateway(
         {
-            "providers": {"p": {"base_url": f"{fake.url}/v1", "api": "openai", "listing": False}},
+            "providers": {"p": provider(fake)},
             "models": {"m": {"targets": ["p:x"]}},
         }
     )

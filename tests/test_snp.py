@@ -11,18 +11,16 @@ from __future__ import annotations
 import base64
 import datetime
 import hashlib
-import importlib.machinery
-import importlib.util
 import json
 import os
 import shutil
-import subprocess
 import sys
 from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_attest import VERIFY, gateway_config, verify, verify_module
 
 from conftest import ROOT, call
 
@@ -42,7 +40,6 @@ OMNE_ASK = (SAMPLE / "omne" / "milan_ask.der").read_bytes()
 OMNE_ARK = (SAMPLE / "omne" / "milan_ark.der").read_bytes()
 DSTACK_MEASUREMENT = "7f51e17f72a04d5422cb2c00998166536019a217376f3aa45a630e59c805a599847ff250dbffcd07e1ba639771d6f05d"
 SECRET = "sk-snp-never-shown"
-VERIFY = ROOT / "attest" / "verify"
 
 
 def verdicts(checks) -> dict[str, str]:
@@ -51,24 +48,6 @@ def verdicts(checks) -> dict[str, str]:
 
 def reasons(checks) -> dict[str, str]:
     return {check.name: check.reason for check in checks if check.reason}
-
-
-def verify(*args: str) -> tuple[int, dict[str, str], str]:
-    """attest/verify's exit status, {check: PASS | FAIL | SKIP}, and its output."""
-    done = subprocess.run(
-        [sys.executable, str(VERIFY), *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PATH": os.environ["PATH"]},
-        check=False,
-    )
-    found = {}
-    for line in done.stdout.splitlines():
-        verdict, _, rest = line.partition(" ")
-        if verdict in ("PASS", "FAIL", "SKIP"):
-            found[rest.partition(":")[0]] = verdict
-    return done.returncode, found, done.stdout + done.stderr
 
 
 def flipped(data: bytes, at: int, bit: int = 0) -> bytes:
@@ -351,15 +330,6 @@ def test_the_gateway_reads_any_certificate_table(tail, entries):
 # ---- a real gateway on a simulated SEV-SNP guest -------------------------------------------
 
 
-def gateway_config(upstream_url: str) -> dict:
-    return {
-        "providers": {
-            "up": {"base_url": f"{upstream_url}/v1", "api": "openai", "api_key_env": "UP_KEY", "listing": False}
-        },
-        "models": {"m": {"targets": ["up:m"]}},
-    }
-
-
 def attest(gateway, nonce: bytes) -> dict:
     status, _, body = call("GET", f"{gateway.url}/attestation?nonce={nonce.hex()}")
     assert status == 200, body
@@ -579,13 +549,6 @@ def test_verify_fails_a_debug_snp_guest(tmp_path, start_gateway, fake):
     assert code == 1 and found["guest not in debug mode"] == "FAIL", output
 
 
-def _verify_module():
-    loader = importlib.machinery.SourceFileLoader("attest_verify_snp", str(VERIFY))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("attest_verify_snp", loader))
-    loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def snp_answer(test_chain):
     """A consistent SEV-SNP answer for a fixed nonce, and the module of attest/verify that judges it."""
@@ -608,7 +571,7 @@ def snp_answer(test_chain):
             "ask": test_chain.pem("ask").decode(),
         },
     }
-    return nonce, answer, report, _verify_module()
+    return nonce, answer, report, verify_module("attest_verify_snp")
 
 
 @given(st.data())

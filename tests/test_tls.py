@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import ipaddress
 import json
 import os
 import re
@@ -16,22 +17,23 @@ from pathlib import Path
 
 import openai
 import pytest
+import test_attest  # noqa: F401 -- puts attest/ on the path, for relay below
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
-from relay import Relay  # noqa: E402 (attest/relay.py)
-from test_attest import (  # puts attest/
+from relay import Relay  # attest/relay.py
+from test_attest import (
     SIMULATED_SIGNATURE,
     FakeTdx,
     launched_gateway,
     make_artifact,
     verify,
     verify_signed,
-    write_release,  # on the path
+    write_release,
 )
 
-from conftest import ROOT, Gateway, call, free_port, gateway_command, metric_value, run_tinygw, wait_until
+from conftest import ROOT, Gateway, call, free_port, metric_value, run_tinygw, wait_until
 from tinygw.fake.upstream import FakeUpstream
 
 SECRET = "sk-attest-never-shown"  # test_attest's gateway_config names it
@@ -51,9 +53,7 @@ def self_signed(directory: Path, name: str = "127.0.0.1", key=None, days: float 
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(days=30))
         .not_valid_after(now + datetime.timedelta(days=days))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(__import__("ipaddress").ip_address(name))]), critical=False
-        )
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(name))]), critical=False)
         .sign(key, hashes.SHA256())
     )
     directory.mkdir(parents=True, exist_ok=True)
@@ -209,9 +209,7 @@ def test_the_private_key_appears_nowhere_the_gateway_writes(attested, tmp_path):
     key_pem = (served_key_dir(gateway) / "key.pem").read_bytes()
     places = {
         "log": gateway.logs(),
-        "check": subprocess.run(
-            [*gateway_command(), "check"], env=gateway.env, cwd=ROOT, capture_output=True, text=True, timeout=30
-        ).stdout,
+        "check": run_tinygw(["check"], gateway.env).stdout,
     }
     for path in (
         "/status",
@@ -283,11 +281,8 @@ def test_files_mode_with_a_bad_certificate_or_key_exits_2_naming_it(fake, tmp_pa
         env["TINYGW_TLS_KEY_FILE"] = str(other_cert)
     else:
         del env["TINYGW_TLS_KEY_FILE"]
-    full = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "TINYGW_CONFIG": json.dumps(files_config(fake)), **env}
     for command in ("check", "serve"):
-        done = subprocess.run(
-            [*gateway_command(), command], env=full, cwd=ROOT, capture_output=True, text=True, timeout=30
-        )
+        done = run_tinygw([command], {"TINYGW_CONFIG": json.dumps(files_config(fake)), **env})
         assert done.returncode == 2, done.stderr
         assert done.stderr.startswith(f"tinygw: configuration error: {variable}: "), done.stderr
         assert "PRIVATE KEY" not in done.stderr and "BEGIN" not in done.stderr

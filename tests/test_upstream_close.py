@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import call, metric_value
+from conftest import call, metric_value, provider
 from tinygw.fake.upstream import Reply, well_behaved
 
 CHAT = "/v1/chat/completions"
@@ -14,7 +14,7 @@ CHAT = "/v1/chat/completions"
 
 def config(fake) -> dict:
     return {
-        "providers": {"p": {"base_url": f"{fake.url}/v1", "api": "openai", "listing": False}},
+        "providers": {"p": provider(fake)},
         "models": {"m": {"targets": ["p:x"]}},
         "routing": {"debug": True},
     }

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib.machinery
-import importlib.util
 import json
 import os
 from types import SimpleNamespace
 
+import test_attest
 from answer import DEPTH_MAX, FetchFailed, parse_answer  # attest/, put on the path by test_attest
 from checks import Checks
 from fake_tdx import BODY_FIELDS, tdx_quote_v4
@@ -18,17 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from policy import PolicyError
 from policy import parse as parse_policy
-from test_attest import VERIFY
 
-
-def _load_verify():
-    loader = importlib.machinery.SourceFileLoader("attest_verify", str(VERIFY))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("attest_verify", loader))
-    loader.exec_module(module)
-    return module
-
-
-verify_script = _load_verify()
+verify_script = test_attest.verify_module()
 NONCE = bytes(range(32))
 SHA384 = hashlib.sha384(b"artifact").hexdigest()
 CONFIG = "ab" * 32

@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, Gateway, wait_until
+from conftest import Gateway, wait_until
 
 HERE = Path(__file__).resolve().parent
 NODE = HERE / ".node" / "node_modules"
@@ -40,23 +39,6 @@ QUIET = {
     "NO_PROXY": "127.0.0.1,localhost",
     "OTEL_SDK_DISABLED": "true",
 }
-
-
-@pytest.fixture(scope="module")
-def fake_port(tmp_path_factory):
-    """`tinygw fake` as the docs start it: a process of its own, its port on stdout."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tinygw", "fake"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)},
-        text=True,
-    )
-    try:
-        yield int(process.stdout.readline())
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 @pytest.fixture(scope="module")
