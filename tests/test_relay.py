@@ -80,33 +80,30 @@ def relay(fake, start_gateway):
 
 
 LARGE = _event("x" * (MiB - 200))  # held whole when it comes first: under the relay's 1 MiB bound
+SMALL = _event("x" * 900)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads a worker's CPU time from /proc")
 @pytest.mark.parametrize("first_output", [False, True], ids=["held", "relayed"])
-def test_a_large_event_in_small_pieces_costs_about_what_it_costs_whole(fake, relay, first_output):
-    """A provider sending one 1 MiB event in 100-byte pieces (twenty at a time, 1 ms
-    apart: the worker reads about five hundred times) must not make the worker rescan
-    what it holds on every read: its CPU for the pieces is at most 3 times its CPU for
-    the same stream in one write per event."""
+def test_a_large_event_in_small_pieces_costs_what_small_events_cost_in_the_same_pieces(fake, relay, first_output):
+    """A provider sending one 1 MiB event in 100-byte pieces (ten writes at a time: the
+    worker reads between one and ten thousand times) must not make the worker rescan
+    what it holds on every read. Its CPU is compared with the same bytes, in the same
+    pieces, as 1 KiB events: what the worker pays per read is then about the same in
+    both (the large event costs 0.7-1.2 times the small ones here), and a rescan of what
+    is held on each read (simulated by looking for an event end in all of it) costs 5
+    times more. Each is measured twice, alternately, and the least taken: how many reads
+    a write pattern makes depends on the machine's load at that moment."""
     gateway, pid = relay
-    events = _stream([LARGE], first_output)
-    _relay_cpu(gateway, fake, events, pid)  # warm up
-    whole = min(_relay_cpu(gateway, fake, events, pid) for _ in range(3))
-    in_pieces = min(_relay_cpu(gateway, fake, events, pid, burst=20, pause=0.001) for _ in range(2))
-    assert in_pieces <= 3 * max(whole, FLOOR_SECONDS), (in_pieces, whole)
-
-
-@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads a worker's CPU time from /proc")
-def test_a_large_event_costs_what_small_events_cost_in_the_same_pieces(fake, relay):
-    """The same bytes in the same 100-byte pieces, five at a time (a read each, about
-    two thousand): one 1 MiB event, passed on as it comes, costs the worker at most 3
-    times what small events cost, each of which ends within a read."""
-    gateway, pid = relay
-    small = [_event("x" * 30)] * (len(LARGE) // len(_event("x" * 30)))
-    costs = {}
-    for name, events in (("small", _stream(small, True)), ("large", _stream([LARGE], True))):
-        costs[name] = _relay_cpu(gateway, fake, events, pid, burst=5, pause=0.0001)
+    streams = {
+        "small": _stream([SMALL] * (len(LARGE) // len(SMALL)), first_output),
+        "large": _stream([LARGE], first_output),
+    }
+    _relay_cpu(gateway, fake, streams["large"], pid)  # warm up
+    costs: dict[str, float] = {"small": 1e9, "large": 1e9}
+    for _ in range(2):
+        for name, events in streams.items():
+            costs[name] = min(costs[name], _relay_cpu(gateway, fake, events, pid, burst=10, pause=0.0001))
     assert costs["large"] <= 3 * max(costs["small"], FLOOR_SECONDS), costs
 
 
