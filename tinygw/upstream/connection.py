@@ -48,25 +48,27 @@ class Connection:
 
     # ---- reuse ---------------------------------------------------------------------
 
+    def ended_cleanly(self) -> bool:
+        """True when the last answer ended exactly where its framing said (docs/design.md
+        section 10), so that the connection may carry the next request. Bytes past its
+        end (beyond a content-length, a body after a 204 or 304) in a parser's buffer
+        would be read as the next request's answer: that connection is discarded."""
+        parser = self._h11
+        if parser is None:  # the fast path's exchange: it said so when the answer ended
+            return self._reusable and self._answer is None and not self.closed
+        return (
+            parser.our_state is h11.IDLE
+            and parser.their_state is h11.IDLE
+            and parser.trailing_data == (b"", False)
+            and not self.closed
+        )
+
     def is_idle(self) -> bool:
-        """True when this connection may carry the next request: the last answer ended
-        exactly where its framing said (docs/design.md section 10). Bytes past its end (beyond a
-        content-length, a body after a 204 or 304), in a parser's buffer or the
-        socket's, would be read as the next request's answer: that connection is
-        discarded."""
-        if self.closed:
-            return False
-        if self._h11 is not None:
-            if self._h11.our_state is not h11.IDLE or self._h11.their_state is not h11.IDLE:
-                return False
-            trailing, closed = self._h11.trailing_data
-            if trailing or closed:
-                return False
-        elif self._answer is not None or not self._reusable:
-            return False
-        # An idle connection that has something to read was closed by the provider
-        # (or is speaking out of turn): either way it must not carry a request.
-        return not self._stream.has_news()
+        """True when this connection, idle since its answer ended cleanly (the pool keeps
+        no other), may carry the next request. An idle connection that has something to
+        read, in the socket's buffer, was closed by the provider (or is speaking out of
+        turn): either way it must not carry a request."""
+        return not self.closed and not self._stream.has_news()
 
     def _finish_cycle(self) -> None:
         parser = self._h11
@@ -122,15 +124,15 @@ class Connection:
 
     async def receive_head(self, deadline: float, timeout: Timeout) -> tuple[int, list[tuple[bytes, bytes]]]:
         """Wait for the response head; informational (1xx) responses are skipped."""
-        while self._answer is not None:
+        while (answer := self._answer) is not None:
             data = await self._read(deadline, timeout)
             if not data:
                 self._no_answer()
                 self._hand_off(eof=True)
                 break
-            self._answer.feed(data)
+            answer.feed(data)
             try:
-                head = self._answer.head()
+                head = answer.head()
             except fastpath.HandOff:
                 self._hand_off(eof=False)
                 break
@@ -228,14 +230,15 @@ class Connection:
         """Received bytes, or b"" at the end (h11 decides whether that end is clean)."""
         try:
             data = await self._stream.receive(deadline)
-            self._heard = self._heard or bool(data)
-            return data
         except Deadline:
             self.close()
             raise timeout(_TIMEOUT_WORDS.get(timeout, "timed out")) from None
         except BaseException:  # a ReadError, or the caller cancelled: never reuse
             self.close()
             raise
+        if data:
+            self._heard = True
+        return data
 
     def close(self) -> None:
         """Close the connection at once; safe to call twice."""

@@ -30,7 +30,8 @@ _TARGET = re.compile(rb"[\x21-\x7e]+")
 _LINE = b"%s: %s\r\n"
 _NAME_OF = operator.itemgetter(0)
 
-# What the fast path reads: HTTP/1.1, a 3-digit status of 200 and up, a reason of
+# What the fast path reads: HTTP/1.1, a 3-digit status of 200 and up but 204 and 304
+# (which have no body whatever their headers say: h11 reads those), a reason of
 # visible ASCII and spaces; header lines `name: value` with optional spaces or tabs
 # around a visible-ASCII value; CRLF everywhere.
 _NAME = rb"[-!#$%&'*+.^_`|~0-9a-zA-Z]+"
@@ -39,7 +40,7 @@ _HEADER_LINE = re.compile(rb"(" + _NAME + rb"):[ \t]*(" + _FIELD_VALUE + rb")[ \
 # A whole head but its last CRLF: the status line, then the header lines (group 2). A
 # match also says that no CR or LF stands alone in it.
 _HEAD = re.compile(
-    rb"HTTP/1\.1 ([2-5][0-9]{2})(?: [\x20-\x7e]*)?\r\n((?:" + _NAME + rb":[ \t]*" + _FIELD_VALUE + rb"[ \t]*\r\n)*)"
+    rb"HTTP/1\.1 (?!204|304)([2-5][0-9]{2})(?: [\x20-\x7e]*)?\r\n((?:" + _NAME + rb":[ \t]*" + _FIELD_VALUE + rb"[ \t]*\r\n)*)"
 )
 _VALUE_OF = operator.itemgetter(1)
 # A `connection` header's token `close`, among others.
@@ -143,7 +144,7 @@ class Answer:
             raise HandOff
         head = bytes(buffer[: end + 2])  # the status line and each header line, with its CRLF
         match = _HEAD.fullmatch(head)
-        if match is None or match[1] in (b"204", b"304"):
+        if match is None:
             raise HandOff
         # Taken apart in one findall, names lowered in C: no Python step per header.
         fields = _HEADER_LINE.findall(head, match.start(2))
@@ -172,21 +173,24 @@ class Answer:
     def _framing(self, headers: list[tuple[bytes, bytes]]) -> None:
         """How the body is delimited: one plain content-length, or chunked alone; and
         whether the connection may be reused. Anything else goes to h11 (HandOff)."""
-        names = list(map(_NAME_OF, headers))
         fields = dict(headers)
         connection = fields.get(b"connection", b"keep-alive")
-        if connection != b"keep-alive" or names.count(b"connection") > 1:  # every one of its values, picked in C
-            values = compress(map(_VALUE_OF, headers), map(b"connection".__eq__, names))
-            self.keep_alive = _CLOSE.search(b",".join(values)) is None
-        lengths = names.count(b"content-length")
+        if len(fields) != len(headers):  # a name given twice: one framing header at most, every `connection` value
+            names = list(map(_NAME_OF, headers))
+            if names.count(b"content-length") > 1 or names.count(b"transfer-encoding") > 1:
+                raise HandOff
+            connection = b",".join(compress(map(_VALUE_OF, headers), map(b"connection".__eq__, names)))  # in C
+        if connection != b"keep-alive":
+            self.keep_alive = _CLOSE.search(connection) is None
+        length = fields.get(b"content-length")
         if b"transfer-encoding" in fields:
-            if lengths or names.count(b"transfer-encoding") != 1 or fields[b"transfer-encoding"] != b"chunked":
+            if length is not None or fields[b"transfer-encoding"] != b"chunked":
                 raise HandOff
             self._chunked = True
-        elif lengths == 1 and _DIGITS.fullmatch(length := fields[b"content-length"]) and len(length) <= 18:
+        elif length is not None and _DIGITS.fullmatch(length) and len(length) <= 18:
             self._remaining = int(length)
         else:
-            raise HandOff  # no framing (read until close), several lengths, odd values
+            raise HandOff  # no framing (read until close), odd values
 
     def body(self) -> bytes | None:
         """The body bytes available now (b"" when more must be fed), None at its end."""
@@ -205,12 +209,11 @@ class Answer:
     def whole_body(self, limit: int) -> bytes | None:
         """The whole body, which ends the answer, when it is a content-length body of at
         most `limit` bytes that has all arrived; else None, and nothing is taken."""
-        remaining = self._remaining
-        if self._chunked or self.done or remaining > limit or len(self._buffer) < remaining:
+        buffer, remaining = self._buffer, self._remaining
+        if self._chunked or self.done or remaining > limit or len(buffer) < remaining:
             return None
-        data = self._buffer[:remaining]
-        self._finish(self._buffer[remaining:])
-        return data
+        self.done, self.leftover, self._buffer = True, buffer[remaining:], b""  # _finish, inline
+        return buffer[:remaining]  # all of `buffer`, the usual answer: the same object, no copy
 
     def _chunked_body(self) -> bytes | None:
         buffer = self._buffer

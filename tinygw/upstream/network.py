@@ -54,7 +54,9 @@ class Stream(asyncio.Protocol):
             self._reading_paused = True
             if self._transport is not None:  # data comes only once connected
                 self._transport.pause_reading()
-        self._wake_reader()
+        waiter = self._read_waiter  # _wake_reader, inline: this runs per read
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def eof_received(self) -> bool:
         self._eof = True
@@ -92,17 +94,19 @@ class Stream(asyncio.Protocol):
         """The bytes received so far, waiting for some until `deadline`; b"" at the end.
 
         Raises Deadline, or errors.ReadError when the connection broke."""
-        if not self._chunks and not self._eof:
-            self._read_waiter = waiter = self._loop.create_future()
-            timer = self._loop.call_at(deadline, _expire, waiter)
+        chunks = self._chunks
+        if not chunks and not self._eof:
+            loop = self._loop
+            self._read_waiter = waiter = loop.create_future()
+            timer = loop.call_at(deadline, _expire, waiter)
             try:
                 await waiter
             finally:
                 timer.cancel()
                 self._read_waiter = None
-        if self._chunks:
-            data = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
-            self._chunks.clear()
+        if chunks:
+            data = b"".join(chunks)  # one chunk, the usual read, is returned as it is (no copy)
+            chunks.clear()
             self._buffered = 0
             if self._reading_paused:
                 self._reading_paused = False
@@ -114,9 +118,10 @@ class Stream(asyncio.Protocol):
         return b""
 
     async def send(self, data: bytes, deadline: float) -> None:
-        if self._lost is not None or self._transport is None or self._transport.is_closing():
+        transport = self._transport
+        if self._lost is not None or transport is None or transport.is_closing():
             raise errors.WriteError("the connection is closed")
-        self._transport.write(data)
+        transport.write(data)
         if self._write_waiter is not None and not self._write_waiter.done():
             await self._wait(self._write_waiter, deadline)
         if self._lost is not None:
@@ -124,7 +129,8 @@ class Stream(asyncio.Protocol):
 
     def has_news(self) -> bool:
         """True when an idle connection got data or was closed: it must not be reused."""
-        return bool(self._chunks) or self._eof or self._transport is None or self._transport.is_closing()
+        transport = self._transport
+        return transport is None or self._eof or bool(self._chunks) or transport.is_closing()
 
     def close(self) -> None:
         """Close at once, dropping anything unsent. Safe to call twice."""

@@ -66,6 +66,8 @@ class Pool:
         self._loop = loop  # the worker's, cached (tinygw.worker.gateway); else looked up per request
         self.origin = origin
         self.timeouts = timeouts
+        self._total_seconds = timeouts.total_seconds  # read per request: kept at hand
+        self._first_byte_seconds = timeouts.first_byte_seconds
         self._ssl = ssl_context if origin.scheme == "https" else None
         default_port = 443 if origin.scheme == "https" else 80
         host = f"[{origin.host}]" if ":" in origin.host else origin.host
@@ -92,10 +94,9 @@ class Pool:
 
     async def request(self, method: bytes, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> Response:
         """Send one request and wait for the response head; the body is read later."""
-        t = self.timeouts
         loop = self._loop or asyncio.get_running_loop()
         now = loop.time()
-        deadline = now + t.total_seconds
+        deadline = now + self._total_seconds
         if self._free_slots:
             self._free_slots -= 1
         else:
@@ -103,33 +104,31 @@ class Pool:
             now = loop.time()
         connection = None
         try:
-            connection = self._take_idle(now)
-            if connection is None:
-                connection = await open_connection(
-                    self.origin.host, self.origin.port, self._ssl, min(t.connect_seconds, deadline - now)
-                )
+            connection = self._take_idle(now) or await self._connect(deadline - now)
             head = [(b"host", self._host_header), (b"content-length", b"%d" % len(body)), *headers]
             await connection.send_request(method, path, head, body, deadline)
-            first_byte = loop.time() + t.first_byte_seconds
+            first_byte = loop.time() + self._first_byte_seconds
             if first_byte < deadline:
                 status, response_headers = await connection.receive_head(first_byte, errors.FirstByteTimeout)
             else:
                 status, response_headers = await connection.receive_head(deadline, errors.TotalTimeout)
+            decoder = decoder_for(response_headers)
         except BaseException:
             if connection is not None:
                 connection.close()
             self._release_slot()
             raise
-        response = Response(self, connection, status, response_headers, deadline)
-        try:
-            response._decoder = decoder_for(response_headers)
-        except errors.RemoteProtocolError:
-            await response.aclose()
-            raise
-        return response
+        return Response(self, connection, status, response_headers, deadline, decoder)
+
+    async def _connect(self, seconds_left: float) -> Connection:
+        origin = self.origin
+        return await open_connection(origin.host, origin.port, self._ssl, min(self.timeouts.connect_seconds, seconds_left))
 
     def _give_back(self, connection: Connection, reusable: bool) -> None:
-        if reusable and connection.is_idle():
+        """The exchange on `connection` is over: it waits for the next request when its
+        answer ended exactly where its framing said, else it is closed. Whether the
+        provider closed it meanwhile is checked when it is taken (`_take_idle`)."""
+        if reusable and connection.ended_cleanly():
             connection.idle_since = (self._loop or asyncio.get_running_loop()).time()
             self._idle.append(connection)
         else:
@@ -232,7 +231,13 @@ class Response:
     __slots__ = ("status", "headers", "_pool", "_connection", "_deadline", "_done", "_decoder")
 
     def __init__(
-        self, pool: Pool, connection: Connection, status: int, headers: list[tuple[bytes, bytes]], deadline: float
+        self,
+        pool: Pool,
+        connection: Connection,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        deadline: float,
+        decoder: Decoder | None,
     ) -> None:
         self.status = status
         self.headers = headers
@@ -240,7 +245,7 @@ class Response:
         self._connection = connection
         self._deadline = deadline
         self._done = False
-        self._decoder: Decoder | None = None
+        self._decoder = decoder
 
     async def next_chunk(self) -> bytes | None:
         """The next piece of the body as it arrives, or None once it has ended."""
@@ -268,10 +273,11 @@ class Response:
         """The body's first bytes, until its end or until more than `limit` bytes
         arrived; and whether the body has ended. The rest is read with next_chunk."""
         if self._decoder is None and not self._done:  # the usual answer: all of it came with its head
-            data = self._connection.whole_body(limit)
+            connection = self._connection
+            data = connection.whole_body(limit)
             if data is not None:
                 self._done = True
-                self._pool._give_back(self._connection, reusable=True)
+                self._pool._give_back(connection, True)
                 return data, True
         parts: list[bytes] = []
         size = 0
