@@ -34,14 +34,13 @@ class Connection:
     it can, and h11 otherwise: a request the fast path cannot write, or an answer it
     hands off (h11 then gets every byte of the answer so far, and decides)."""
 
-    __slots__ = ("_stream", "_h11", "_answer", "_request", "_reusable", "_heard", "idle_since", "closed")
+    __slots__ = ("_stream", "_h11", "_answer", "_request", "_heard", "idle_since", "closed")
 
     def __init__(self, stream: Stream) -> None:
         self._stream = stream
         self._h11: h11.Connection | None = None  # the exchange's, when h11 reads it
-        self._answer: fastpath.Answer | None = None  # the exchange's, when the fast path reads it
+        self._answer: fastpath.Answer | None = None  # the exchange's, when the fast path reads it (kept after its end)
         self._request: tuple = ()  # what was sent, to replay into h11 at a hand-off
-        self._reusable = True  # the last fast-path exchange ended cleanly, keep-alive
         self._heard = False  # a byte of the exchange's answer has arrived
         self.idle_since = 0.0
         self.closed = False
@@ -54,8 +53,9 @@ class Connection:
         end (beyond a content-length, a body after a 204 or 304) in a parser's buffer
         would be read as the next request's answer: that connection is discarded."""
         parser = self._h11
-        if parser is None:  # the fast path's exchange: it said so when the answer ended
-            return self._reusable and self._answer is None and not self.closed
+        if parser is None:  # the fast path's exchange: its answer says where it ended
+            answer = self._answer
+            return answer is not None and answer.done and answer.keep_alive and not answer.leftover and not self.closed
         return (
             parser.our_state is h11.IDLE
             and parser.their_state is h11.IDLE
@@ -84,7 +84,7 @@ class Connection:
         self._heard = False
         data = fastpath.encode_request(method, target, headers, body)
         if data is not None:
-            self._h11, self._answer, self._reusable = None, fastpath.Answer(MAX_HEAD_BYTES), False
+            self._h11, self._answer = None, fastpath.Answer(MAX_HEAD_BYTES)
         else:
             self._answer = None
             self._h11 = parser = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
@@ -94,7 +94,8 @@ class Connection:
                 self.close()
                 raise errors.WriteError("could not encode the request's headers") from None
         try:
-            await self._stream.send(data, deadline)
+            if self._stream.write(data):  # the usual request fits the transport's buffer: no wait
+                await self._stream.drain(deadline)
         except Deadline:
             self.close()
             raise errors.TotalTimeout("timed out while sending the request") from None
@@ -163,9 +164,7 @@ class Connection:
                     raise errors.RemoteProtocolError(str(e)) from None
                 if data:
                     return data
-                if data is None:
-                    self._reusable = answer.keep_alive and not answer.leftover
-                    self._answer = None
+                if data is None:  # the end: the answer keeps where it ended (ended_cleanly)
                     return None
                 await self._read_more(answer, deadline, timeout)
         event = await self._next_event(deadline, timeout)
@@ -181,13 +180,7 @@ class Connection:
         """The response body at once, when the fast path has all of it already and it is
         at most `limit` bytes (the exchange then ends here); else None."""
         answer = self._answer
-        if answer is None:
-            return None
-        data = answer.whole_body(limit)
-        if data is not None:
-            self._reusable = answer.keep_alive and not answer.leftover
-            self._answer = None
-        return data
+        return answer.whole_body(limit) if answer is not None else None
 
     async def _read_more(self, answer: fastpath.Answer, deadline: float, timeout: Timeout) -> None:
         more = await self._read(deadline, timeout)

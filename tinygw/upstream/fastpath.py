@@ -23,19 +23,23 @@ from itertools import compress
 
 import h11
 
-# What the fast path writes: header names as tokens, values visible ASCII without
-# leading or trailing space (a stricter subset of what h11 accepts).
-_TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9a-zA-Z]+")
-_TARGET = re.compile(rb"[\x21-\x7e]+")
-_LINE = b"%s: %s\r\n"
 _NAME_OF = operator.itemgetter(0)
+
+# Header names are tokens; the values that the fast path reads and writes are visible
+# ASCII with inner spaces, no leading or trailing space (a stricter subset of h11's).
+_NAME = rb"[-!#$%&'*+.^_`|~0-9a-zA-Z]+"
+_FIELD_VALUE = rb"(?:[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?)?"
+
+# What the fast path writes: a target of visible ASCII, and headers of the shape above,
+# each first written `name NUL value CRLF` to be checked (encode_request).
+_TARGET = re.compile(rb"[\x21-\x7e]+")
+_CHECKED_LINE = b"%s\x00%s\r\n"
+_CHECKED_LINES = re.compile(rb"(?:" + _NAME + rb"\x00" + _FIELD_VALUE + rb"\r\n)*")
 
 # What the fast path reads: HTTP/1.1, a 3-digit status of 200 and up but 204 and 304
 # (which have no body whatever their headers say: h11 reads those), a reason of
 # visible ASCII and spaces; header lines `name: value` with optional spaces or tabs
-# around a visible-ASCII value; CRLF everywhere.
-_NAME = rb"[-!#$%&'*+.^_`|~0-9a-zA-Z]+"
-_FIELD_VALUE = rb"(?:[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?)?"
+# around the value; CRLF everywhere.
 _HEADER_LINE = re.compile(rb"(" + _NAME + rb"):[ \t]*(" + _FIELD_VALUE + rb")[ \t]*\r\n")
 # A whole head but its last CRLF: the status line, then the header lines (group 2). A
 # match also says that no CR or LF stands alone in it.
@@ -45,7 +49,6 @@ _HEAD = re.compile(
 _VALUE_OF = operator.itemgetter(1)
 # A `connection` header's token `close`, among others.
 _CLOSE = re.compile(rb"(?:^|,)[ \t]*close[ \t]*(?:,|$)", re.IGNORECASE)
-_REQUEST_LINES = re.compile(rb"(?:" + _NAME + rb": " + _FIELD_VALUE + rb"\r\n)*")
 _CHUNK_HEADER = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;.*)?[ \t]*")
 # A chunk-size line of a chunk that is not the last (its size, leading zeros aside, in
 # group 1; 1 to 20 hex digits in all), with its CRLF: where it matches, _CHUNK_HEADER
@@ -73,23 +76,23 @@ class Malformed(Exception):
 def encode_request(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes | None:
     """The request's bytes, or None when a header is not plainly valid (h11 then
     encodes it, and judges it). The caller has put `content-length` in `headers`."""
-    if not _TARGET.fullmatch(target):
+    # Each header as a line `name NUL value CRLF`: NUL is in no valid name or value, so a
+    # line that matches has its one NUL where its name ends; and the line ends counted
+    # say that no header holds a line end of its own. All headers are checked at once.
+    lines = b"".join(map(_CHECKED_LINE.__mod__, headers))  # map: no Python step per header
+    if lines.count(b"\n") != len(headers) or not _CHECKED_LINES.fullmatch(lines) or not _TARGET.fullmatch(target):
         return None
-    lines = b"".join(map(_LINE.__mod__, headers))  # map: no Python step per header
-    names = list(map(_NAME_OF, headers))
-    # Each header is one line (no LF of its own; the pattern takes CR only before an
-    # LF), its name all token bytes (so that its line splits at its own colon), and
-    # every line `name: value`: checked for all the headers at once.
-    if lines.count(b"\n") != len(headers) or not _TOKEN.fullmatch(b"".join(names)):
+    # Framing and Host as h11 requires them, else h11 says what is wrong: a line starts
+    # after an LF only, and its name ends at its NUL.
+    names = (b"\n" + lines).lower()
+    if (
+        names.count(b"\nhost\x00") != 1
+        or names.count(b"\ncontent-length\x00") != 1
+        or b"\ncontent-length\x00%d\r\n" % len(body) not in names
+        or b"\ntransfer-encoding\x00" in names
+    ):
         return None
-    if not _REQUEST_LINES.fullmatch(lines):
-        return None
-    lowered = b"\n".join(names).lower().split(b"\n")
-    if lowered.count(b"host") != 1 or lowered.count(b"content-length") != 1 or b"transfer-encoding" in lowered:
-        return None  # framing and Host as h11 requires them, else h11 says what is wrong
-    if headers[lowered.index(b"content-length")][1] != b"%d" % len(body):
-        return None
-    return b"".join((method, b" ", target, b" HTTP/1.1\r\n", lines, b"\r\n", body))
+    return b"".join((method, b" ", target, b" HTTP/1.1\r\n", lines.replace(b"\x00", b": "), b"\r\n", body))
 
 
 class Answer:
@@ -108,6 +111,7 @@ class Answer:
     # request: class-level defaults save setting each one).
     _in_head = True  # until the head is taken
     _scanned = 0  # bytes of _head already checked for bare CR/LF and the head's end
+    _find_from = 0  # where the head's end may be: it may straddle reads
     _buffer = b""  # the body's bytes not yet consumed
     _remaining = 0  # content-length bytes still to come
     _chunked = False
@@ -136,7 +140,7 @@ class Answer:
     def head(self) -> tuple[int, list[tuple[bytes, bytes]]] | None:
         """(status, headers with lower-case names), or None until the head has arrived."""
         buffer = self._head
-        end = buffer.find(b"\r\n\r\n", self._scanned - 3 if self._scanned >= 3 else 0)  # it may straddle reads
+        end = buffer.find(b"\r\n\r\n", self._find_from)
         if end < 0:
             self._check_partial_head()
             return None
@@ -148,10 +152,10 @@ class Answer:
             raise HandOff
         # Taken apart in one findall, names lowered in C: no Python step per header.
         fields = _HEADER_LINE.findall(head, match.start(2))
-        headers = list(zip(map(bytes.lower, map(_NAME_OF, fields)), map(_VALUE_OF, fields), strict=True))
+        headers = list(zip(map(bytes.lower, map(_NAME_OF, fields)), map(_VALUE_OF, fields)))
         self._framing(headers)
-        self._buffer = bytes(buffer[end + 4 :])
-        self._head, self._in_head = bytearray(), False
+        self._buffer, self._in_head = bytes(buffer[end + 4 :]), False
+        del self._head  # not held for the rest of the answer
         return int(match[1]), headers
 
     def _check_partial_head(self) -> None:
@@ -166,7 +170,8 @@ class Answer:
         tail_cr = region.endswith(b"\r")  # may be the CR of a CRLF still coming
         if region.count(b"\n") != crlf or region.count(b"\r") - tail_cr != crlf:
             raise HandOff
-        self._scanned = len(buffer) - 1 if tail_cr else len(buffer)
+        self._scanned = scanned = len(buffer) - 1 if tail_cr else len(buffer)
+        self._find_from = max(scanned - 3, 0)
         if len(buffer) > self._max_head_bytes:
             raise HandOff
 

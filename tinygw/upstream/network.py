@@ -117,12 +117,18 @@ class Stream(asyncio.Protocol):
             raise errors.ReadError(describe(self._lost))
         return b""
 
-    async def send(self, data: bytes, deadline: float) -> None:
+    def write(self, data: bytes) -> bool:
+        """Hand `data` to the transport; True when the caller must then `drain` (the
+        transport's buffer is full). Raises errors.WriteError when the connection is closed."""
         transport = self._transport
         if self._lost is not None or transport is None or transport.is_closing():
             raise errors.WriteError("the connection is closed")
         transport.write(data)
-        if self._write_waiter is not None and not self._write_waiter.done():
+        return self._write_waiter is not None and not self._write_waiter.done()
+
+    async def drain(self, deadline: float) -> None:
+        """Wait until the transport's buffer has room again, until `deadline` (Deadline then)."""
+        if self._write_waiter is not None:
             await self._wait(self._write_waiter, deadline)
         if self._lost is not None:
             raise errors.WriteError(describe(self._lost))
