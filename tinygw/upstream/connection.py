@@ -52,12 +52,13 @@ class Connection:
         section 10), so that the connection may carry the next request. Bytes past its
         end (beyond a content-length, a body after a 204 or 304) in a parser's buffer
         would be read as the next request's answer: that connection is discarded."""
+        answer = self._answer
+        if answer is not None:  # the fast path's exchange: its answer says where it ended
+            return answer.done and answer.keep_alive and not answer.leftover and not self.closed
         parser = self._h11
-        if parser is None:  # the fast path's exchange: its answer says where it ended
-            answer = self._answer
-            return answer is not None and answer.done and answer.keep_alive and not answer.leftover and not self.closed
         return (
-            parser.our_state is h11.IDLE
+            parser is not None
+            and parser.our_state is h11.IDLE
             and parser.their_state is h11.IDLE
             and parser.trailing_data == (b"", False)
             and not self.closed
@@ -77,9 +78,9 @@ class Connection:
 
     # ---- the exchange --------------------------------------------------------------
 
-    async def send_request(
-        self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes, deadline: float
-    ) -> None:
+    def send_request(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+        """Hand the request to the transport; True when its buffer is full and the caller
+        must then `drain` (a usual request fits: no wait, no coroutine)."""
         self._request = (method, target, headers, body)
         self._heard = False
         data = fastpath.encode_request(method, target, headers, body)
@@ -94,8 +95,15 @@ class Connection:
                 self.close()
                 raise errors.WriteError("could not encode the request's headers") from None
         try:
-            if self._stream.write(data):  # the usual request fits the transport's buffer: no wait
-                await self._stream.drain(deadline)
+            return self._stream.write(data)
+        except errors.WriteError:
+            self.close()
+            raise
+
+    async def drain(self, deadline: float) -> None:
+        """Wait until the request's bytes were taken by the transport (send_request)."""
+        try:
+            await self._stream.drain(deadline)
         except Deadline:
             self.close()
             raise errors.TotalTimeout("timed out while sending the request") from None
@@ -126,14 +134,18 @@ class Connection:
     async def receive_head(self, deadline: float, timeout: Timeout) -> tuple[int, list[tuple[bytes, bytes]]]:
         """Wait for the response head; informational (1xx) responses are skipped."""
         while (answer := self._answer) is not None:
-            data = await self._read(deadline, timeout)
+            try:  # _read, without a frame of its own: every exchange waits here for its answer
+                data = await self._stream.receive(deadline)
+            except BaseException as e:
+                self._read_failed(e, timeout)
+                raise
             if not data:
                 self._no_answer()
                 self._hand_off(eof=True)
                 break
-            answer.feed(data)
+            self._heard = True
             try:
-                head = answer.head()
+                head = answer.head(data)
             except fastpath.HandOff:
                 self._hand_off(eof=False)
                 break
@@ -223,15 +235,19 @@ class Connection:
         """Received bytes, or b"" at the end (h11 decides whether that end is clean)."""
         try:
             data = await self._stream.receive(deadline)
-        except Deadline:
-            self.close()
-            raise timeout(_TIMEOUT_WORDS.get(timeout, "timed out")) from None
-        except BaseException:  # a ReadError, or the caller cancelled: never reuse
-            self.close()
+        except BaseException as e:
+            self._read_failed(e, timeout)
             raise
         if data:
             self._heard = True
         return data
+
+    def _read_failed(self, e: BaseException, timeout: Timeout) -> None:
+        """A read failed (its deadline passed, a ReadError, or the caller cancelled): the
+        connection is closed, never reused; a passed deadline is raised as `timeout`."""
+        self.close()
+        if isinstance(e, Deadline):
+            raise timeout(_TIMEOUT_WORDS.get(timeout, "timed out")) from None
 
     def close(self) -> None:
         """Close the connection at once; safe to call twice."""

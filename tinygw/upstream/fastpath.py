@@ -44,7 +44,8 @@ _HEADER_LINE = re.compile(rb"(" + _NAME + rb"):[ \t]*(" + _FIELD_VALUE + rb")[ \
 # A whole head but its last CRLF: the status line, then the header lines (group 2). A
 # match also says that no CR or LF stands alone in it.
 _HEAD = re.compile(
-    rb"HTTP/1\.1 (?!204|304)([2-5][0-9]{2})(?: [\x20-\x7e]*)?\r\n((?:" + _NAME + rb":[ \t]*" + _FIELD_VALUE + rb"[ \t]*\r\n)*)"
+    rb"HTTP/1\.1 (?!204|304)([2-5][0-9]{2})(?: [\x20-\x7e]*)?\r\n"
+    rb"((?:" + _NAME + rb":[ \t]*" + _FIELD_VALUE + rb"[ \t]*\r\n)*)"
 )
 _VALUE_OF = operator.itemgetter(1)
 # A `connection` header's token `close`, among others.
@@ -54,7 +55,7 @@ _CHUNK_HEADER = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;.*)?[ \t]*")
 # group 1; 1 to 20 hex digits in all), with its CRLF: where it matches, _CHUNK_HEADER
 # matches the same line. Where it does not, the chunk is read step by step.
 _WHOLE_CHUNK_LINE = re.compile(rb"(?=[0-9A-Fa-f]{1,20}[; \t\r])0*([1-9A-Fa-f][0-9A-Fa-f]*)(?:;[^\r\n]*)?[ \t]*\r\n")
-_DIGITS = re.compile(rb"[0-9]+")
+_LENGTH = re.compile(rb"[0-9]{1,18}")  # a plain content-length; a longer one goes to h11 (which allows 20)
 
 # Where a chunked body's reading is (`Answer._state`): each read goes on from there.
 _SIZE = 0  # at a chunk-size line
@@ -97,7 +98,7 @@ def encode_request(method: bytes, target: bytes, headers: list[tuple[bytes, byte
 
 class Answer:
     """One answer, parsed as its bytes arrive: `feed(data)`, then `head()` until it
-    returns (status, headers), then `body()` until it returns None (the end).
+    returns (status, headers) (or `head(data)`), then `body()` until it returns None (the end).
 
     Raises HandOff (only before the head is returned: `raw()` then gives every byte
     fed so far, for h11) or Malformed. After the end, `leftover` holds bytes that came
@@ -137,9 +138,11 @@ class Answer:
     def raw(self) -> bytes:
         return bytes(self._head)
 
-    def head(self) -> tuple[int, list[tuple[bytes, bytes]]] | None:
-        """(status, headers with lower-case names), or None until the head has arrived."""
+    def head(self, more: bytes = b"") -> tuple[int, list[tuple[bytes, bytes]]] | None:
+        """(status, headers with lower-case names), or None until the head has arrived;
+        `more` is fed first (one call per read while the head comes)."""
         buffer = self._head
+        buffer += more
         end = buffer.find(b"\r\n\r\n", self._find_from)
         if end < 0:
             self._check_partial_head()
@@ -152,7 +155,7 @@ class Answer:
             raise HandOff
         # Taken apart in one findall, names lowered in C: no Python step per header.
         fields = _HEADER_LINE.findall(head, match.start(2))
-        headers = list(zip(map(bytes.lower, map(_NAME_OF, fields)), map(_VALUE_OF, fields)))
+        headers = list(zip(map(bytes.lower, map(_NAME_OF, fields)), map(_VALUE_OF, fields), strict=True))
         self._framing(headers)
         self._buffer, self._in_head = bytes(buffer[end + 4 :]), False
         del self._head  # not held for the rest of the answer
@@ -187,12 +190,11 @@ class Answer:
             connection = b",".join(compress(map(_VALUE_OF, headers), map(b"connection".__eq__, names)))  # in C
         if connection != b"keep-alive":
             self.keep_alive = _CLOSE.search(connection) is None
-        length = fields.get(b"content-length")
         if b"transfer-encoding" in fields:
-            if length is not None or fields[b"transfer-encoding"] != b"chunked":
+            if b"content-length" in fields or fields[b"transfer-encoding"] != b"chunked":
                 raise HandOff
             self._chunked = True
-        elif length is not None and _DIGITS.fullmatch(length) and len(length) <= 18:
+        elif _LENGTH.fullmatch(length := fields.get(b"content-length", b"")):
             self._remaining = int(length)
         else:
             raise HandOff  # no framing (read until close), odd values

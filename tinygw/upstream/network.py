@@ -121,7 +121,7 @@ class Stream(asyncio.Protocol):
         """Hand `data` to the transport; True when the caller must then `drain` (the
         transport's buffer is full). Raises errors.WriteError when the connection is closed."""
         transport = self._transport
-        if self._lost is not None or transport is None or transport.is_closing():
+        if transport is None or transport.is_closing():  # closing once lost, too
             raise errors.WriteError("the connection is closed")
         transport.write(data)
         return self._write_waiter is not None and not self._write_waiter.done()

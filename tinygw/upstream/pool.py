@@ -71,7 +71,7 @@ class Pool:
         self._ssl = ssl_context if origin.scheme == "https" else None
         default_port = 443 if origin.scheme == "https" else 80
         host = f"[{origin.host}]" if ":" in origin.host else origin.host
-        self._host_header = (host if origin.port == default_port else f"{host}:{origin.port}").encode()
+        self._host_header = (b"host", (host if origin.port == default_port else f"{host}:{origin.port}").encode())
         self.max_connections = max_connections
         # Connection slots: a count, and the requests waiting for one, first come first
         # served (asyncio.Semaphore's rules, without its Python code on the common path).
@@ -105,8 +105,9 @@ class Pool:
         connection = None
         try:
             connection = self._take_idle(now) or await self._connect(deadline - now)
-            head = [(b"host", self._host_header), (b"content-length", b"%d" % len(body)), *headers]
-            await connection.send_request(method, path, head, body, deadline)
+            head = [self._host_header, (b"content-length", b"%d" % len(body)), *headers]
+            if connection.send_request(method, path, head, body):
+                await connection.drain(deadline)
             first_byte = loop.time() + self._first_byte_seconds
             if first_byte < deadline:
                 status, response_headers = await connection.receive_head(first_byte, errors.FirstByteTimeout)
@@ -122,7 +123,8 @@ class Pool:
 
     async def _connect(self, seconds_left: float) -> Connection:
         origin = self.origin
-        return await open_connection(origin.host, origin.port, self._ssl, min(self.timeouts.connect_seconds, seconds_left))
+        seconds = min(self.timeouts.connect_seconds, seconds_left)
+        return await open_connection(origin.host, origin.port, self._ssl, seconds)
 
     def _give_back(self, connection: Connection, reusable: bool) -> None:
         """The exchange on `connection` is over: it waits for the next request when its
@@ -133,7 +135,10 @@ class Pool:
             self._idle.append(connection)
         else:
             connection.close()
-        self._release_slot()
+        if self._waiting:
+            self._release_slot()
+        else:  # no one waits for a slot, the usual case
+            self._free_slots += 1
 
     async def _wait_for_slot(self, deadline: float, loop: asyncio.AbstractEventLoop) -> None:
         """Wait in line for a slot until `deadline` (PoolTimeout then). A slot given back
