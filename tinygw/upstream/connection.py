@@ -69,7 +69,7 @@ class Connection:
         no other), may carry the next request. An idle connection that has something to
         read, in the socket's buffer, was closed by the provider (or is speaking out of
         turn): either way it must not carry a request."""
-        return not self.closed and not self._stream.has_news()
+        return not self._stream.has_news()  # a closed one's stream is closing: news too
 
     def _finish_cycle(self) -> None:
         parser = self._h11

@@ -38,7 +38,7 @@ class Stream(asyncio.Protocol):
         self._buffered = 0
         self._eof = False
         self._lost: BaseException | None = None
-        self._read_waiter: asyncio.Future | None = None
+        self._read_waiter: asyncio.Future[bytes | None] | None = None  # a read's, or None when it woke for an end
         self._write_waiter: asyncio.Future | None = None
         self._reading_paused = False
 
@@ -48,15 +48,16 @@ class Stream(asyncio.Protocol):
         self._transport = transport
 
     def data_received(self, data: bytes) -> None:
+        waiter = self._read_waiter
+        if waiter is not None and not waiter.done():  # the usual read: a reader waits, and takes it as it is
+            waiter.set_result(data)
+            return
         self._chunks.append(data)
         self._buffered += len(data)
         if self._buffered > HIGH_WATER_BYTES and not self._reading_paused:
             self._reading_paused = True
             if self._transport is not None:  # data comes only once connected
                 self._transport.pause_reading()
-        waiter = self._read_waiter  # _wake_reader, inline: this runs per read
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
 
     def eof_received(self) -> bool:
         self._eof = True
@@ -100,10 +101,14 @@ class Stream(asyncio.Protocol):
             self._read_waiter = waiter = loop.create_future()
             timer = loop.call_at(deadline, _expire, waiter)
             try:
-                await waiter
+                data = await waiter
             finally:
                 timer.cancel()
                 self._read_waiter = None
+            if data is not None:  # handed over by data_received (never counted as buffered)
+                if not chunks:
+                    return data
+                chunks.appendleft(data)  # more came before this reader ran: all of it, in order
         if chunks:
             data = b"".join(chunks)  # one chunk, the usual read, is returned as it is (no copy)
             chunks.clear()
