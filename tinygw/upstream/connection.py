@@ -41,7 +41,7 @@ class Connection:
         self._h11: h11.Connection | None = None  # the exchange's, when h11 reads it
         self._answer: fastpath.Answer | None = None  # the exchange's, when the fast path reads it (kept after its end)
         self._request: tuple = ()  # what was sent, to replay into h11 at a hand-off
-        self._heard = False  # a byte of the exchange's answer has arrived
+        self._heard = False  # a byte of the exchange's answer has arrived (h11's reads, or a hand-off)
         self.idle_since = 0.0
         self.closed = False
 
@@ -82,12 +82,11 @@ class Connection:
         """Hand the request to the transport; True when its buffer is full and the caller
         must then `drain` (a usual request fits: no wait, no coroutine)."""
         self._request = (method, target, headers, body)
-        self._heard = False
         data = fastpath.encode_request(method, target, headers, body)
         if data is not None:
             self._h11, self._answer = None, fastpath.Answer(MAX_HEAD_BYTES)
         else:
-            self._answer = None
+            self._answer, self._heard = None, False
             self._h11 = parser = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
             try:
                 data = self._h11_request_bytes(parser)
@@ -122,6 +121,7 @@ class Connection:
         sent, and given every byte received so far."""
         self._h11 = parser = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
         self._h11_request_bytes(parser)  # the bytes went out already; h11 learns what they were
+        self._heard = True  # a hand-off comes after some bytes of the answer (receive_head)
         try:
             parser.receive_data(self._answer.raw() if self._answer is not None else b"")
             if eof:
@@ -140,10 +140,10 @@ class Connection:
                 self._read_failed(e, timeout)
                 raise
             if not data:
+                self._heard = bool(answer.raw())  # the fast path's reads count bytes only here
                 self._no_answer()
                 self._hand_off(eof=True)
                 break
-            self._heard = True
             try:
                 head = answer.head(data)
             except fastpath.HandOff:

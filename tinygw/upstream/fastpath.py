@@ -153,9 +153,27 @@ class Answer:
         if match is None:
             raise HandOff
         # Taken apart in one findall, names lowered in C: no Python step per header.
-        fields = _HEADER_LINE.findall(received, match.start(2), end + 2)
-        headers = list(zip(map(bytes.lower, map(_NAME_OF, fields)), map(_VALUE_OF, fields), strict=True))
-        self._framing(headers)
+        pairs = _HEADER_LINE.findall(received, match.start(2), end + 2)
+        headers = list(zip(map(bytes.lower, map(_NAME_OF, pairs)), map(_VALUE_OF, pairs), strict=True))
+        # How the body is delimited: one plain content-length, or chunked alone; and
+        # whether the connection may be reused. Anything else goes to h11 (HandOff).
+        fields = dict(headers)
+        connection = fields.get(b"connection", b"keep-alive")
+        if len(fields) != len(headers):  # a name given twice: one framing header at most, every `connection` value
+            names = list(map(_NAME_OF, headers))
+            if names.count(b"content-length") > 1 or names.count(b"transfer-encoding") > 1:
+                raise HandOff
+            connection = b",".join(compress(map(_VALUE_OF, headers), map(b"connection".__eq__, names)))  # in C
+        if connection != b"keep-alive":
+            self.keep_alive = _CLOSE.search(connection) is None
+        if b"transfer-encoding" in fields:
+            if b"content-length" in fields or fields[b"transfer-encoding"] != b"chunked":
+                raise HandOff
+            self._chunked = True
+        elif _LENGTH.fullmatch(length := fields.get(b"content-length", b"")):
+            self._remaining = int(length)
+        else:
+            raise HandOff  # no framing (read until close), odd values
         self._buffer, self._in_head = received[end + 4 :], False
         del self._head  # not held for the rest of the answer
         return int(match[1]), headers
@@ -176,27 +194,6 @@ class Answer:
         self._find_from = max(scanned - 3, 0)
         if len(buffer) > self._max_head_bytes:
             raise HandOff
-
-    def _framing(self, headers: list[tuple[bytes, bytes]]) -> None:
-        """How the body is delimited: one plain content-length, or chunked alone; and
-        whether the connection may be reused. Anything else goes to h11 (HandOff)."""
-        fields = dict(headers)
-        connection = fields.get(b"connection", b"keep-alive")
-        if len(fields) != len(headers):  # a name given twice: one framing header at most, every `connection` value
-            names = list(map(_NAME_OF, headers))
-            if names.count(b"content-length") > 1 or names.count(b"transfer-encoding") > 1:
-                raise HandOff
-            connection = b",".join(compress(map(_VALUE_OF, headers), map(b"connection".__eq__, names)))  # in C
-        if connection != b"keep-alive":
-            self.keep_alive = _CLOSE.search(connection) is None
-        if b"transfer-encoding" in fields:
-            if b"content-length" in fields or fields[b"transfer-encoding"] != b"chunked":
-                raise HandOff
-            self._chunked = True
-        elif _LENGTH.fullmatch(length := fields.get(b"content-length", b"")):
-            self._remaining = int(length)
-        else:
-            raise HandOff  # no framing (read until close), odd values
 
     def body(self) -> bytes | None:
         """The body bytes available now (b"" when more must be fed), None at its end."""

@@ -101,7 +101,7 @@ class Stream(asyncio.Protocol):
             self._read_waiter = waiter = loop.create_future()
             timer = loop.call_at(deadline, _expire, waiter)
             try:
-                data = await waiter
+                data: bytes | None = await waiter
             finally:
                 timer.cancel()
                 self._read_waiter = None

@@ -104,11 +104,15 @@ class Pool:
             now = loop.time()
         connection = None
         try:
-            connection = self._take_idle(now) or await self._connect(deadline - now)
+            connection = self._take_idle(now)
+            if connection is None:
+                connection = await self._connect(deadline - now)
+                now = loop.time()
             head = [self._host_header, (b"content-length", b"%d" % len(body)), *headers]
             if connection.send_request(method, path, head, body):
                 await connection.drain(deadline)
-            first_byte = loop.time() + self._first_byte_seconds
+                now = loop.time()
+            first_byte = now + self._first_byte_seconds  # nothing waited since `now` was read: it is the send's time
             if first_byte < deadline:
                 status, response_headers = await connection.receive_head(first_byte, errors.FirstByteTimeout)
             else:
