@@ -54,14 +54,13 @@ class Connection:
         would be read as the next request's answer: that connection is discarded."""
         answer = self._answer
         if answer is not None:  # the fast path's exchange: its answer says where it ended
-            return answer.done and answer.keep_alive and not answer.leftover and not self.closed
+            return answer.done and answer.keep_alive and not answer.leftover  # a closed one fails is_idle
         parser = self._h11
         return (
             parser is not None
             and parser.our_state is h11.IDLE
             and parser.their_state is h11.IDLE
             and parser.trailing_data == (b"", False)
-            and not self.closed
         )
 
     def is_idle(self) -> bool:

@@ -92,7 +92,7 @@ def encode_request(method: bytes, target: bytes, headers: list[tuple[bytes, byte
         return None
     if b"\ncontent-length\x00%d\r\n" % len(body) not in names:
         return None
-    return b"".join((method, b" ", target, b" HTTP/1.1\r\n", lines.replace(b"\x00", b": "), b"\r\n", body))
+    return b"%s %s HTTP/1.1\r\n%s\r\n%s" % (method, target, lines.replace(b"\x00", b": "), body)
 
 
 class Answer:

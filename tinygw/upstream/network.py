@@ -141,7 +141,8 @@ class Stream(asyncio.Protocol):
     def has_news(self) -> bool:
         """True when an idle connection got data or was closed: it must not be reused."""
         transport = self._transport
-        return transport is None or self._eof or bool(self._chunks) or transport.is_closing()
+        # A transport is closing once the provider's end (eof) or loss reached it, or we closed it.
+        return transport is None or transport.is_closing() or bool(self._chunks)
 
     def close(self) -> None:
         """Close at once, dropping anything unsent. Safe to call twice."""
