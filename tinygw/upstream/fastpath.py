@@ -142,12 +142,12 @@ class Answer:
         `more` is fed first (one call per read while the head comes)."""
         buffer = self._head
         buffer += more
-        end = buffer.find(b"\r\n\r\n", self._find_from)
+        # Only a head within the bound is found; one that ends past it has more bytes than
+        # the bound, which _check_partial_head hands to h11 (it refuses it).
+        end = buffer.find(b"\r\n\r\n", self._find_from, self._max_head_bytes)
         if end < 0:
             self._check_partial_head()
             return None
-        if end + 4 > self._max_head_bytes:
-            raise HandOff
         received = bytes(buffer)
         match = _HEAD.fullmatch(received, 0, end + 2)  # the status line and each header line, with its CRLF
         if match is None:
