@@ -12,6 +12,7 @@ from conftest import closed_port
 from tinygw import errors
 from tinygw.config.settings import Origin
 from tinygw.fake.upstream import Reply, json_reply, sse_reply
+from tinygw.upstream.network import Stream
 from tinygw.upstream.pool import Pool, Timeouts
 
 pytestmark = pytest.mark.anyio
@@ -179,3 +180,30 @@ async def test_a_cut_body_is_a_read_error_and_the_slot_comes_back(fake):
         response = await pool.request(b"POST", b"/", [], b"")
         with pytest.raises((errors.ReadError, errors.RemoteProtocolError)):
             await response.read()
+
+
+async def test_the_stream_gives_every_byte_once_in_order_however_reads_and_reader_interleave():
+    """A read that a waiting reader takes whole, reads buffered while no one waits, and
+    one handed over with more read behind it before the reader ran (tinygw.upstream.network)."""
+    class Transport:
+        def is_closing(self) -> bool:
+            return False
+
+    stream = Stream()
+    stream.connection_made(Transport())
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 5.0
+    reader = asyncio.ensure_future(stream.receive(deadline))
+    await asyncio.sleep(0)  # the reader waits
+    stream.data_received(b"a")  # handed over
+    stream.data_received(b"b")  # behind it, before the reader ran
+    assert await reader == b"ab"
+    stream.data_received(b"c")  # no one waits: buffered
+    stream.data_received(b"d")
+    assert await stream.receive(deadline) == b"cd"
+    reader = asyncio.ensure_future(stream.receive(deadline))
+    await asyncio.sleep(0)
+    stream.data_received(b"e")
+    assert await reader == b"e"
+    stream.eof_received()
+    assert await stream.receive(deadline) == b""
