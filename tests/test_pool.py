@@ -185,6 +185,7 @@ async def test_a_cut_body_is_a_read_error_and_the_slot_comes_back(fake):
 async def test_the_stream_gives_every_byte_once_in_order_however_reads_and_reader_interleave():
     """A read that a waiting reader takes whole, reads buffered while no one waits, and
     one handed over with more read behind it before the reader ran (tinygw.upstream.network)."""
+
     class Transport:
         def is_closing(self) -> bool:
             return False
