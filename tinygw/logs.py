@@ -165,9 +165,10 @@ def _redacted(query: str) -> str:
 def flush() -> None:
     """Write the access lines waiting for the loop's turn (tinygw.api.app calls it at
     shutdown too; log() before its own line, to keep the order)."""
-    if len(_batch) < 2:  # one line (a quiet loop's turn), or none
-        if _batch:
-            _write(_batch.pop())
+    if len(_batch) == 1:  # a quiet loop's turn
+        _write(_batch.pop())
+        return
+    if not _batch:
         return
     lines = _batch[:]
     _batch.clear()

@@ -95,31 +95,30 @@ async def _hash_artifact(gateway: Gateway) -> None:
 # ---- requests ------------------------------------------------------------------------
 
 
-async def handle(gateway: Gateway, scope, receive, send) -> None:
-    """Dispatch, with the checks every request passes before any handler runs, in this
-    order: a route for the path (404), a method it takes (405), the gateway key (401)."""
+def handle(gateway: Gateway, scope, receive, send) -> Awaitable[None]:
+    """Dispatch: the coroutine that answers the request (returned, as app returns it),
+    after the checks every request passes before any handler runs, in this order: a
+    route for the path (404), a method it takes (405), the gateway key (401)."""
     path = scope["path"]
     request_id = wire.request_id(scope["headers"])
     endpoint = ROUTES.get(path) or (ROUTES[MODEL_ROUTE] if path.startswith(MODEL_PREFIX) else None)
     if endpoint is None:
         not_found = 404, f"no route {path}; the routes are: {ROUTE_LIST}", "invalid_request_error", "not_found"
-        await _refuse(gateway, None, scope, _with_request_id(send, request_id), request_id, not_found)
-        return
+        return _refuse(gateway, None, scope, _with_request_id(send, request_id), request_id, not_found)
     route = endpoint.route
     # an API route's errors take its API's shape: Endpoint.anthropic_shaped, without the call
     if route.api == "anthropic" if route is not None else endpoint.anthropic_shaped(scope):
         send = wire.anthropic_errors(send)
-    refusal = None
     if scope["method"] not in endpoint.methods:
         refusal = 405, f"{path} takes {endpoint.methods[0]}", "invalid_request_error", "method_not_allowed"
     elif endpoint.auth and not gateway.auth.allows(scope["headers"]):
         refusal = 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key"
-    if refusal is not None:
-        await _refuse(gateway, route, scope, _with_request_id(send, request_id), request_id, refusal)
     elif route is not None:  # the hot path: its answers get the id from its record
-        await _proxy(gateway, route, scope, receive, send, request_id)
-    elif endpoint.page is not None:
-        await endpoint.page(gateway, scope, _with_request_id(send, request_id))
+        return _proxy(gateway, route, scope, receive, send, request_id)
+    else:  # a row without a route is a page's (routing.page_endpoint)
+        page: Awaitable[None] = endpoint.page(gateway, scope, _with_request_id(send, request_id))  # type: ignore[misc]
+        return page
+    return _refuse(gateway, route, scope, _with_request_id(send, request_id), request_id, refusal)
 
 
 async def _refuse(

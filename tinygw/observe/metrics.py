@@ -160,9 +160,9 @@ class Metrics:
         self.store.values[self._in_flight] += change
 
     def count_tokens(self, provider: str, model: str, prompt: int, completion: int) -> None:
-        places = self._tokens.get((provider, model)) or self._token_places(provider, model)
-        if (prompt and places[0] is None) or (completion and places[1] is None):
-            self._take_token_places(places, prompt, completion)
+        places = self._tokens.get((provider, model))
+        if places is None or (prompt and places[0] is None) or (completion and places[1] is None):
+            places = self._token_places(provider, model, prompt, completion)
         values = self.store.values
         if prompt:
             values[places[0]] += prompt
@@ -218,17 +218,14 @@ class Metrics:
         self._requests[(route, model, status)] = series
         return series
 
-    def _token_places(self, provider: str, model: str) -> list:
-        """[the prompt count's place, the completion count's, (their keys)]; a place is
-        None until its first count."""
-        keys = tuple(("tinygw_tokens_total", (provider, model, kind), "") for kind in ("prompt", "completion"))
-        places = self._tokens[(provider, model)] = [None, None, keys]
-        return places
-
-    def _take_token_places(self, places: list, prompt: int, completion: int) -> None:
-        for which, amount in enumerate((prompt, completion)):
+    def _token_places(self, provider: str, model: str, prompt: int, completion: int) -> list:
+        """[the prompt count's place, the completion count's], each taken at its kind's
+        first count (None until then)."""
+        places = self._tokens.setdefault((provider, model), [None, None])
+        for which, (kind, amount) in enumerate((("prompt", prompt), ("completion", completion))):
             if amount and places[which] is None:
-                places[which] = self.store.index(places[2][which])
+                places[which] = self.store.index(("tinygw_tokens_total", (provider, model, kind), ""))
+        return places
 
     def _attempt_place(self, provider: str, provider_model: str, outcome: str) -> int:
         labels = (provider, provider_model, outcome)
