@@ -92,3 +92,34 @@ def test_a_file_grows_past_its_first_size(tmp_path, monkeypatch, as_doubles):
     assert values[("tinygw_requests_total", ("/r", "model-0", "200"), "")] == 1500
     assert values[("tinygw_listing_up", ("p",), "")] == 1.0
     store.close()
+
+
+def test_counts_land_in_place_while_the_file_grows(tmp_path):
+    """Each new series takes its places (a histogram's all at once), which may grow the
+    file and replace its view: every count made meanwhile is kept. A token kind is shown
+    only once counted; a proxied request's end takes it out of flight."""
+    metrics = Metrics("1", "", str(tmp_path))
+    assert isinstance(metrics.store, FileStore)
+    for i in range(300):  # ~20 places a series: past the first 64 KiB
+        metrics.add_in_flight(1)
+        metrics.count_request("/r", f"model-{i}", 200, 0.02, -1)
+        metrics.count_tokens("p", f"model-{i}", 5, 0)
+        metrics.observe_first_byte(f"p{i}", 0.003)
+    metrics.count_tokens("p", "model-0", 0, 7)
+    seen = samples(metrics)
+
+    def value(name: str, **labels: str) -> float:
+        return seen[(name, tuple(sorted(labels.items())))]
+
+    duration = "tinygw_request_duration_seconds"
+    assert value(f"{duration}_bucket", route="/r", model="model-299", status="2xx", le="0.01") == 0
+    assert value(f"{duration}_bucket", route="/r", model="model-299", status="2xx", le="0.025") == 1
+    assert value(f"{duration}_sum", route="/r", model="model-299", status="2xx") == 0.02
+    assert value("tinygw_requests_total", route="/r", model="model-299", status="200") == 1
+    assert value("tinygw_upstream_first_byte_seconds_count", provider="p299") == 1
+    assert value("tinygw_requests_in_flight") == 0
+    tokens = [labels for (name, labels) in seen if name == "tinygw_tokens_total"]
+    assert len(tokens) == 301  # every prompt count, and model-0's one completion count
+    assert value("tinygw_tokens_total", provider="p", model="model-0", kind="completion") == 7
+    assert value("tinygw_tokens_total", provider="p", model="model-7", kind="prompt") == 5
+    metrics.store.close()

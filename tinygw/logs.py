@@ -13,6 +13,7 @@ import re
 import select
 import sys
 import time
+from collections.abc import Mapping
 from urllib.parse import unquote_plus
 
 import msgspec
@@ -88,25 +89,30 @@ _PIPE_BUF = select.PIPE_BUF
 _batch: list[bytes] = []
 
 
-def access(loop: asyncio.AbstractEventLoop | None, **fields: object) -> None:
-    """The one `request` line a proxied request writes, at level info: the hot path's
-    log line, so it skips the logging module (a record, a formatter, a lock and a
-    flush: about 30 µs) and goes to stderr with the other lines of this turn of
-    `loop` (at once without a loop). Same shape as the other lines."""
+def access(loop: asyncio.AbstractEventLoop | None, scope: dict, fields: Mapping[str, object]) -> None:
+    """The one `request` line a request writes, at level info: `fields`, then what the
+    client asked, for "why did my agent get a 404": the `path` (with its query string,
+    credential values redacted) and the `user_agent` (at most MAX_USER_AGENT_BYTES).
+    The hot path's log line, so it skips the logging module (a record, a formatter, a
+    lock and a flush: about 30 µs) and goes to stderr with the other lines of this turn
+    of `loop` (at once without a loop). Same shape as the other lines."""
     if not _logger.isEnabledFor(logging.INFO):
         return
-    _batch.append(
-        _encode.encode(
-            {
-                "ts": round(time.time(), 3),  # wall clock, as JsonFormatter: for people
-                "level": "info",
-                "logger": LOGGER_NAME,
-                "msg": "request",
-                **fields,
-            }
-        )
-        + b"\n"
-    )
+    path = scope["path"]
+    query = scope.get("query_string")
+    if query:
+        path = f"{path}?{_redacted(query.decode('latin-1'))}"
+    agent = dict(reversed(scope["headers"])).get(b"user-agent")  # reversed: the first one wins
+    line = {
+        "ts": round(time.time(), 3),  # wall clock, as JsonFormatter: for people
+        "level": "info",
+        "logger": LOGGER_NAME,
+        "msg": "request",
+        **fields,
+        "path": path,
+        "user_agent": agent if agent is None else agent[:MAX_USER_AGENT_BYTES].decode("latin-1"),
+    }
+    _batch.append(_encode.encode(line) + b"\n")
     if loop is None:
         flush()
     elif len(_batch) == 1:
@@ -142,18 +148,6 @@ _CREDENTIAL_HINT = re.compile("|".join([*_CREDENTIAL_HINTS, "%"]), re.IGNORECASE
 MAX_USER_AGENT_BYTES = 200
 
 
-def request_line(scope: dict) -> dict[str, str | None]:
-    """The access line's `path` (with its query string, credential values redacted) and
-    `user_agent` (at most MAX_USER_AGENT_BYTES): what a client asked, for "why did my
-    agent get a 404". Cheap: a request without a query string costs a header scan."""
-    path = scope["path"]
-    query = scope.get("query_string")
-    if query:
-        path = f"{path}?{_redacted(query.decode('latin-1'))}"
-    agent = dict(reversed(scope["headers"])).get(b"user-agent")  # reversed: the first one wins
-    return {"path": path, "user_agent": agent if agent is None else agent[:MAX_USER_AGENT_BYTES].decode("latin-1")}
-
-
 def _redacted(query: str) -> str:
     if _CREDENTIAL_HINT.search(query) is None:
         return query  # no name in it could be a credential's: the usual case (`beta=true`)
@@ -171,9 +165,10 @@ def _redacted(query: str) -> str:
 def flush() -> None:
     """Write the access lines waiting for the loop's turn (tinygw.api.app calls it at
     shutdown too; log() before its own line, to keep the order)."""
-    if len(_batch) < 2:  # one line (a quiet loop's turn), or none
-        if _batch:
-            _write(_batch.pop())
+    if len(_batch) == 1:  # a quiet loop's turn
+        _write(_batch.pop())
+        return
+    if not _batch:
         return
     lines = _batch[:]
     _batch.clear()

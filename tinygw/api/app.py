@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import sys
+from collections.abc import Awaitable
 
 from tinygw import logs
 from tinygw.api import models
@@ -36,12 +37,19 @@ from tinygw.worker.record import Record
 WATCH_AFTER_SECONDS = 0.05
 
 
-async def app(scope, receive, send) -> None:
+def app(scope, receive, send) -> Awaitable[None]:
+    """The ASGI app: a plain function that returns its handler's coroutine, which the
+    server awaits (a coroutine frame fewer on every request than awaiting it here)."""
     kind = scope["type"]
     if kind == "http":
-        await handle(scope["state"]["gateway"], scope, receive, send)
-    elif kind == "lifespan":
-        await lifespan(scope, receive, send)
+        return handle(scope["state"]["gateway"], scope, receive, send)
+    if kind == "lifespan":
+        return lifespan(scope, receive, send)
+    return _ignore()
+
+
+async def _ignore() -> None:
+    """Any other scope (a websocket): not served."""
 
 
 async def lifespan(scope, receive, send) -> None:
@@ -87,32 +95,30 @@ async def _hash_artifact(gateway: Gateway) -> None:
 # ---- requests ------------------------------------------------------------------------
 
 
-async def handle(gateway: Gateway, scope, receive, send) -> None:
+def handle(gateway: Gateway, scope, receive, send) -> Awaitable[None]:
+    """Dispatch: the coroutine that answers the request (returned, as app returns it),
+    after the checks every request passes before any handler runs, in this order: a
+    route for the path (404), a method it takes (405), the gateway key (401)."""
     path = scope["path"]
     request_id = wire.request_id(scope["headers"])
     endpoint = ROUTES.get(path) or (ROUTES[MODEL_ROUTE] if path.startswith(MODEL_PREFIX) else None)
-    route = endpoint.route if endpoint is not None else None
-    if endpoint is not None and endpoint.anthropic_shaped(scope):
-        send = wire.anthropic_errors(send)
-    refusal = _refusal(gateway, endpoint, scope)
-    if refusal is not None:
-        await _refuse(gateway, route, scope, _with_request_id(send, request_id), request_id, refusal)
-    elif route is not None:  # the hot path: its answers get the id in _proxy
-        await _proxy(gateway, route, scope, receive, send, request_id)
-    elif endpoint is not None and endpoint.page is not None:
-        await endpoint.page(gateway, scope, _with_request_id(send, request_id))
-
-
-def _refusal(gateway: Gateway, endpoint: Endpoint | None, scope) -> tuple[int, str, str, str] | None:
-    """Why a request is refused before any handler runs (status, message, type, code),
-    or None: no such path, a method the path does not take, no gateway key."""
     if endpoint is None:
-        return 404, f"no route {scope['path']}; the routes are: {ROUTE_LIST}", "invalid_request_error", "not_found"
+        not_found = 404, f"no route {path}; the routes are: {ROUTE_LIST}", "invalid_request_error", "not_found"
+        return _refuse(gateway, None, scope, _with_request_id(send, request_id), request_id, not_found)
+    route = endpoint.route
+    # an API route's errors take its API's shape: Endpoint.anthropic_shaped, without the call
+    if route.api == "anthropic" if route is not None else endpoint.anthropic_shaped(scope):
+        send = wire.anthropic_errors(send)
     if scope["method"] not in endpoint.methods:
-        return 405, f"{scope['path']} takes {endpoint.methods[0]}", "invalid_request_error", "method_not_allowed"
-    if endpoint.auth and not gateway.auth.allows(scope["headers"]):
-        return 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key"
-    return None
+        refusal = 405, f"{path} takes {endpoint.methods[0]}", "invalid_request_error", "method_not_allowed"
+    elif endpoint.auth and not gateway.auth.allows(scope["headers"]):
+        refusal = 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key"
+    elif route is not None:  # the hot path: its answers get the id from its record
+        return _proxy(gateway, route, scope, receive, send, request_id)
+    else:  # a row without a route is a page's (routing.page_endpoint)
+        page: Awaitable[None] = endpoint.page(gateway, scope, _with_request_id(send, request_id))  # type: ignore[misc]
+        return page
+    return _refuse(gateway, route, scope, _with_request_id(send, request_id), request_id, refusal)
 
 
 async def _refuse(
@@ -123,15 +129,14 @@ async def _refuse(
     status = await send_error(send, *refusal)
     if route is not None:
         gateway.metrics.count_request(route.path, "unknown", status, 0.0)
-    logs.access(
-        gateway.loop,
-        route=route.path if route is not None else None,
-        model=None,
-        status=status,
-        worker=gateway.pid,
-        request_id=request_id.decode(),
-        **logs.request_line(scope),
-    )
+    fields = {
+        "route": route.path if route is not None else None,
+        "model": None,
+        "status": status,
+        "worker": gateway.pid,
+        "request_id": request_id.decode(),
+    }
+    logs.access(gateway.loop, scope, fields)
 
 
 def _with_request_id(send, request_id: bytes):
@@ -148,17 +153,25 @@ def _with_request_id(send, request_id: bytes):
 
 async def _proxy(gateway: Gateway, route, scope, receive, send, request_id: bytes = b"") -> None:
     """A request to a proxied route (its gateway key checked at dispatch): admitted (body,
-    model), then forwarded; counted and logged from its record, whatever ended it."""
+    model), then forwarded, cancelled if its client leaves (its attempt's upstream
+    connection is then closed at once); counted and logged from its record, whatever
+    ended it."""
     loop = gateway.loop or asyncio.get_running_loop()
     record = Record(request_id or wire.new_request_id(), loop.time())
     # this request's, looked up once (never None: _proxy runs in the request's task)
     task: asyncio.Task = asyncio.current_task(loop)  # type: ignore[assignment]
     gateway.metrics.add_in_flight(1)
+    watch = None
     try:
         admitted = await _admit(gateway, route, scope, receive, send, record, task)
         if admitted is not None:
-            inbound, resolution = admitted
-            await _forward(gateway, inbound, resolution, receive, send, record, task)
+            if gateway.settings.routing.debug:
+                record.forwarding(gateway.breakers)
+            watch = _ClientWatch(receive, task, loop)
+            try:
+                await proxy.forward(gateway, admitted[0], admitted[1], send, record)
+            finally:
+                watch.stop()  # before any error answer below
     except BadBody as e:  # read_head, or wire.rewrite_model for an attempt
         await _answer_error(send, record, 400, str(e), "invalid_request_error", "invalid_body")
     except Exception:
@@ -166,7 +179,12 @@ async def _proxy(gateway: Gateway, route, scope, receive, send, request_id: byte
         if not record.status:  # else the client sees its response end early
             await _answer_error(send, record, 500, "internal gateway error", "internal_error", "internal_error")
         record.failed()
-    except BaseException:  # cancelled, not by the client: the server is stopping
+    except asyncio.CancelledError:
+        if watch is None or not watch.took_back():  # not (only) the client's leaving: the server is stopping
+            record.failed()
+            raise
+        record.client_left()
+    except BaseException:
         record.failed()
         raise
     finally:
@@ -240,42 +258,23 @@ async def _admit(gateway: Gateway, route, scope, receive, send, record: Record, 
     return inbound, resolution
 
 
-async def _forward(gateway: Gateway, inbound, resolution, receive, send, record: Record, task: asyncio.Task) -> None:
-    """proxy.forward, cancelled when the client leaves: its attempt's upstream
-    connection is then closed at once."""
-    if gateway.settings.routing.debug:
-        record.forwarding(gateway.breakers)
-    watch = _ClientWatch(receive, task)
-    try:
-        await proxy.forward(gateway, inbound, resolution, send, record)
-    except asyncio.CancelledError:
-        if not watch.took_back():
-            raise
-        record.client_left()
-    finally:
-        watch.stop()
-
-
 class _ClientWatch:
     """Cancels the request's task when its client leaves. Watched from
     WATCH_AFTER_SECONDS in: a quick answer does without the watching task and its
     pending receive() in Granian."""
 
-    __slots__ = ("_receive", "_task", "_timer", "_watcher", "_left")
+    _watcher: asyncio.Task | None = None
+    _left = False
 
-    def __init__(self, receive, task: asyncio.Task) -> None:
-        self._receive = receive
+    def __init__(self, receive, task: asyncio.Task, loop: asyncio.AbstractEventLoop) -> None:
         self._task = task
-        loop = task.get_loop()
-        self._watcher: asyncio.Task | None = None
-        self._left = False
-        self._timer = loop.call_later(WATCH_AFTER_SECONDS, self._start, loop)
+        self._timer = loop.call_later(WATCH_AFTER_SECONDS, self._start, receive, loop)
 
-    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._watcher = loop.create_task(self._watch())
+    def _start(self, receive, loop: asyncio.AbstractEventLoop) -> None:
+        self._watcher = loop.create_task(self._watch(receive))
 
-    async def _watch(self) -> None:
-        while (await self._receive())["type"] != "http.disconnect":
+    async def _watch(self, receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
             pass
         self._left = True
         self._task.cancel()
@@ -297,27 +296,25 @@ class _ClientWatch:
 def _account(gateway: Gateway, route, scope, record: Record, loop: asyncio.AbstractEventLoop) -> None:
     """The request's metrics and access-log line, from its record."""
     duration = loop.time() - record.started_at
-    model, status, target, tokens = record.model, record.status, record.target, record.tokens
+    model, target, tokens = record.model, record.target, record.tokens
     metrics = gateway.metrics
-    metrics.add_in_flight(-1)
-    metrics.count_request(route.path, model, status, duration)
+    metrics.count_request(route.path, model, record.status, duration, -1)  # -1: no longer in flight
     if tokens is not None and target is not None:
         metrics.count_tokens(target.provider, model, tokens.prompt, tokens.completion)
     if record.first_output_at is not None:
         metrics.observe_first_token(model, record.first_output_at - record.started_at)
-    logs.access(
-        loop,
-        route=route.path,
-        model=model,
-        status=status,
-        worker=gateway.pid,
-        request_id=record.request_id.decode(),
-        target=str(target) if target else None,
-        attempts=",".join(record.attempts),
-        cut=record.cut,
-        duration_ms=round(duration * 1000, 1),
-        **logs.request_line(scope),
-    )
+    fields = {
+        "route": route.path,
+        "model": model,
+        "status": record.status,
+        "worker": gateway.pid,
+        "request_id": record.request_id.decode(),
+        "target": str(target) if target else None,
+        "attempts": ",".join(record.attempts),
+        "cut": record.cut,
+        "duration_ms": round(duration * 1000, 1),
+    }
+    logs.access(loop, scope, fields)
 
 
 MODEL_ROUTE = f"{MODEL_PREFIX}{{id}}"

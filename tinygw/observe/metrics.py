@@ -16,9 +16,9 @@ of which a provider has at most its configured targets plus
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
+from bisect import bisect_left
 
 from tinygw import logs
 from tinygw.observe import process
@@ -86,6 +86,17 @@ _STATUS_CLASS = {2: "2xx", 4: "4xx", 5: "5xx"}
 _IN_FLIGHT = ("tinygw_requests_in_flight", (), "")
 
 
+class _Histogram:
+    """A histogram series' places in the store: each bucket's (by bisect of
+    DURATION_BUCKETS, the last one +Inf's) and its sum's."""
+
+    __slots__ = ("buckets", "sum")
+
+    def __init__(self, buckets: tuple[int, ...], sum_: int) -> None:
+        self.buckets = buckets
+        self.sum = sum_
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -112,11 +123,11 @@ class Metrics:
                     logging.WARNING, "metrics kept per worker: the shared directory is unusable", error=type(e).__name__
                 )
         self._in_flight = self.store.index(_IN_FLIGHT)
-        self._requests: dict[tuple[str, str, int], tuple[int, list]] = {}
-        self._histograms: dict[tuple[str, tuple[str, ...]], list] = {}
+        self._requests: dict[tuple[str, str, int], tuple[int, _Histogram]] = {}
+        self._histograms: dict[tuple[str, tuple[str, ...]], _Histogram] = {}
         self._tokens: dict[tuple[str, str], list] = {}
         self._attempts: dict[tuple[str, str, str], int] = {}
-        self._first_byte: dict[str, list] = {}
+        self._first_byte: dict[str, _Histogram] = {}
 
     def set_artifact_sha256(self, digest: str) -> None:
         """The frozen executable's sha256, once a worker has hashed it (tinygw.api.app)."""
@@ -127,37 +138,54 @@ class Metrics:
         self._tls_not_after = not_after
 
     # ---- the hot path -----------------------------------------------------------------
-    # A series' place in the store is looked up once, kept here by its label values, then
+    # A series' places in the store are looked up once, kept here by its label values, then
     # added to there: a request's counts cost a dict lookup each, not a key's hash. A
-    # counter's place is taken at its first count (a series never counted is not shown).
+    # counter's place is taken at its first count (a series never counted is not shown);
+    # a histogram's, all of its buckets at once, at its first observation. `store.values`
+    # is read after any place is taken: taking one may replace it.
 
-    def count_request(self, route: str, model: str, status: int, seconds: float) -> None:
+    def count_request(self, route: str, model: str, status: int, seconds: float, in_flight: int = 0) -> None:
+        """A request answered; `in_flight` is added to the in-flight gauge at the same
+        time (-1 when a proxied request ends)."""
         series = self._requests.get((route, model, status)) or self._request_series(route, model, status)
-        self._observe(series[1], seconds)
-        self.store.values[series[0]] += 1.0  # after _observe, which may replace the view
+        count, histogram = series
+        values = self.store.values
+        values[count] += 1.0
+        values[histogram.buckets[bisect_left(DURATION_BUCKETS, seconds)]] += 1.0
+        values[histogram.sum] += seconds
+        if in_flight:
+            values[self._in_flight] += in_flight
 
     def add_in_flight(self, change: int) -> None:
         self.store.values[self._in_flight] += change
 
     def count_tokens(self, provider: str, model: str, prompt: int, completion: int) -> None:
-        places = self._tokens.get((provider, model)) or self._token_places(provider, model)
+        places = self._tokens.get((provider, model))
+        if places is None or (prompt and places[0] is None) or (completion and places[1] is None):
+            places = self._token_places(provider, model, prompt, completion)
+        values = self.store.values
         if prompt:
-            self._add(places, 0, prompt)
+            values[places[0]] += prompt
         if completion:
-            self._add(places, 1, completion)
+            values[places[1]] += completion
 
     def observe_first_token(self, model: str, seconds: float) -> None:
-        self._observe(self._histogram("tinygw_stream_first_token_seconds", (model,)), seconds)
+        histogram = self._histogram("tinygw_stream_first_token_seconds", (model,))
+        values = self.store.values
+        values[histogram.buckets[bisect_left(DURATION_BUCKETS, seconds)]] += 1.0
+        values[histogram.sum] += seconds
 
     def count_attempt(self, provider: str, provider_model: str, outcome: str) -> None:
-        labels = (provider, provider_model, outcome)
-        index = self._attempts.get(labels)
+        index = self._attempts.get((provider, provider_model, outcome))
         if index is None:
-            index = self._attempts[labels] = self.store.index(("tinygw_upstream_attempts_total", labels, ""))
+            index = self._attempt_place(provider, provider_model, outcome)
         self.store.values[index] += 1.0
 
     def observe_first_byte(self, provider: str, seconds: float) -> None:
-        self._observe(self._first_byte.get(provider) or self._first_byte_series(provider), seconds)
+        histogram = self._first_byte.get(provider) or self._first_byte_series(provider)
+        values = self.store.values
+        values[histogram.buckets[bisect_left(DURATION_BUCKETS, seconds)]] += 1.0
+        values[histogram.sum] += seconds
 
     def count_retry(self, provider: str, provider_model: str, reason: str) -> None:
         self.store.add(("tinygw_provider_retries_total", (provider, provider_model, reason), ""))
@@ -174,46 +202,37 @@ class Metrics:
     def set_listing_up(self, provider: str, up: bool) -> None:
         self.store.set(("tinygw_listing_up", (provider,), ""), 1.0 if up else 0.0)
 
-    def _observe(self, histogram: list, seconds: float) -> None:
-        """One observation: histogram is [each bucket's index or None, ..., the sum's]."""
-        bucket = bisect.bisect_left(DURATION_BUCKETS, seconds)
-        index = histogram[bucket]
-        if index is None:
-            index = histogram[bucket] = self.store.index((*histogram[-1], _LE[bucket]))
-        values = self.store.values  # after index(), which may replace the view
-        values[index] += 1.0
-        values[histogram[-2]] += seconds
+    # ---- each series' places, found at its first use ------------------------------------
 
-    # ---- each series' place, found at its first use -------------------------------------
-
-    def _add(self, places: list, which: int, amount: float) -> None:
-        index = places[which]
-        if index is None:
-            index = places[which] = self.store.index(places[-1][which])
-        self.store.values[index] += amount
-
-    def _histogram(self, name: str, labels: tuple[str, ...]) -> list:
-        """A histogram series' places: a bucket's is taken at its first observation, the
-        sum's now; its (name, labels) last, to name a bucket's key."""
+    def _histogram(self, name: str, labels: tuple[str, ...]) -> _Histogram:
         histogram = self._histograms.get((name, labels))
         if histogram is None:
-            histogram = [None] * len(_LE) + [self.store.index((name, labels, "sum")), (name, labels)]
-            self._histograms[(name, labels)] = histogram
+            buckets = tuple(self.store.index((name, labels, le)) for le in _LE)
+            histogram = self._histograms[(name, labels)] = _Histogram(buckets, self.store.index((name, labels, "sum")))
         return histogram
 
-    def _request_series(self, route: str, model: str, status: int) -> tuple[int, list]:
+    def _request_series(self, route: str, model: str, status: int) -> tuple[int, _Histogram]:
         status_class = _STATUS_CLASS.get(status // 100, "5xx")
         count = self.store.index(("tinygw_requests_total", (route, model, str(status)), ""))
         series = (count, self._histogram("tinygw_request_duration_seconds", (route, model, status_class)))
         self._requests[(route, model, status)] = series
         return series
 
-    def _token_places(self, provider: str, model: str) -> list:
-        keys = tuple(("tinygw_tokens_total", (provider, model, kind), "") for kind in ("prompt", "completion"))
-        places = self._tokens[(provider, model)] = [None, None, keys]
+    def _token_places(self, provider: str, model: str, prompt: int, completion: int) -> list:
+        """[the prompt count's place, the completion count's], each taken at its kind's
+        first count (None until then)."""
+        places = self._tokens.setdefault((provider, model), [None, None])
+        for which, (kind, amount) in enumerate((("prompt", prompt), ("completion", completion))):
+            if amount and places[which] is None:
+                places[which] = self.store.index(("tinygw_tokens_total", (provider, model, kind), ""))
         return places
 
-    def _first_byte_series(self, provider: str) -> list:
+    def _attempt_place(self, provider: str, provider_model: str, outcome: str) -> int:
+        labels = (provider, provider_model, outcome)
+        index = self._attempts[labels] = self.store.index(("tinygw_upstream_attempts_total", labels, ""))
+        return index
+
+    def _first_byte_series(self, provider: str) -> _Histogram:
         histogram = self._first_byte[provider] = self._histogram("tinygw_upstream_first_byte_seconds", (provider,))
         return histogram
 
