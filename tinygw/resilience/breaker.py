@@ -19,7 +19,10 @@ import enum
 import math
 from collections.abc import Callable, Iterable
 
+from msgspec import Struct
+
 from tinygw.config.settings import Breaker as BreakerSettings
+from tinygw.config.settings import Target
 
 
 class State(enum.Enum):
@@ -78,20 +81,18 @@ OnTransition = Callable[["Circuit", State, State], None]
 OnChange = Callable[["Circuit"], None]
 
 
-class Ticket:
-    """Permission for one attempt at `circuit`. `done()` reports its verdict once; later calls are ignored."""
+class Ticket(Struct, gc=False):
+    """Permission for one attempt at `circuit`. `done()` reports its verdict once; later calls are ignored.
+    (A Struct: made in C, once per attempt. No cycle: a circuit keeps no ticket.)"""
 
-    __slots__ = ("circuit", "generation", "probe", "_open")
-
-    def __init__(self, circuit: Circuit, generation: int, probe: bool) -> None:
-        self.circuit = circuit
-        self.generation = generation
-        self.probe = probe
-        self._open = True
+    circuit: Circuit
+    generation: int
+    probe: bool
+    spent: bool = False
 
     def done(self, outcome: Outcome, error: str | None = None) -> None:
-        if self._open:
-            self._open = False
+        if not self.spent:
+            self.spent = True
             self.circuit._done(self, outcome, error)
 
 
@@ -162,13 +163,13 @@ class Circuit:
     def allow(self) -> Ticket | None:
         """A ticket for one attempt, or None: skip this target as if it were open."""
         if self._state is State.CLOSED or not self.enabled:  # the usual answer, without the clock
-            return Ticket(self, self.generation, probe=False)
+            return Ticket(self, self.generation, False)
         state = self.state()
         if state is State.CLOSED:
-            return Ticket(self, self.generation, probe=False)
+            return Ticket(self, self.generation, False)
         if state is State.HALF_OPEN and self._probe_free():
             self.probes_in_flight += 1
-            return Ticket(self, self.generation, probe=True)
+            return Ticket(self, self.generation, True)
         return None
 
     def _done(self, ticket: Ticket, outcome: Outcome, error: str | None) -> None:
@@ -256,9 +257,12 @@ class Breakers:
         self._on_change = on_change
         self._circuits: dict[tuple[str, str], Circuit] = {}
         self._per_provider: dict[str, int] = {}  # circuits made on demand, per provider
-        # The configured targets' circuits exist from the start and never share one.
+        # The configured targets' circuits exist from the start and never share one; found
+        # by their Target too, in one lookup (`of_target`).
+        self._configured: dict[Target, Circuit] = {}
         for provider, provider_model in configured:
-            self._circuits[(provider, provider_model)] = self._make(provider, provider_model)
+            circuit = self._circuits[(provider, provider_model)] = self._make(provider, provider_model)
+            self._configured[Target(provider, provider_model)] = circuit
 
     def _make(self, provider: str, provider_model: str) -> Circuit:
         circuit = Circuit(provider, provider_model, self.settings, self._clock, self._on_transition, self._on_change)
@@ -277,6 +281,11 @@ class Breakers:
             self._circuits[key] = circuit
             self._per_provider[provider] = self._per_provider.get(provider, 0) + 1
         return circuit
+
+    def of_target(self, target: Target) -> Circuit:
+        """The circuit of `target`: `circuit(target.provider, target.upstream_model)`."""
+        circuit = self._configured.get(target)
+        return circuit if circuit is not None else self.circuit(target.provider, target.upstream_model)
 
     def of_provider(self, provider: str) -> list[Circuit]:
         return [c for (p, _), c in self._circuits.items() if p == provider]
