@@ -68,7 +68,9 @@ class Resolution(Struct, frozen=True):
     # free-form name would otherwise let it mint new metric series without bound).
     model: str
     targets: tuple[Target, ...]  # in the model's configured order, usable on this route
-    alias: Model | None = None  # the configured model, whose strategy orders the targets
+    # The configured model, whose strategy orders the targets per request; None when their
+    # order is fixed (one target, or `failover`: the configured order, as `targets` are).
+    alias: Model | None = None
 
 
 def resolve(settings: Settings, route: Route, model: str) -> Resolution | None:
@@ -86,7 +88,10 @@ def resolve(settings: Settings, route: Route, model: str) -> Resolution | None:
     if any(t.upstream_model == WILDCARD for t in alias.targets):
         alias = Model(name=alias.name, targets=tuple(as_sent(t, model) for t in alias.targets), strategy=alias.strategy)
     targets = tuple(t for t in alias.targets if settings.providers[t.provider].doc.api == route.api)
-    return Resolution(alias.name, targets, alias) if targets else None
+    if not targets:
+        return None
+    ordered = len(alias.targets) > 1 and alias.strategy != "failover"  # as Strategies.order decides
+    return Resolution(alias.name, targets, alias if ordered else None)
 
 
 class Resolver:
