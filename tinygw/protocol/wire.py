@@ -92,7 +92,7 @@ def rewrite_model(body: bytes, requested: str, upstream: str) -> bytes:
 # Hop-by-hop headers and the ones the gateway sets itself (tinygw.headers, one policy
 # with the configuration's).
 HOP_BY_HOP = frozenset(name.encode() for name in _HOP_BY_HOP_NAMES)
-_NOT_FORWARDED = frozenset(name.encode() for name in GATEWAY_HEADERS)
+NOT_FORWARDED = frozenset(name.encode() for name in GATEWAY_HEADERS)
 # A provider's answer reaches the client with these headers only (docs/design.md section 10):
 # never its cookies, HSTS, CORS, a redirect's target, or headers that look like the
 # gateway's own (x-tinygw-*). Framing headers are the gateway's to set.
@@ -119,10 +119,13 @@ def _named_by_connection(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]
     return frozenset(n.strip().lower() for v in names for n in v.split(b","))
 
 
-def forward_headers(client_headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """The client's headers that go on to a provider: never its credentials."""
+def forward_headers(
+    client_headers: list[tuple[bytes, bytes]], not_forwarded: frozenset[bytes] = NOT_FORWARDED
+) -> list[tuple[bytes, bytes]]:
+    """The client's headers that go on to a provider: never its credentials, nor any
+    named in `not_forwarded` (NOT_FORWARDED and, for some providers, their key header)."""
     names = list(map(_NAME_OF, client_headers))
-    drop = _NOT_FORWARDED | _named_by_connection(client_headers) if b"connection" in names else _NOT_FORWARDED
+    drop = not_forwarded | _named_by_connection(client_headers) if b"connection" in names else not_forwarded
     # Each header kept unless its name is in `drop`, in C (no Python step per header).
     return list(compress(client_headers, map(not_, map(drop.__contains__, names))))
 
