@@ -76,6 +76,8 @@ class IllegalTransition(RuntimeError):
 # without bound.
 MAX_CIRCUITS_PER_PROVIDER = 256
 
+_SUCCESS, _CLOSED = Outcome.SUCCESS, State.CLOSED  # each one a global lookup, for Ticket.done
+
 Clock = Callable[[], float]
 OnTransition = Callable[["Circuit", State, State], None]
 OnChange = Callable[["Circuit"], None]
@@ -91,9 +93,15 @@ class Ticket(Struct, gc=False):
     spent: bool = False
 
     def done(self, outcome: Outcome, error: str | None = None) -> None:
-        if not self.spent:
-            self.spent = True
-            self.circuit._done(self, outcome, error)
+        if self.spent:
+            return
+        self.spent = True
+        circuit = self.circuit
+        if self.generation != circuit.generation:
+            return  # admitted before the last transition: it cannot move the new state
+        if outcome is _SUCCESS and circuit._state is _CLOSED and not circuit.failures:
+            return  # the usual verdict, which changes nothing
+        circuit._done(self, outcome, error)
 
 
 class Circuit:
@@ -173,12 +181,11 @@ class Circuit:
         return None
 
     def _done(self, ticket: Ticket, outcome: Outcome, error: str | None) -> None:
-        if ticket.generation != self.generation:
-            return  # admitted before the last transition: it cannot move the new state
-        if outcome is Outcome.SUCCESS and self._state is State.CLOSED:  # the usual verdict
-            if self.failures:
-                self.failures = 0
-                self._changed()
+        """The verdict of an attempt admitted in this generation, unless it is the usual
+        one that changes nothing (Ticket.done sorts both out)."""
+        if outcome is Outcome.SUCCESS and self._state is State.CLOSED:  # after failures: the count resets
+            self.failures = 0
+            self._changed()
             return
         if outcome is Outcome.FAILURE and error:
             self.last_error = error
