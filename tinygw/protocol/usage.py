@@ -53,18 +53,11 @@ class _Event(Struct):
     response: _Holder | None = None  # the Responses API's response.completed
 
 
-_decode_body = msgspec.json.Decoder(Body)
+# The `error` and `usage` of a JSON object body; raises msgspec.MsgspecError (or
+# RecursionError) when it cannot be read so: the caller then judges `error` alone.
+decode_body = msgspec.json.Decoder(Body).decode
 _decode_event = msgspec.json.Decoder(_Event)
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')  # not `"usage": null`, as OpenAI's chunks carry
-
-
-def of_body(body: bytes) -> Body | None:
-    """The `error` and `usage` of a JSON object body, or None when it cannot be read
-    so (then the caller judges `error` alone)."""
-    try:
-        return _decode_body.decode(body)
-    except (msgspec.MsgspecError, RecursionError):
-        return None
 
 
 def of_event(event: bytes) -> Usage | None:
