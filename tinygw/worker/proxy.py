@@ -98,8 +98,10 @@ def _admit(breakers: Breakers, targets: Sequence[Target], start: int) -> tuple[i
 async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, send: Send, record: Record) -> None:
     """Forward `inbound` and answer the client. `record` is kept up to date as it goes,
     so that it tells what happened even when the client leaves halfway."""
-    targets = _ordered_targets(gateway, resolution)
-    index, ticket = _admit(gateway.breakers, targets, 0)
+    targets = resolution.targets if resolution.alias is None else _ordered_targets(gateway, resolution)
+    index, ticket = 0, gateway.breakers.of_target(targets[0]).allow()  # the usual: the first target's circuit admits
+    if ticket is None:
+        index, ticket = _admit(gateway.breakers, targets, 1)
     if ticket is None:  # every circuit refused: each one is named by the 503's wait
         skipped = [gateway.breakers.of_target(target) for target in targets]
         return await _send_circuit_open(send, record, skipped, resolution)
@@ -207,36 +209,29 @@ async def _make_attempt(
     return attempt
 
 
-def _upstream_request(upstream: Upstream, inbound: Inbound, target: Target, key_index: int):
-    """(path, headers, body) of the request to `upstream`: the parts worked out once per
-    provider (tinygw.worker.gateway) with the client's."""
-    path = upstream.paths.get(inbound.route.upstream_path) or upstream.path(inbound.route.upstream_path)
-    if inbound.query or upstream.query:
-        path = upstream.target(path, inbound.query)
-    headers = forward_headers(inbound.headers, upstream.not_forwarded)
-    headers += upstream.fixed_headers[key_index]
-    if inbound.request_id:
-        headers.append((b"x-request-id", inbound.request_id))
-    return path, headers, rewrite_model(inbound.body, inbound.model, target.upstream_model)
-
-
 async def _attempt(
     gateway: Gateway, upstream: Upstream, inbound: Inbound, target: Target, send: Send, record: Record
 ) -> Attempt:
     """Send the request and take the answer: a stream is relayed (tinygw.worker.relay),
-    any other answer is held and judged, and sent when it is a success."""
+    any other answer is held and judged (`_judged`), and sent when it is a success. The
+    request is the client's with the provider's parts (worked out once: tinygw.worker.gateway)."""
     started = gateway.clock()
     key_index = upstream.keys.pick(started)
-    path, headers, body = _upstream_request(upstream, inbound, target, key_index)
+    path = upstream.paths.get(inbound.route.upstream_path) or upstream.path(inbound.route.upstream_path)
+    if inbound.query or upstream.query:
+        path = upstream.target(path, inbound.query)
+    headers = forward_headers(inbound.headers, upstream.not_forwarded) + upstream.fixed_headers[key_index]
+    if inbound.request_id:
+        headers.append((b"x-request-id", inbound.request_id))
+    body = rewrite_model(inbound.body, inbound.model, target.upstream_model)
     try:
         response = await upstream.pool.request(b"POST", path, headers, body)
     except errors.UpstreamError as e:
         return Attempt(outcome.of_error(e), e.cause, error=e)
     elapsed = gateway.clock() - started
     gateway.metrics.observe_first_byte(target.provider, elapsed)
-    status = response.status
     content_type = header(response.headers, b"content-type") or b""
-    if inbound.stream and status == 200 and content_type.startswith(b"text/event-stream"):
+    if inbound.stream and response.status == 200 and content_type.startswith(b"text/event-stream"):
         try:
             return await Relay(response, send, record, target, gateway.loop or asyncio.get_running_loop()).run()
         finally:
@@ -245,21 +240,34 @@ async def _attempt(
         data, ended = await response.read_upto(HOLD_BYTES)
     except errors.UpstreamError as e:
         return Attempt(outcome.of_error(e), e.cause, error=e)
+    attempt, answer = _judged(record, response, data, ended, content_type, elapsed)
+    if attempt.verdict.outcome is Outcome.SUCCESS:  # final: the client gets it
+        attempt.committed = True
+        if answer.rest is None:  # held whole: two messages, and nothing left to read
+            await _send_held(send, record, answer, f"{target.provider}:{attempt.label}")
+        else:
+            await _commit(send, record, attempt, answer, f"{target.provider}:{attempt.label}")
+    elif response.status == 429:
+        _rest_key(gateway, upstream, key_index, attempt, response)
+    return attempt
+
+
+def _judged(
+    record: Record, response: Response, data: bytes, ended: bool, content_type: bytes, elapsed: float
+) -> tuple[Attempt, Answer]:
+    """The attempt whose answer is `data` (all of it when `ended`, else its beginning),
+    and that answer: a 200 carrying an error is a failure, sent to the client as a 502
+    if it is the last; a success's reported usage is counted."""
+    status = response.status
     answer = Answer(status, relay_headers(response.headers), data, None if ended else response)
     if status == 200 and ended and (b"json" in content_type or not content_type):
         failed, reported = outcome.judge(data)
         if failed:
-            answer.status = 502  # a 200 carrying an error is a failure; the client gets 502
-            return Attempt(outcome.ERROR_IN_BODY, "200+error", answer=answer)
+            answer.status = 502
+            return Attempt(outcome.ERROR_IN_BODY, "200+error", answer=answer), answer
         if reported is not None:  # a 200 is a success: its answer is sent, and its tokens count
             record.counted(reported)
-    label = str(status)
-    attempt = Attempt(outcome.of_status(status, elapsed), label, answer=answer)
-    if status == 429:
-        _rest_key(gateway, upstream, key_index, attempt, response)
-    elif attempt.verdict.outcome is Outcome.SUCCESS:
-        await _commit(send, record, attempt, answer, f"{target.provider}:{label}")
-    return attempt
+    return Attempt(outcome.of_status(status, elapsed), str(status), answer=answer), answer
 
 
 def _rest_key(gateway: Gateway, upstream: Upstream, key_index: int, attempt: Attempt, response: Response) -> None:
@@ -271,10 +279,8 @@ def _rest_key(gateway: Gateway, upstream: Upstream, key_index: int, attempt: Att
 
 
 async def _commit(send: Send, record: Record, attempt: Attempt, answer: Answer, current: str) -> None:
-    """Send a successful attempt's answer: it is final. An answer cut short is a failure."""
-    attempt.committed = True
-    if answer.rest is None:  # held whole: sent in two messages, nothing of it can fail
-        return await _send_held(send, record, answer, current)
+    """Send a successful attempt's answer that was too large to hold: it is final. An
+    answer cut short is a failure."""
     try:
         sent = await _send_answer(send, record, answer, current)
     except BaseException:  # the client left (or send failed) while a large answer was relayed
