@@ -202,8 +202,7 @@ async def _make_attempt(
             gateway.metrics.count_attempt(circuit.provider, circuit.provider_model, "client_closed")
         raise
     label = attempt.label
-    verdict = attempt.verdict.outcome
-    ticket.done(verdict, label if verdict is Outcome.FAILURE else None)
+    ticket.done(attempt.verdict.outcome, label)  # the circuit keeps a failure's label as its last error
     record.attempt_ended(target, label)
     gateway.metrics.count_attempt(circuit.provider, circuit.provider_model, label)
     return attempt
@@ -265,8 +264,9 @@ def _judged(
         if failed:
             answer.status = 502
             return Attempt(outcome.ERROR_IN_BODY, "200+error", answer=answer), answer
-        if reported is not None:  # a 200 is a success: its answer is sent, and its tokens count
+        if reported is not None:  # its answer is sent, and its tokens count
             record.counted(reported)
+        return Attempt(outcome.SUCCESS, "200", answer=answer), answer  # what of_status says of a 200
     return Attempt(outcome.of_status(status, elapsed), str(status), answer=answer), answer
 
 
