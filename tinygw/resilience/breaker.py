@@ -84,8 +84,9 @@ OnChange = Callable[["Circuit"], None]
 
 
 class Ticket(Struct, gc=False):
-    """Permission for one attempt at `circuit`. `done()` reports its verdict once; later calls are ignored.
-    (A Struct: made in C, once per attempt. No cycle: a circuit keeps no ticket.)"""
+    """Permission for one attempt at `circuit`. `done()` reports its verdict once (with the
+    attempt's label, kept as the circuit's last error when it is a failure); later calls
+    are ignored. (A Struct: made in C, once per attempt. No cycle: a circuit keeps no ticket.)"""
 
     circuit: Circuit
     generation: int
