@@ -8,13 +8,14 @@ replacing its bytes in place when that is unambiguous, and by re-encoding otherw
 from __future__ import annotations
 
 import math
-import os
 import re
 import time
+from binascii import hexlify
 from datetime import UTC
 from email.utils import parsedate_to_datetime
 from itertools import compress
 from operator import itemgetter, not_
+from os import urandom
 
 import msgspec
 
@@ -145,7 +146,8 @@ _SANE_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 
 
 def new_request_id() -> bytes:
-    return os.urandom(8).hex().encode()
+    """16 hex digits, random."""
+    return hexlify(urandom(8))
 
 
 def request_id(client_headers: list[tuple[bytes, bytes]]) -> bytes:
@@ -154,7 +156,7 @@ def request_id(client_headers: list[tuple[bytes, bytes]]) -> bytes:
     given = dict(reversed(client_headers)).get(b"x-request-id")  # header(), inline: once per request
     if given is not None and _SANE_REQUEST_ID.fullmatch(given):
         return given
-    return os.urandom(8).hex().encode()  # new_request_id(), inline
+    return hexlify(urandom(8))  # new_request_id(), inline
 
 
 def header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
