@@ -102,9 +102,9 @@ async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, se
     index, ticket = 0, gateway.breakers.of_target(targets[0]).allow()  # the usual: the first target's circuit admits
     if ticket is None:
         index, ticket = _admit(gateway.breakers, targets, 1)
-    if ticket is None:  # every circuit refused: each one is named by the 503's wait
-        skipped = [gateway.breakers.of_target(target) for target in targets]
-        return await _send_circuit_open(send, record, skipped, resolution)
+        if ticket is None:  # every circuit refused: each one is named by the 503's wait
+            skipped = [gateway.breakers.of_target(target) for target in targets]
+            return await _send_circuit_open(send, record, skipped, resolution)
     attempt = None
     try:
         attempt = await _make_attempt(gateway, inbound, targets[index], ticket, send, record)
@@ -212,7 +212,7 @@ async def _attempt(
     gateway: Gateway, upstream: Upstream, inbound: Inbound, target: Target, send: Send, record: Record
 ) -> Attempt:
     """Send the request and take the answer: a stream is relayed (tinygw.worker.relay),
-    any other answer is held and judged (`_judged`), and sent when it is a success. The
+    any other answer is held and judged, and sent when it is a success. The
     request is the client's with the provider's parts (worked out once: tinygw.worker.gateway)."""
     started = gateway.clock()
     key_index = upstream.keys.pick(started)
@@ -239,35 +239,27 @@ async def _attempt(
         data, ended = await response.read_upto(HOLD_BYTES)
     except errors.UpstreamError as e:
         return Attempt(outcome.of_error(e), e.cause, error=e)
-    attempt, answer = _judged(record, response, data, ended, content_type, elapsed)
+    status = response.status
+    answer = Answer(status, relay_headers(response.headers), data, None if ended else response)
+    if status == 200 and ended and (b"json" in content_type or not content_type):
+        failed, reported = outcome.judge(data)
+        if failed:  # a 200 carrying an error is a failure; the client gets 502 if it is the last
+            answer.status = 502
+            return Attempt(outcome.ERROR_IN_BODY, "200+error", answer=answer)
+        if reported is not None:  # its answer is sent, and its tokens count
+            record.counted(reported)
+        attempt = Attempt(outcome.SUCCESS, "200", answer=answer)  # what of_status says of a 200
+    else:
+        attempt = Attempt(outcome.of_status(status, elapsed), str(status), answer=answer)
     if attempt.verdict.outcome is Outcome.SUCCESS:  # final: the client gets it
         attempt.committed = True
         if answer.rest is None:  # held whole: two messages, and nothing left to read
             await _send_held(send, record, answer, f"{target.provider}:{attempt.label}")
         else:
             await _commit(send, record, attempt, answer, f"{target.provider}:{attempt.label}")
-    elif response.status == 429:
+    elif status == 429:
         _rest_key(gateway, upstream, key_index, attempt, response)
     return attempt
-
-
-def _judged(
-    record: Record, response: Response, data: bytes, ended: bool, content_type: bytes, elapsed: float
-) -> tuple[Attempt, Answer]:
-    """The attempt whose answer is `data` (all of it when `ended`, else its beginning),
-    and that answer: a 200 carrying an error is a failure, sent to the client as a 502
-    if it is the last; a success's reported usage is counted."""
-    status = response.status
-    answer = Answer(status, relay_headers(response.headers), data, None if ended else response)
-    if status == 200 and ended and (b"json" in content_type or not content_type):
-        failed, reported = outcome.judge(data)
-        if failed:
-            answer.status = 502
-            return Attempt(outcome.ERROR_IN_BODY, "200+error", answer=answer), answer
-        if reported is not None:  # its answer is sent, and its tokens count
-            record.counted(reported)
-        return Attempt(outcome.SUCCESS, "200", answer=answer), answer  # what of_status says of a 200
-    return Attempt(outcome.of_status(status, elapsed), str(status), answer=answer), answer
 
 
 def _rest_key(gateway: Gateway, upstream: Upstream, key_index: int, attempt: Attempt, response: Response) -> None:
