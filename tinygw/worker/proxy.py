@@ -62,7 +62,7 @@ class Inbound(Struct, frozen=True):
     body: bytes
     headers: list[tuple[bytes, bytes]]
     query: bytes
-    request_id: bytes = b""  # sent upstream as x-request-id
+    request_id: bytes  # the request's id (tinygw.worker.record), sent upstream as x-request-id
 
 
 class Retry(enum.Enum):
@@ -105,19 +105,12 @@ async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, se
         if ticket is None:  # every circuit refused: each one is named by the 503's wait
             skipped = [gateway.breakers.of_target(target) for target in targets]
             return await _send_circuit_open(send, record, skipped, resolution)
-    attempt = None
-    try:
-        attempt = await _make_attempt(gateway, inbound, targets[index], ticket, send, record)
-        if not attempt.committed:  # else the usual end: the first attempt's answer was sent
-            attempt, index = await _attempts_after(gateway, inbound, targets, index, ticket, attempt, send, record)
-            if not attempt.committed:
-                await _send_final(send, record, attempt, targets[index])
-    finally:  # whatever ended the request, no provider answer is left half-read
-        if attempt is not None and attempt.answer is not None and attempt.answer.rest is not None:
-            await attempt.answer.discard()
+    attempt = await _make_attempt(gateway, inbound, targets[index], ticket, send, record)
+    if not attempt.committed:  # else the usual end: the first attempt's answer was sent
+        await _after_first(gateway, inbound, targets, index, ticket, attempt, send, record)
 
 
-async def _attempts_after(
+async def _after_first(
     gateway: Gateway,
     inbound: Inbound,
     targets: Sequence[Target],
@@ -126,23 +119,27 @@ async def _attempts_after(
     attempt: Attempt,
     send: Send,
     record: Record,
-) -> tuple[Attempt, int]:
-    """The attempts that follow a first one that was not final, while any is allowed:
-    the last attempt made, and the index of its target. An attempt that is not returned
-    is discarded here; the caller discards the returned one's answer."""
+) -> None:
+    """A first attempt (`attempt`, at `targets[index]`, admitted by `ticket`) was not
+    final: the attempts that follow while any is allowed, then the last one's answer, or
+    why there is none. Whatever ends the request, no provider answer is left half-read."""
     quick_retry_used = False
-    for _ in range(gateway.settings.routing.max_attempts - 1):  # the attempts left
-        if attempt.committed:
-            break
-        following = await _next_attempt(gateway, targets, index, ticket.circuit, attempt, quick_retry_used)
-        if following is None:
-            break
-        retry, index, ticket = following
-        quick_retry_used = quick_retry_used or retry is Retry.QUICK
-        await attempt.discard()
-        _count_retry(gateway, targets[index], ticket.circuit, retry, attempt.label)
-        attempt = await _make_attempt(gateway, inbound, targets[index], ticket, send, record)
-    return attempt, index
+    try:
+        for _ in range(gateway.settings.routing.max_attempts - 1):  # the attempts left
+            if attempt.committed:
+                return
+            following = await _next_attempt(gateway, targets, index, ticket.circuit, attempt, quick_retry_used)
+            if following is None:
+                break
+            retry, index, ticket = following
+            quick_retry_used = quick_retry_used or retry is Retry.QUICK
+            await attempt.discard()
+            _count_retry(gateway, targets[index], ticket.circuit, retry, attempt.label)
+            attempt = await _make_attempt(gateway, inbound, targets[index], ticket, send, record)
+        if not attempt.committed:
+            await _send_final(send, record, attempt, targets[index])
+    finally:
+        await attempt.discard()  # safe twice, and once the answer was read to its end
 
 
 async def _next_attempt(
@@ -219,9 +216,11 @@ async def _attempt(
     path = upstream.paths.get(inbound.route.upstream_path) or upstream.path(inbound.route.upstream_path)
     if inbound.query or upstream.query:
         path = upstream.target(path, inbound.query)
-    headers = forward_headers(inbound.headers, upstream.not_forwarded) + upstream.fixed_headers[key_index]
-    if inbound.request_id:
-        headers.append((b"x-request-id", inbound.request_id))
+    headers = [
+        *forward_headers(inbound.headers, upstream.not_forwarded),
+        *upstream.fixed_headers[key_index],
+        (b"x-request-id", inbound.request_id),
+    ]
     body = rewrite_model(inbound.body, inbound.model, target.upstream_model)
     try:
         response = await upstream.pool.request(b"POST", path, headers, body)
