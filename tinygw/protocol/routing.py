@@ -107,17 +107,14 @@ class Resolver:
         self._known: dict[tuple[str, str], Resolution | None] = {}
 
     def resolve(self, route: Route, model: str) -> Resolution | None:
-        key = (route.api, model)
-        known = self._known.get(key, _UNKNOWN)
-        if known is not _UNKNOWN:
-            return known
+        try:
+            return self._known[(route.api, model)]
+        except KeyError:  # not worked out yet, or a name that is not kept
+            pass
         resolution = resolve(self._settings, route, model)
         if model in self._settings.models:
-            self._known[key] = resolution
+            self._known[(route.api, model)] = resolution
         return resolution
-
-
-_UNKNOWN = Resolution("", ())  # no name is resolved to this: not yet worked out
 
 
 def matching_pattern(models: dict[str, Model], model: str) -> Model | None:
