@@ -29,11 +29,17 @@ class Usage(Struct):
     input_tokens: Count | None = None
     output_tokens: Count | None = None
 
+    def tokens(self) -> Tokens:
+        """The prompt and completion tokens reported, in either API's names (0 when absent)."""
+        prompt = self.prompt_tokens if self.prompt_tokens is not None else self.input_tokens or 0
+        completion = self.completion_tokens if self.completion_tokens is not None else self.output_tokens or 0
+        return Tokens(prompt, completion)
+
     def prompt(self) -> int:
-        return self.prompt_tokens if self.prompt_tokens is not None else self.input_tokens or 0
+        return self.tokens().prompt
 
     def completion(self) -> int:
-        return self.completion_tokens if self.completion_tokens is not None else self.output_tokens or 0
+        return self.tokens().completion
 
 
 class _Holder(Struct):
@@ -87,5 +93,6 @@ class Tokens(Struct):
 
     def add(self, usage: Usage | None) -> None:
         if usage is not None:
-            self.prompt = max(self.prompt, usage.prompt())
-            self.completion = max(self.completion, usage.completion())
+            reported = usage.tokens()
+            self.prompt = max(self.prompt, reported.prompt)
+            self.completion = max(self.completion, reported.completion)
