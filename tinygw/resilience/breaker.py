@@ -76,7 +76,7 @@ class IllegalTransition(RuntimeError):
 # without bound.
 MAX_CIRCUITS_PER_PROVIDER = 256
 
-_SUCCESS, _CLOSED = Outcome.SUCCESS, State.CLOSED  # each one a global lookup, for Ticket.done
+_SUCCESS, _CLOSED = Outcome.SUCCESS, State.CLOSED  # one global lookup each, for the usual attempt
 
 Clock = Callable[[], float]
 OnTransition = Callable[["Circuit", State, State], None]
@@ -171,7 +171,7 @@ class Circuit:
 
     def allow(self) -> Ticket | None:
         """A ticket for one attempt, or None: skip this target as if it were open."""
-        if self._state is State.CLOSED or not self.enabled:  # the usual answer, without the clock
+        if self._state is _CLOSED or not self.enabled:  # the usual answer, without the clock
             return Ticket(self, self.generation, False)
         state = self.state()
         if state is State.CLOSED:
