@@ -292,8 +292,10 @@ class Breakers:
 
     def of_target(self, target: Target) -> Circuit:
         """The circuit of `target`: `circuit(target.provider, target.upstream_model)`."""
-        circuit = self._configured.get(target)
-        return circuit if circuit is not None else self.circuit(target.provider, target.upstream_model)
+        try:
+            return self._configured[target]
+        except KeyError:  # a name as sent, or a provider-qualified one: made on demand
+            return self.circuit(target.provider, target.upstream_model)
 
     def of_provider(self, provider: str) -> list[Circuit]:
         return [c for (p, _), c in self._circuits.items() if p == provider]
