@@ -252,10 +252,12 @@ async def _attempt(
         attempt = Attempt(outcome.of_status(status, elapsed), str(status), answer=answer)
     if attempt.verdict.outcome is Outcome.SUCCESS:  # final: the client gets it
         attempt.committed = True
-        if answer.rest is None:  # held whole: two messages, and nothing left to read
-            await _send_held(send, record, answer, f"{target.provider}:{attempt.label}")
+        current = f"{target.provider}:{attempt.label}"
+        if answer.rest is None:  # held whole: two messages (as _send_held), and nothing left to read
+            await send(record.head(status, [*answer.headers, (b"content-length", b"%d" % len(data))], current))
+            await send({"type": "http.response.body", "body": data})
         else:
-            await _commit(send, record, attempt, answer, f"{target.provider}:{attempt.label}")
+            await _commit(send, record, attempt, answer, current)
     elif status == 429:
         _rest_key(gateway, upstream, key_index, attempt, response)
     return attempt
