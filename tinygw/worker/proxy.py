@@ -228,7 +228,7 @@ async def _attempt(
         return Attempt(outcome.of_error(e), e.cause, error=e)
     elapsed = gateway.clock() - started
     gateway.metrics.observe_first_byte(target.provider, elapsed)
-    content_type = header(response.headers, b"content-type") or b""
+    content_type = dict(reversed(response.headers)).get(b"content-type", b"")  # header(), inline
     if inbound.stream and response.status == 200 and content_type.startswith(b"text/event-stream"):
         try:
             return await Relay(response, send, record, target, gateway.loop or asyncio.get_running_loop()).run()
