@@ -65,6 +65,10 @@ def read_head(body: bytes) -> RequestHead:
 # `"model"` as a key, at any depth, followed by its string value. Inside a JSON string
 # every quote is escaped, so an unescaped match is always real JSON structure.
 _MODEL_PAIR = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.)*)"')
+# A letter of `model` written as an escape (`"mod\u0065l"` is the key `model` too): a body
+# with one may hold a second `model` key that no byte search sees, which a provider's
+# parser might take instead of the rewritten one. Such a body is re-encoded (one key).
+_MODEL_LETTER_ESCAPE = re.compile(rb"\\u006[45cdfCDF]")  # d e l m o
 
 
 def rewrite_model(body: bytes, requested: str, upstream: str) -> bytes:
@@ -74,7 +78,11 @@ def rewrite_model(body: bytes, requested: str, upstream: str) -> bytes:
     # The depth msgspec accepts is the interpreter's recursion limit less the stack in
     # use: a body read fine by read_head may be too deep here, a few frames further down.
     try:
-        if body.count(b'"model"') == 1 and (match := _MODEL_PAIR.search(body)) is not None:
+        if (
+            body.count(b'"model"') == 1
+            and (match := _MODEL_PAIR.search(body)) is not None
+            and _MODEL_LETTER_ESCAPE.search(body) is None
+        ):
             spliced = body[: match.start(1)] + _encode.encode(upstream)[1:-1] + body[match.end(1) :]
             if _decode_head.decode(spliced).model == upstream:
                 return spliced
