@@ -199,6 +199,22 @@ def test_body_is_forwarded_unchanged_but_for_the_model(gateway, fake):
     assert fake.requests[0].body == raw.replace(b'"gpt-x"', b'"upstream-gpt"')
 
 
+def test_a_second_model_key_spelled_with_escapes_never_reaches_the_provider(gateway, fake):
+    """`"mod\\u0065l"` is also the key `model`: a body with it and `"model"` names two models,
+    of which the gateway reads the last (the alias it routes). The provider must get one
+    `model`, the alias's upstream model, whichever duplicate its JSON parser would keep."""
+    for raw in (
+        b'{"mod\\u0065l": "gpt-other", "model": "gpt-x", "n": 1}',
+        b'{"m\\u006fdel": "gpt-other", "messages": [], "model": "gpt-x"}',
+    ):
+        fake.requests.clear()
+        status, _, _ = call("POST", f"{gateway.url}/v1/chat/completions", raw, headers=auth())
+        assert status == 200
+        sent = fake.requests[0].body
+        models = json.loads(sent, object_pairs_hook=lambda pairs: [v for k, v in pairs if k == "model"])
+        assert models == ["upstream-gpt"], sent
+
+
 def test_provider_error_is_passed_through(gateway, fake):
     fake.script = lambda r: json_reply(
         400,

@@ -68,7 +68,9 @@ class Resolution(Struct, frozen=True):
     # free-form name would otherwise let it mint new metric series without bound).
     model: str
     targets: tuple[Target, ...]  # in the model's configured order, usable on this route
-    alias: Model | None = None  # the configured model, whose strategy orders the targets
+    # The configured model, whose strategy orders the targets per request; None when their
+    # order is fixed (one target, or `failover`: the configured order, as `targets` are).
+    alias: Model | None = None
 
 
 def resolve(settings: Settings, route: Route, model: str) -> Resolution | None:
@@ -86,7 +88,10 @@ def resolve(settings: Settings, route: Route, model: str) -> Resolution | None:
     if any(t.upstream_model == WILDCARD for t in alias.targets):
         alias = Model(name=alias.name, targets=tuple(as_sent(t, model) for t in alias.targets), strategy=alias.strategy)
     targets = tuple(t for t in alias.targets if settings.providers[t.provider].doc.api == route.api)
-    return Resolution(alias.name, targets, alias) if targets else None
+    if not targets:
+        return None
+    ordered = len(alias.targets) > 1 and alias.strategy != "failover"  # as Strategies.order decides
+    return Resolution(alias.name, targets, alias if ordered else None)
 
 
 class Resolver:
@@ -102,17 +107,14 @@ class Resolver:
         self._known: dict[tuple[str, str], Resolution | None] = {}
 
     def resolve(self, route: Route, model: str) -> Resolution | None:
-        key = (route.api, model)
-        known = self._known.get(key, _UNKNOWN)
-        if known is not _UNKNOWN:
-            return known
+        try:
+            return self._known[(route.api, model)]
+        except KeyError:  # not worked out yet, or a name that is not kept
+            pass
         resolution = resolve(self._settings, route, model)
         if model in self._settings.models:
-            self._known[key] = resolution
+            self._known[(route.api, model)] = resolution
         return resolution
-
-
-_UNKNOWN = Resolution("", ())  # no name is resolved to this: not yet worked out
 
 
 def matching_pattern(models: dict[str, Model], model: str) -> Model | None:

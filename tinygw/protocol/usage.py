@@ -29,11 +29,17 @@ class Usage(Struct):
     input_tokens: Count | None = None
     output_tokens: Count | None = None
 
+    def tokens(self) -> Tokens:
+        """The prompt and completion tokens reported, in either API's names (0 when absent)."""
+        prompt = self.prompt_tokens if self.prompt_tokens is not None else self.input_tokens or 0
+        completion = self.completion_tokens if self.completion_tokens is not None else self.output_tokens or 0
+        return Tokens(prompt, completion)
+
     def prompt(self) -> int:
-        return self.prompt_tokens if self.prompt_tokens is not None else self.input_tokens or 0
+        return self.tokens().prompt
 
     def completion(self) -> int:
-        return self.completion_tokens if self.completion_tokens is not None else self.output_tokens or 0
+        return self.tokens().completion
 
 
 class _Holder(Struct):
@@ -53,18 +59,11 @@ class _Event(Struct):
     response: _Holder | None = None  # the Responses API's response.completed
 
 
-_decode_body = msgspec.json.Decoder(Body)
+# The `error` and `usage` of a JSON object body; raises msgspec.MsgspecError (or
+# RecursionError) when it cannot be read so: the caller then judges `error` alone.
+decode_body = msgspec.json.Decoder(Body).decode
 _decode_event = msgspec.json.Decoder(_Event)
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')  # not `"usage": null`, as OpenAI's chunks carry
-
-
-def of_body(body: bytes) -> Body | None:
-    """The `error` and `usage` of a JSON object body, or None when it cannot be read
-    so (then the caller judges `error` alone)."""
-    try:
-        return _decode_body.decode(body)
-    except (msgspec.MsgspecError, RecursionError):
-        return None
 
 
 def of_event(event: bytes) -> Usage | None:
@@ -94,5 +93,6 @@ class Tokens(Struct):
 
     def add(self, usage: Usage | None) -> None:
         if usage is not None:
-            self.prompt = max(self.prompt, usage.prompt())
-            self.completion = max(self.completion, usage.completion())
+            reported = usage.tokens()
+            self.prompt = max(self.prompt, reported.prompt)
+            self.completion = max(self.completion, reported.completion)

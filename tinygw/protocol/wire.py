@@ -8,13 +8,14 @@ replacing its bytes in place when that is unambiguous, and by re-encoding otherw
 from __future__ import annotations
 
 import math
-import os
 import re
 import time
+from binascii import hexlify
 from datetime import UTC
 from email.utils import parsedate_to_datetime
 from itertools import compress
 from operator import itemgetter, not_
+from os import urandom
 
 import msgspec
 
@@ -64,6 +65,10 @@ def read_head(body: bytes) -> RequestHead:
 # `"model"` as a key, at any depth, followed by its string value. Inside a JSON string
 # every quote is escaped, so an unescaped match is always real JSON structure.
 _MODEL_PAIR = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.)*)"')
+# A letter of `model` written as an escape (`"mod\u0065l"` is the key `model` too): a body
+# with one may hold a second `model` key that no byte search sees, which a provider's
+# parser might take instead of the rewritten one. Such a body is re-encoded (one key).
+_MODEL_LETTER_ESCAPE = re.compile(rb"\\u006[45cdfCDF]")  # d e l m o
 
 
 def rewrite_model(body: bytes, requested: str, upstream: str) -> bytes:
@@ -73,7 +78,11 @@ def rewrite_model(body: bytes, requested: str, upstream: str) -> bytes:
     # The depth msgspec accepts is the interpreter's recursion limit less the stack in
     # use: a body read fine by read_head may be too deep here, a few frames further down.
     try:
-        if body.count(b'"model"') == 1 and (match := _MODEL_PAIR.search(body)) is not None:
+        if (
+            body.count(b'"model"') == 1
+            and (match := _MODEL_PAIR.search(body)) is not None
+            and _MODEL_LETTER_ESCAPE.search(body) is None
+        ):
             spliced = body[: match.start(1)] + _encode.encode(upstream)[1:-1] + body[match.end(1) :]
             if _decode_head.decode(spliced).model == upstream:
                 return spliced
@@ -92,7 +101,7 @@ def rewrite_model(body: bytes, requested: str, upstream: str) -> bytes:
 # Hop-by-hop headers and the ones the gateway sets itself (tinygw.headers, one policy
 # with the configuration's).
 HOP_BY_HOP = frozenset(name.encode() for name in _HOP_BY_HOP_NAMES)
-_NOT_FORWARDED = frozenset(name.encode() for name in GATEWAY_HEADERS)
+NOT_FORWARDED = frozenset(name.encode() for name in GATEWAY_HEADERS)
 # A provider's answer reaches the client with these headers only (docs/design.md section 10):
 # never its cookies, HSTS, CORS, a redirect's target, or headers that look like the
 # gateway's own (x-tinygw-*). Framing headers are the gateway's to set.
@@ -119,10 +128,13 @@ def _named_by_connection(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]
     return frozenset(n.strip().lower() for v in names for n in v.split(b","))
 
 
-def forward_headers(client_headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """The client's headers that go on to a provider: never its credentials."""
+def forward_headers(
+    client_headers: list[tuple[bytes, bytes]], not_forwarded: frozenset[bytes] = NOT_FORWARDED
+) -> list[tuple[bytes, bytes]]:
+    """The client's headers that go on to a provider: never its credentials, nor any
+    named in `not_forwarded` (NOT_FORWARDED and, for some providers, their key header)."""
     names = list(map(_NAME_OF, client_headers))
-    drop = _NOT_FORWARDED | _named_by_connection(client_headers) if b"connection" in names else _NOT_FORWARDED
+    drop = not_forwarded | _named_by_connection(client_headers) if b"connection" in names else not_forwarded
     # Each header kept unless its name is in `drop`, in C (no Python step per header).
     return list(compress(client_headers, map(not_, map(drop.__contains__, names))))
 
@@ -142,16 +154,17 @@ _SANE_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 
 
 def new_request_id() -> bytes:
-    return os.urandom(8).hex().encode()
+    """16 hex digits, random."""
+    return hexlify(urandom(8))
 
 
 def request_id(client_headers: list[tuple[bytes, bytes]]) -> bytes:
     """The id of a request: the client's `x-request-id` if it is sane, else a new
     random one. It goes back in the answer, on the access-log line and upstream."""
-    given = header(client_headers, b"x-request-id")
+    given = dict(reversed(client_headers)).get(b"x-request-id")  # header(), inline: once per request
     if given is not None and _SANE_REQUEST_ID.fullmatch(given):
         return given
-    return new_request_id()
+    return hexlify(urandom(8))  # new_request_id(), inline
 
 
 def header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:

@@ -19,7 +19,10 @@ import enum
 import math
 from collections.abc import Callable, Iterable
 
+from msgspec import Struct
+
 from tinygw.config.settings import Breaker as BreakerSettings
+from tinygw.config.settings import Target
 
 
 class State(enum.Enum):
@@ -73,26 +76,33 @@ class IllegalTransition(RuntimeError):
 # without bound.
 MAX_CIRCUITS_PER_PROVIDER = 256
 
+_SUCCESS, _CLOSED = Outcome.SUCCESS, State.CLOSED  # one global lookup each, for the usual attempt
+
 Clock = Callable[[], float]
 OnTransition = Callable[["Circuit", State, State], None]
 OnChange = Callable[["Circuit"], None]
 
 
-class Ticket:
-    """Permission for one attempt at `circuit`. `done()` reports its verdict once; later calls are ignored."""
+class Ticket(Struct, gc=False):
+    """Permission for one attempt at `circuit`. `done()` reports its verdict once (with the
+    attempt's label, kept as the circuit's last error when it is a failure); later calls
+    are ignored. (A Struct: made in C, once per attempt. No cycle: a circuit keeps no ticket.)"""
 
-    __slots__ = ("circuit", "generation", "probe", "_open")
-
-    def __init__(self, circuit: Circuit, generation: int, probe: bool) -> None:
-        self.circuit = circuit
-        self.generation = generation
-        self.probe = probe
-        self._open = True
+    circuit: Circuit
+    generation: int
+    probe: bool
+    spent: bool = False
 
     def done(self, outcome: Outcome, error: str | None = None) -> None:
-        if self._open:
-            self._open = False
-            self.circuit._done(self, outcome, error)
+        if self.spent:
+            return
+        self.spent = True
+        circuit = self.circuit
+        if self.generation != circuit.generation:
+            return  # admitted before the last transition: it cannot move the new state
+        if outcome is _SUCCESS and circuit._state is _CLOSED and not circuit.failures:
+            return  # the usual verdict, which changes nothing
+        circuit._done(self, outcome, error)
 
 
 class Circuit:
@@ -161,23 +171,22 @@ class Circuit:
 
     def allow(self) -> Ticket | None:
         """A ticket for one attempt, or None: skip this target as if it were open."""
-        if self._state is State.CLOSED or not self.enabled:  # the usual answer, without the clock
-            return Ticket(self, self.generation, probe=False)
+        if self._state is _CLOSED or not self.enabled:  # the usual answer, without the clock
+            return Ticket(self, self.generation, False)
         state = self.state()
         if state is State.CLOSED:
-            return Ticket(self, self.generation, probe=False)
+            return Ticket(self, self.generation, False)
         if state is State.HALF_OPEN and self._probe_free():
             self.probes_in_flight += 1
-            return Ticket(self, self.generation, probe=True)
+            return Ticket(self, self.generation, True)
         return None
 
     def _done(self, ticket: Ticket, outcome: Outcome, error: str | None) -> None:
-        if ticket.generation != self.generation:
-            return  # admitted before the last transition: it cannot move the new state
-        if outcome is Outcome.SUCCESS and self._state is State.CLOSED:  # the usual verdict
-            if self.failures:
-                self.failures = 0
-                self._changed()
+        """The verdict of an attempt admitted in this generation, unless it is the usual
+        one that changes nothing (Ticket.done sorts both out)."""
+        if outcome is Outcome.SUCCESS and self._state is State.CLOSED:  # after failures: the count resets
+            self.failures = 0
+            self._changed()
             return
         if outcome is Outcome.FAILURE and error:
             self.last_error = error
@@ -256,9 +265,12 @@ class Breakers:
         self._on_change = on_change
         self._circuits: dict[tuple[str, str], Circuit] = {}
         self._per_provider: dict[str, int] = {}  # circuits made on demand, per provider
-        # The configured targets' circuits exist from the start and never share one.
+        # The configured targets' circuits exist from the start and never share one; found
+        # by their Target too, in one lookup (`of_target`).
+        self._configured: dict[Target, Circuit] = {}
         for provider, provider_model in configured:
-            self._circuits[(provider, provider_model)] = self._make(provider, provider_model)
+            circuit = self._circuits[(provider, provider_model)] = self._make(provider, provider_model)
+            self._configured[Target(provider, provider_model)] = circuit
 
     def _make(self, provider: str, provider_model: str) -> Circuit:
         circuit = Circuit(provider, provider_model, self.settings, self._clock, self._on_transition, self._on_change)
@@ -277,6 +289,13 @@ class Breakers:
             self._circuits[key] = circuit
             self._per_provider[provider] = self._per_provider.get(provider, 0) + 1
         return circuit
+
+    def of_target(self, target: Target) -> Circuit:
+        """The circuit of `target`: `circuit(target.provider, target.upstream_model)`."""
+        try:
+            return self._configured[target]
+        except KeyError:  # a name as sent, or a provider-qualified one: made on demand
+            return self.circuit(target.provider, target.upstream_model)
 
     def of_provider(self, provider: str) -> list[Circuit]:
         return [c for (p, _), c in self._circuits.items() if p == provider]

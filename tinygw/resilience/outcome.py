@@ -67,8 +67,9 @@ def judge(body: bytes) -> tuple[bool, Usage | None]:
     does it report? One decode for both, of these two fields only (tinygw.protocol.usage)."""
     if b'"usage"' not in body:
         return carries_error(body), None
-    value = usage.of_body(body)
-    if value is None:  # a `usage` of another shape: the error alone is judged
+    try:
+        value = usage.decode_body(body)
+    except (msgspec.MsgspecError, RecursionError):  # a `usage` of another shape: the error alone is judged
         return carries_error(body), None
     return value.error is not None, value.usage
 

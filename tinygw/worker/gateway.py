@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import re
+import ssl
 import time
 from urllib.parse import quote, unquote_to_bytes
 
@@ -21,6 +22,7 @@ from tinygw.config.settings import Provider, Settings, plain
 from tinygw.observe.board import Board
 from tinygw.observe.metrics import Metrics
 from tinygw.protocol.routing import WILDCARD, Resolver
+from tinygw.protocol.wire import NOT_FORWARDED
 from tinygw.resilience.breaker import Breakers, Circuit, Clock, State
 from tinygw.resilience.keys import KeyRing
 from tinygw.resilience.strategy import Strategies
@@ -45,11 +47,24 @@ class Upstream(Struct, frozen=True):
     query: bytes = b""
     query_names: frozenset[bytes] = frozenset()
     key_header: bytes | None = None
+    # Worked out once, for each request: the static headers and a key's, one list per key;
+    # the names of the client's headers never forwarded (the gateway's own, the key header);
+    # a route's path on this provider, without query (made at the route's first request:
+    # as many as the route table has).
+    fixed_headers: tuple[list[tuple[bytes, bytes]], ...] = ()
+    not_forwarded: frozenset[bytes] = NOT_FORWARDED
+    paths: dict[str, bytes] = {}
 
     def __repr__(self) -> str:  # its headers and query hold the provider's credentials
         return f"Upstream({self.provider.name!r})"
 
     __str__ = __repr__
+
+    def path(self, upstream_path: str) -> bytes:
+        """The provider's path for a route's `upstream_path` (its base_url's path first),
+        kept in `paths`."""
+        path = self.paths[upstream_path] = (self.provider.origin.path + upstream_path).encode()
+        return path
 
     def target(self, path: bytes, client_query: bytes = b"") -> bytes:
         """`path` with the provider's query and the client's: the provider's parameters
@@ -77,6 +92,34 @@ def _auth_headers(provider: Provider) -> tuple[list[tuple[bytes, bytes]], ...]:
     if provider.doc.api == "anthropic":
         return tuple([(b"x-api-key", k.reveal().encode())] for k in provider.keys)
     return tuple([(b"authorization", b"Bearer " + k.reveal().encode())] for k in provider.keys)
+
+
+def _upstream(p: Provider, context: ssl.SSLContext | None, loop: asyncio.AbstractEventLoop | None) -> Upstream:
+    pool = Pool(
+        p.origin,
+        max_connections=p.doc.max_connections,
+        timeouts=Timeouts(p.doc.connect_timeout_s, p.doc.first_byte_timeout_s, p.doc.timeout_s),
+        ssl_context=context,
+        loop=loop,
+    )
+    static_headers = [(b"accept-encoding", b"identity")] + [
+        (k.lower().encode(), plain(v).encode()) for k, v in p.headers.items()
+    ]
+    auth_headers = _auth_headers(p)
+    key_header = p.doc.api_key_header.lower().encode() if p.doc.api_key_header else None
+    return Upstream(
+        provider=p,
+        pool=pool,
+        static_headers=static_headers,
+        auth_headers=auth_headers,
+        keys=KeyRing(len(p.keys)),
+        query=encode_query({k: plain(v) for k, v in p.query.items()}),
+        query_names=frozenset(k.encode() for k in p.query),
+        key_header=key_header,
+        fixed_headers=tuple(static_headers + auth for auth in auth_headers),
+        not_forwarded=NOT_FORWARDED | {key_header} if key_header is not None else NOT_FORWARDED,
+        paths={},
+    )
 
 
 def encode_query(query: dict[str, str]) -> bytes:
@@ -136,26 +179,7 @@ class Gateway:
         # provider -> model ids of its last successful listing, absent before one (tinygw.worker.discovery)
         self.listings: dict[str, list[str]] = {}
         context = tls_context() if any(p.origin.scheme == "https" for p in settings.providers.values()) else None
-        self.upstreams = {
-            name: Upstream(
-                provider=p,
-                pool=Pool(
-                    p.origin,
-                    max_connections=p.doc.max_connections,
-                    timeouts=Timeouts(p.doc.connect_timeout_s, p.doc.first_byte_timeout_s, p.doc.timeout_s),
-                    ssl_context=context,
-                    loop=self.loop,
-                ),
-                static_headers=[(b"accept-encoding", b"identity")]
-                + [(k.lower().encode(), plain(v).encode()) for k, v in p.headers.items()],
-                auth_headers=_auth_headers(p),
-                keys=KeyRing(len(p.keys)),
-                query=encode_query({k: plain(v) for k, v in p.query.items()}),
-                query_names=frozenset(k.encode() for k in p.query),
-                key_header=p.doc.api_key_header.lower().encode() if p.doc.api_key_header else None,
-            )
-            for name, p in settings.providers.items()
-        }
+        self.upstreams = {name: _upstream(p, context, self.loop) for name, p in settings.providers.items()}
 
     def _on_transition(self, circuit: Circuit, old: State, new: State) -> None:
         self.metrics.count_transition(circuit.provider, circuit.provider_model, new.value)

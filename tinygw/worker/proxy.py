@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from msgspec import Struct
 
@@ -62,7 +62,7 @@ class Inbound(Struct, frozen=True):
     body: bytes
     headers: list[tuple[bytes, bytes]]
     query: bytes
-    request_id: bytes = b""  # sent upstream as x-request-id
+    request_id: bytes  # the request's id (tinygw.worker.record), sent upstream as x-request-id
 
 
 class Retry(enum.Enum):
@@ -73,10 +73,11 @@ class Retry(enum.Enum):
     QUICK = "transient_retry"  # the same target once more, after a quick failure
 
 
-def _ordered_targets(gateway: Gateway, resolution: Resolution) -> list[Target]:
+def _ordered_targets(gateway: Gateway, resolution: Resolution) -> Sequence[Target]:
+    """The usable targets in the order of the model's strategy, for this request."""
     alias = resolution.alias
-    if alias is None:
-        return list(resolution.targets)
+    if alias is None:  # a fixed order: the targets' own
+        return resolution.targets
     order = gateway.strategies.order(alias)
     if len(resolution.targets) == len(alias.targets):  # every target is usable on this route
         return order
@@ -84,32 +85,46 @@ def _ordered_targets(gateway: Gateway, resolution: Resolution) -> list[Target]:
     return [t for t in order if t in usable]
 
 
-def _admit(breakers: Breakers, targets: list[Target], start: int, skipped: list[Circuit] | None = None):
+def _admit(breakers: Breakers, targets: Sequence[Target], start: int) -> tuple[int, Ticket | None]:
     """The first of `targets[start:]` whose circuit admits an attempt, and its ticket:
     (index, ticket), or (len(targets), None) when none does."""
     for index in range(start, len(targets)):
-        target = targets[index]
-        circuit = breakers.circuit(target.provider, target.upstream_model)
-        ticket = circuit.allow()
+        ticket = breakers.of_target(targets[index]).allow()
         if ticket is not None:
             return index, ticket
-        if skipped is not None:
-            skipped.append(circuit)
     return len(targets), None
 
 
 async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, send: Send, record: Record) -> None:
     """Forward `inbound` and answer the client. `record` is kept up to date as it goes,
     so that it tells what happened even when the client leaves halfway."""
-    targets = _ordered_targets(gateway, resolution)
-    skipped: list[Circuit] = []
-    index, ticket = _admit(gateway.breakers, targets, 0, skipped)
+    targets = resolution.targets if resolution.alias is None else _ordered_targets(gateway, resolution)
+    index, ticket = 0, gateway.breakers.of_target(targets[0]).allow()  # the usual: the first target's circuit admits
     if ticket is None:
-        return await _send_circuit_open(send, record, skipped, resolution)
-    attempt = None
+        index, ticket = _admit(gateway.breakers, targets, 1)
+        if ticket is None:  # every circuit refused: each one is named by the 503's wait
+            skipped = [gateway.breakers.of_target(target) for target in targets]
+            return await _send_circuit_open(send, record, skipped, resolution)
+    attempt = await _make_attempt(gateway, inbound, targets[index], ticket, send, record)
+    if not attempt.committed:  # else the usual end: the first attempt's answer was sent
+        await _after_first(gateway, inbound, targets, index, ticket, attempt, send, record)
+
+
+async def _after_first(
+    gateway: Gateway,
+    inbound: Inbound,
+    targets: Sequence[Target],
+    index: int,
+    ticket: Ticket,
+    attempt: Attempt,
+    send: Send,
+    record: Record,
+) -> None:
+    """A first attempt (`attempt`, at `targets[index]`, admitted by `ticket`) was not
+    final: the attempts that follow while any is allowed, then the last one's answer, or
+    why there is none. Whatever ends the request, no provider answer is left half-read."""
     quick_retry_used = False
     try:
-        attempt = await _make_attempt(gateway, inbound, targets[index], ticket, send, record)
         for _ in range(gateway.settings.routing.max_attempts - 1):  # the attempts left
             if attempt.committed:
                 return
@@ -123,13 +138,17 @@ async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, se
             attempt = await _make_attempt(gateway, inbound, targets[index], ticket, send, record)
         if not attempt.committed:
             await _send_final(send, record, attempt, targets[index])
-    finally:  # whatever ended the request, no provider answer is left half-read
-        if attempt is not None and attempt.answer is not None:
-            await attempt.answer.discard()
+    finally:
+        await attempt.discard()  # safe twice, and once the answer was read to its end
 
 
 async def _next_attempt(
-    gateway: Gateway, targets: list[Target], index: int, circuit: Circuit, last: Attempt, quick_retry_used: bool
+    gateway: Gateway,
+    targets: Sequence[Target],
+    index: int,
+    circuit: Circuit,
+    last: Attempt,
+    quick_retry_used: bool,
 ) -> tuple[Retry, int, Ticket] | None:
     """Whether another attempt follows `last` (made at `targets[index]`, whose circuit
     is `circuit`): why, at which target, with its ticket; None when `last` is final."""
@@ -179,41 +198,37 @@ async def _make_attempt(
         if isinstance(e, asyncio.CancelledError):  # the client left mid-attempt
             gateway.metrics.count_attempt(circuit.provider, circuit.provider_model, "client_closed")
         raise
-    verdict = attempt.verdict.outcome
-    ticket.done(verdict, attempt.label if verdict is Outcome.FAILURE else None)
-    record.attempt_ended(target, attempt.label)
-    gateway.metrics.count_attempt(circuit.provider, circuit.provider_model, attempt.label)
+    label = attempt.label
+    ticket.done(attempt.verdict.outcome, label)  # the circuit keeps a failure's label as its last error
+    record.attempt_ended(target, label)
+    gateway.metrics.count_attempt(circuit.provider, circuit.provider_model, label)
     return attempt
-
-
-def _upstream_request(upstream: Upstream, inbound: Inbound, target: Target, key_index: int):
-    origin = upstream.provider.origin
-    path = upstream.target((origin.path + inbound.route.upstream_path).encode(), inbound.query)
-    client_headers = forward_headers(inbound.headers)
-    if upstream.key_header is not None:  # a client's own copy of the provider's key header
-        client_headers = [(k, v) for k, v in client_headers if k != upstream.key_header]
-    headers = client_headers + upstream.static_headers + upstream.auth_headers[key_index]
-    if inbound.request_id:
-        headers.append((b"x-request-id", inbound.request_id))
-    body = rewrite_model(inbound.body, inbound.model, target.upstream_model)
-    return path, headers, body
 
 
 async def _attempt(
     gateway: Gateway, upstream: Upstream, inbound: Inbound, target: Target, send: Send, record: Record
 ) -> Attempt:
     """Send the request and take the answer: a stream is relayed (tinygw.worker.relay),
-    any other answer is held and judged, and sent when it is a success."""
+    any other answer is held and judged, and sent when it is a success. The
+    request is the client's with the provider's parts (worked out once: tinygw.worker.gateway)."""
     started = gateway.clock()
     key_index = upstream.keys.pick(started)
-    path, headers, body = _upstream_request(upstream, inbound, target, key_index)
+    path = upstream.paths.get(inbound.route.upstream_path) or upstream.path(inbound.route.upstream_path)
+    if inbound.query or upstream.query:
+        path = upstream.target(path, inbound.query)
+    headers = [
+        *forward_headers(inbound.headers, upstream.not_forwarded),
+        *upstream.fixed_headers[key_index],
+        (b"x-request-id", inbound.request_id),
+    ]
+    body = rewrite_model(inbound.body, inbound.model, target.upstream_model)
     try:
         response = await upstream.pool.request(b"POST", path, headers, body)
     except errors.UpstreamError as e:
         return Attempt(outcome.of_error(e), e.cause, error=e)
     elapsed = gateway.clock() - started
     gateway.metrics.observe_first_byte(target.provider, elapsed)
-    content_type = header(response.headers, b"content-type") or b""
+    content_type = dict(reversed(response.headers)).get(b"content-type", b"")  # header(), inline
     if inbound.stream and response.status == 200 and content_type.startswith(b"text/event-stream"):
         try:
             return await Relay(response, send, record, target, gateway.loop or asyncio.get_running_loop()).run()
@@ -223,20 +238,28 @@ async def _attempt(
         data, ended = await response.read_upto(HOLD_BYTES)
     except errors.UpstreamError as e:
         return Attempt(outcome.of_error(e), e.cause, error=e)
-    answer = Answer(response.status, relay_headers(response.headers), data, None if ended else response)
-    reported = None
-    if ended and response.status == 200 and (b"json" in content_type or not content_type):
+    status = response.status
+    answer = Answer(status, relay_headers(response.headers), data, None if ended else response)
+    if status == 200 and ended and (b"json" in content_type or not content_type):
         failed, reported = outcome.judge(data)
-        if failed:
-            answer.status = 502  # a 200 carrying an error is a failure; the client gets 502
+        if failed:  # a 200 carrying an error is a failure; the client gets 502 if it is the last
+            answer.status = 502
             return Attempt(outcome.ERROR_IN_BODY, "200+error", answer=answer)
-    attempt = Attempt(outcome.of_status(response.status, elapsed), str(response.status), answer=answer)
-    if response.status == 429:
-        _rest_key(gateway, upstream, key_index, attempt, response)
-    elif attempt.verdict.outcome is Outcome.SUCCESS:
-        if reported is not None:
+        if reported is not None:  # its answer is sent, and its tokens count
             record.counted(reported)
-        await _commit(send, record, attempt, answer, f"{target.provider}:{response.status}")
+        attempt = Attempt(outcome.SUCCESS, "200", answer=answer)  # what of_status says of a 200
+    else:
+        attempt = Attempt(outcome.of_status(status, elapsed), str(status), answer=answer)
+    if attempt.verdict.outcome is Outcome.SUCCESS:  # final: the client gets it
+        attempt.committed = True
+        current = f"{target.provider}:{attempt.label}"
+        if answer.rest is None:  # held whole: two messages (as _send_held), and nothing left to read
+            await send(record.head(status, [*answer.headers, (b"content-length", b"%d" % len(data))], current))
+            await send({"type": "http.response.body", "body": data})
+        else:
+            await _commit(send, record, attempt, answer, current)
+    elif status == 429:
+        _rest_key(gateway, upstream, key_index, attempt, response)
     return attempt
 
 
@@ -249,8 +272,8 @@ def _rest_key(gateway: Gateway, upstream: Upstream, key_index: int, attempt: Att
 
 
 async def _commit(send: Send, record: Record, attempt: Attempt, answer: Answer, current: str) -> None:
-    """Send a successful attempt's answer: it is final. An answer cut short is a failure."""
-    attempt.committed = True
+    """Send a successful attempt's answer that was too large to hold: it is final. An
+    answer cut short is a failure."""
     try:
         sent = await _send_answer(send, record, answer, current)
     except BaseException:  # the client left (or send failed) while a large answer was relayed
@@ -262,14 +285,18 @@ async def _commit(send: Send, record: Record, attempt: Attempt, answer: Answer, 
         attempt.label = f"{answer.status}+cut"
 
 
+async def _send_held(send: Send, record: Record, answer: Answer, current: str | None) -> None:
+    """Send an answer that was held whole."""
+    await send(record.head(answer.status, [*answer.headers, (b"content-length", b"%d" % len(answer.body))], current))
+    await send({"type": "http.response.body", "body": answer.body})
+
+
 async def _send_answer(send: Send, record: Record, answer: Answer, current: str | None = None) -> bool:
     """Send `answer`: whole when it was held whole, else its beginning and then the
     rest as it arrives. False when the provider failed partway: the client's answer
     then ends without its last chunk, which HTTP clients report as an incomplete body."""
     if answer.rest is None:
-        headers = [*answer.headers, (b"content-length", b"%d" % len(answer.body))]
-        await send(record.head(answer.status, headers, current))
-        await send({"type": "http.response.body", "body": answer.body})
+        await _send_held(send, record, answer, current)
         return True
     await send(record.head(answer.status, answer.headers, current))
     await send({"type": "http.response.body", "body": answer.body, "more_body": True})

@@ -67,8 +67,7 @@ class Record(Struct):
 
     def counted(self, reported: usage.Usage) -> None:
         """A held answer that reports `reported` is sent."""
-        self.tokens = usage.Tokens()
-        self.tokens.add(reported)
+        self.tokens = reported.tokens()
 
     def was_cut(self) -> None:
         self.cut = True
