@@ -75,11 +75,18 @@ class Record(Struct):
     def client_left(self) -> None:
         self.status = CLIENT_CLOSED
 
-    def head(self, status: int, headers: list[tuple[bytes, bytes]], current: str | None = None) -> dict:
+    def head(
+        self, status: int, headers: list[tuple[bytes, bytes]], current: str | None = None, length: int | None = None
+    ) -> dict:
         """The `http.response.start` message of the answer, which is now sent; `current`
-        labels the attempt whose answer it is, while that attempt has not ended."""
+        is the label of the attempt whose answer it is (at `target`), while that attempt
+        has not ended; `length` is the body's, for an answer held whole (its
+        content-length line is added with the request id's, in one list)."""
         self.status = status
-        headers = [*headers, (b"x-request-id", self.request_id)]
+        if length is None:
+            headers = [*headers, (b"x-request-id", self.request_id)]
+        else:
+            headers = [*headers, (b"content-length", b"%d" % length), (b"x-request-id", self.request_id)]
         if self.debug is not None:
             headers += self._debug_headers(self.debug, current)
         return {"type": "http.response.start", "status": status, "headers": headers}
@@ -87,7 +94,9 @@ class Record(Struct):
     def _debug_headers(self, breakers: Breakers, current: str | None) -> list[tuple[bytes, bytes]]:
         """docs/design.md section 7's x-tinygw-* headers. The circuit's state is the one
         when the answer started (a probe's verdict comes after)."""
-        attempts = [*self.attempts, *([current] if current else [])]
+        attempts = self.attempts
+        if current and self.target is not None:  # as attempt_ended will write it
+            attempts = [*attempts, f"{self.target.provider}:{current}"]
         headers = [(b"x-tinygw-attempts", _header_value(",".join(attempts)))]
         if self.target is not None:
             circuit = breakers.circuit(self.target.provider, self.target.upstream_model)
@@ -132,6 +141,9 @@ class Attempt(Struct):
     answer: Answer | None = None
     error: errors.UpstreamError | None = None
     other_key: bool = False  # a 429, and another of the provider's keys is free
+    # How long the answer's head took, when it is still to be observed with the attempt's
+    # count (an answer held whole: its attempt ends as soon as it came); None once observed.
+    first_byte_seconds: float | None = None
 
     async def discard(self) -> None:
         """Another attempt follows: this one's answer will not be sent."""
