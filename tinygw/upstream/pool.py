@@ -88,7 +88,7 @@ class Pool:
             idle.popleft().close()
         while idle:
             connection = idle.pop()
-            if connection.is_idle():
+            if not connection.has_news():  # is_idle(), without its frame
                 return connection
             connection.close()
         return None
