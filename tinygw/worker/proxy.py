@@ -258,7 +258,7 @@ async def _attempt(
     if attempt.verdict.outcome is Outcome.SUCCESS:  # final: the client gets it
         attempt.committed = True
         if answer.rest is None:  # held whole: two messages (as _send_held), and nothing left to read
-            await send(record.head(status, answer.headers, attempt.label, len(data)))
+            await send(record.head(status, [*answer.headers, (b"content-length", b"%d" % len(data))], attempt.label))
             await send({"type": "http.response.body", "body": data})
         else:
             await _commit(send, record, attempt, answer, attempt.label)
@@ -303,7 +303,7 @@ async def _commit(send: Send, record: Record, attempt: Attempt, answer: Answer, 
 
 async def _send_held(send: Send, record: Record, answer: Answer, current: str | None) -> None:
     """Send an answer that was held whole."""
-    await send(record.head(answer.status, answer.headers, current, len(answer.body)))
+    await send(record.head(answer.status, [*answer.headers, (b"content-length", b"%d" % len(answer.body))], current))
     await send({"type": "http.response.body", "body": answer.body})
 
 

@@ -75,18 +75,12 @@ class Record(Struct):
     def client_left(self) -> None:
         self.status = CLIENT_CLOSED
 
-    def head(
-        self, status: int, headers: list[tuple[bytes, bytes]], current: str | None = None, length: int | None = None
-    ) -> dict:
+    def head(self, status: int, headers: list[tuple[bytes, bytes]], current: str | None = None) -> dict:
         """The `http.response.start` message of the answer, which is now sent; `current`
         is the label of the attempt whose answer it is (at `target`), while that attempt
-        has not ended; `length` is the body's, for an answer held whole (its
-        content-length line is added with the request id's, in one list)."""
+        has not ended."""
         self.status = status
-        if length is None:
-            headers = [*headers, (b"x-request-id", self.request_id)]
-        else:
-            headers = [*headers, (b"content-length", b"%d" % length), (b"x-request-id", self.request_id)]
+        headers = [*headers, (b"x-request-id", self.request_id)]
         if self.debug is not None:
             headers += self._debug_headers(self.debug, current)
         return {"type": "http.response.start", "status": status, "headers": headers}
