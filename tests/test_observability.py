@@ -48,6 +48,32 @@ def test_every_metric_of_spec_section_7_parses(fake, start_gateway):
     assert metric_value(gateway, "tinygw_build_info") == 1
 
 
+def test_every_answered_attempt_s_first_byte_is_observed_once(fake, start_gateway):
+    """tinygw_upstream_first_byte_seconds: one observation per attempt that got an answer's
+    head, whatever the answer (held whole, an error status, a 200 carrying an error, a
+    stream, one too large to hold); none for an attempt that got no answer."""
+    dead = {"base_url": f"http://127.0.0.1:{closed_port()}/v1", "api": "openai", "listing": False}
+    models = {"m": {"targets": ["p:x"]}, "d": {"targets": ["dead:x"]}}
+    gateway = start_gateway({"providers": {"p": provider(fake), "dead": dead}, "models": models})
+    large = {"choices": [{"message": {"content": "a" * (1024 * 1024 + 10)}}]}
+    replies = [
+        json_reply(200, {"choices": []}),
+        json_reply(400, {"error": {"message": "bad", "type": "invalid_request_error"}}),
+        json_reply(200, {"error": {"message": "overloaded", "type": "server_error"}}),
+        sse_reply(openai_stream_events("x", ["hi"])),
+        json_reply(200, large),
+    ]
+    for reply in replies:
+        fake.script = lambda request, reply=reply: reply
+        call("POST", f"{gateway.url}{CHAT}", {"model": "m", "stream": bool(reply.chunks)})
+    call("POST", f"{gateway.url}{CHAT}", {"model": "d"})
+    attempts = metric_value(gateway, "tinygw_upstream_attempts_total", provider="p")
+    assert attempts is not None and attempts >= len(replies)  # a 200 carrying an error may be retried
+    assert metric_value(gateway, "tinygw_upstream_first_byte_seconds_count", provider="p") == attempts
+    assert metric_value(gateway, "tinygw_upstream_attempts_total", provider="dead")
+    assert metric_value(gateway, "tinygw_upstream_first_byte_seconds_count", provider="dead") is None
+
+
 def test_build_info_names_the_frozen_artifact_s_sha256(fake, start_gateway):
     """docs/design.md section 7: the artifact's sha256 is filled in whenever frozen (the frozen
     suite runs this against build/dist/tinygw); from source it is empty."""

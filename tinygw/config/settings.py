@@ -113,9 +113,15 @@ class Target(Struct, frozen=True):
 
     provider: str
     upstream_model: str
+    # `provider:upstream_model`, as the access log writes it per request: spelled once,
+    # when the target is made (whatever is passed here is replaced).
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        msgspec.structs.force_setattr(self, "name", f"{self.provider}:{self.upstream_model}")
 
     def __str__(self) -> str:
-        return f"{self.provider}:{self.upstream_model}"
+        return self.name
 
 
 class Provider(Struct, frozen=True, kw_only=True):

@@ -175,11 +175,23 @@ class Metrics:
         values[histogram.buckets[bisect_left(DURATION_BUCKETS, seconds)]] += 1.0
         values[histogram.sum] += seconds
 
-    def count_attempt(self, provider: str, provider_model: str, outcome: str) -> None:
+    def count_attempt(
+        self, provider: str, provider_model: str, outcome: str, first_byte_seconds: float | None = None
+    ) -> None:
+        """An attempt ended with `outcome`. `first_byte_seconds`, when given, is how long its
+        answer's head took (tinygw_upstream_first_byte_seconds): observed in the same call,
+        for an answer held whole, whose attempt ends as soon as it has come."""
         index = self._attempts.get((provider, provider_model, outcome))
         if index is None:
             index = self._attempt_place(provider, provider_model, outcome)
-        self.store.values[index] += 1.0
+        if first_byte_seconds is None:
+            self.store.values[index] += 1.0
+            return
+        histogram = self._first_byte.get(provider) or self._first_byte_series(provider)
+        values = self.store.values  # read after both places were taken
+        values[index] += 1.0
+        values[histogram.buckets[bisect_left(DURATION_BUCKETS, first_byte_seconds)]] += 1.0
+        values[histogram.sum] += first_byte_seconds
 
     def observe_first_byte(self, provider: str, seconds: float) -> None:
         histogram = self._first_byte.get(provider) or self._first_byte_series(provider)

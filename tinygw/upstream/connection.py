@@ -34,7 +34,7 @@ class Connection:
     it can, and h11 otherwise: a request the fast path cannot write, or an answer it
     hands off (h11 then gets every byte of the answer so far, and decides)."""
 
-    __slots__ = ("_stream", "_h11", "_answer", "_request", "_heard", "idle_since", "closed")
+    __slots__ = ("_stream", "_h11", "_answer", "_request", "_heard", "idle_since", "closed", "has_news")
 
     def __init__(self, stream: Stream) -> None:
         self._stream = stream
@@ -44,6 +44,9 @@ class Connection:
         self._heard = False  # a byte of the exchange's answer has arrived (h11's reads, or a hand-off)
         self.idle_since = 0.0
         self.closed = False
+        # True when an idle connection got data or was closed: `is_idle`'s answer, negated,
+        # bound once so that the pool asks it of each connection it takes without a frame of ours.
+        self.has_news = stream.has_news
 
     # ---- reuse ---------------------------------------------------------------------
 

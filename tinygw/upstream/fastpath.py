@@ -215,8 +215,11 @@ class Answer:
         buffer, remaining = self._buffer, self._remaining
         if self._chunked or self.done or remaining > limit or len(buffer) < remaining:
             return None
-        self.done, self.leftover, self._buffer = True, buffer[remaining:], b""  # _finish, inline
-        return buffer[:remaining]  # all of `buffer`, the usual answer: the same object, no copy
+        self.done, self._buffer = True, b""  # _finish, inline
+        if len(buffer) == remaining:  # the usual answer: all of `buffer`, nothing past it
+            return buffer
+        self.leftover = buffer[remaining:]
+        return buffer[:remaining]
 
     def _chunked_body(self) -> bytes | None:
         buffer = self._buffer

@@ -71,7 +71,8 @@ class Pool:
         self._ssl = ssl_context if origin.scheme == "https" else None
         default_port = 443 if origin.scheme == "https" else 80
         host = f"[{origin.host}]" if ":" in origin.host else origin.host
-        self._host_header = (b"host", (host if origin.port == default_port else f"{host}:{origin.port}").encode())
+        # The Host line of every request, made once (the proxy puts it first: `exchange`)
+        self.host_header = (b"host", (host if origin.port == default_port else f"{host}:{origin.port}").encode())
         self.max_connections = max_connections
         # Connection slots: a count, and the requests waiting for one, first come first
         # served (asyncio.Semaphore's rules, without its Python code on the common path).
@@ -87,13 +88,20 @@ class Pool:
             idle.popleft().close()
         while idle:
             connection = idle.pop()
-            if connection.is_idle():
+            if not connection.has_news():  # is_idle(), without its frame
                 return connection
             connection.close()
         return None
 
     async def request(self, method: bytes, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> Response:
-        """Send one request and wait for the response head; the body is read later."""
+        """Send one request and wait for the response head; the body is read later. The
+        pool puts Host and Content-Length first."""
+        head = [self.host_header, (b"content-length", b"%d" % len(body)), *headers]
+        return await self.exchange(method, path, head, body)
+
+    async def exchange(self, method: bytes, path: bytes, head: list[tuple[bytes, bytes]], body: bytes) -> Response:
+        """`request`, for a caller that built every header line itself, `host_header` and
+        the body's Content-Length first (the proxy: one list per request, not two)."""
         loop = self._loop or asyncio.get_running_loop()
         now = loop.time()
         deadline = now + self._total_seconds
@@ -108,7 +116,6 @@ class Pool:
             if connection is None:
                 connection = await self._connect(deadline - now)
                 now = loop.time()
-            head = [self._host_header, (b"content-length", b"%d" % len(body)), *headers]
             if connection.send_request(method, path, head, body):
                 await connection.drain(deadline)
                 now = loop.time()
@@ -117,13 +124,14 @@ class Pool:
                 status, response_headers = await connection.receive_head(first_byte, errors.FirstByteTimeout)
             else:
                 status, response_headers = await connection.receive_head(deadline, errors.TotalTimeout)
-            decoder = decoder_for(response_headers)
+            # The usual answer has no content-encoding: looked for in C, without decoder_for's frame
+            decoder = decoder_for(response_headers) if b"content-encoding" in map(_NAME_OF, response_headers) else None
         except BaseException:
             if connection is not None:
                 connection.close()
             self._release_slot()
             raise
-        return Response(self, connection, status, response_headers, deadline, decoder)
+        return Response(status, response_headers, self, connection, deadline, decoder)
 
     async def _connect(self, seconds_left: float) -> Connection:
         origin = self.origin
@@ -232,29 +240,19 @@ def decoder_for(headers: list[tuple[bytes, bytes]]) -> Decoder | None:
     raise errors.RemoteProtocolError("the answer is compressed with a coding the gateway cannot decode")
 
 
-class Response:
+class Response(Struct):
     """A response whose head has arrived. Read its body, or close it: both free the slot.
 
-    The body comes decoded: a gzip or deflate `content-encoding` is undone here."""
+    The body comes decoded: a gzip or deflate `content-encoding` is undone here. (A
+    Struct: made in C, once per exchange.)"""
 
-    __slots__ = ("status", "headers", "_pool", "_connection", "_deadline", "_done", "_decoder")
-
-    def __init__(
-        self,
-        pool: Pool,
-        connection: Connection,
-        status: int,
-        headers: list[tuple[bytes, bytes]],
-        deadline: float,
-        decoder: Decoder | None,
-    ) -> None:
-        self.status = status
-        self.headers = headers
-        self._pool = pool
-        self._connection = connection
-        self._deadline = deadline
-        self._done = False
-        self._decoder = decoder
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    _pool: Pool
+    _connection: Connection
+    _deadline: float
+    _decoder: Decoder | None
+    _done: bool = False
 
     async def next_chunk(self) -> bytes | None:
         """The next piece of the body as it arrives, or None once it has ended."""
@@ -278,16 +276,25 @@ class Response:
             self._pool._give_back(self._connection, reusable=True)
         return data
 
+    def whole_body(self, limit: int) -> bytes | None:
+        """The whole body at once, without a wait, when all of it came with the head and
+        it is at most `limit` bytes (the usual answer): the response is then done. Else
+        None, and nothing was taken: `read_upto` reads it."""
+        if self._decoder is not None or self._done:
+            return None
+        connection = self._connection
+        data = connection.whole_body(limit)
+        if data is not None:
+            self._done = True
+            self._pool._give_back(connection, True)
+        return data
+
     async def read_upto(self, limit: int) -> tuple[bytes, bool]:
         """The body's first bytes, until its end or until more than `limit` bytes
         arrived; and whether the body has ended. The rest is read with next_chunk."""
-        if self._decoder is None and not self._done:  # the usual answer: all of it came with its head
-            connection = self._connection
-            data = connection.whole_body(limit)
-            if data is not None:
-                self._done = True
-                self._pool._give_back(connection, True)
-                return data, True
+        data = self.whole_body(limit)
+        if data is not None:
+            return data, True
         parts: list[bytes] = []
         size = 0
         while size <= limit:

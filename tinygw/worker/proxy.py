@@ -201,7 +201,7 @@ async def _make_attempt(
     label = attempt.label
     ticket.done(attempt.verdict.outcome, label)  # the circuit keeps a failure's label as its last error
     record.attempt_ended(target, label)
-    gateway.metrics.count_attempt(circuit.provider, circuit.provider_model, label)
+    gateway.metrics.count_attempt(circuit.provider, circuit.provider_model, label, attempt.first_byte_seconds)
     return attempt
 
 
@@ -216,51 +216,67 @@ async def _attempt(
     path = upstream.paths.get(inbound.route.upstream_path) or upstream.path(inbound.route.upstream_path)
     if inbound.query or upstream.query:
         path = upstream.target(path, inbound.query)
-    headers = [
+    body = rewrite_model(inbound.body, inbound.model, target.upstream_model)
+    pool = upstream.pool
+    head = [  # every line of the request's head, in one list (Pool.exchange)
+        pool.host_header,
+        (b"content-length", b"%d" % len(body)),
         *forward_headers(inbound.headers, upstream.not_forwarded),
         *upstream.fixed_headers[key_index],
         (b"x-request-id", inbound.request_id),
     ]
-    body = rewrite_model(inbound.body, inbound.model, target.upstream_model)
     try:
-        response = await upstream.pool.request(b"POST", path, headers, body)
+        response = await pool.exchange(b"POST", path, head, body)
     except errors.UpstreamError as e:
         return Attempt(outcome.of_error(e), e.cause, error=e)
     elapsed = gateway.clock() - started
-    gateway.metrics.observe_first_byte(target.provider, elapsed)
     content_type = dict(reversed(response.headers)).get(b"content-type", b"")  # header(), inline
     if inbound.stream and response.status == 200 and content_type.startswith(b"text/event-stream"):
+        return await _relay(gateway, response, send, record, target, elapsed)
+    first_byte: float | None = elapsed  # observed with the attempt's count (_make_attempt), or now
+    data = response.whole_body(HOLD_BYTES)  # the usual answer: all of it came with its head, taken without a wait
+    ended = data is not None
+    if data is None:  # read as it comes (the attempt may last); one read in part is kept open as the answer's rest
+        gateway.metrics.observe_first_byte(target.provider, elapsed)
+        first_byte = None
         try:
-            return await Relay(response, send, record, target, gateway.loop or asyncio.get_running_loop()).run()
-        finally:
-            await response.aclose()
-    try:  # a response read to its end is done; one read in part is kept open as the answer's rest
-        data, ended = await response.read_upto(HOLD_BYTES)
-    except errors.UpstreamError as e:
-        return Attempt(outcome.of_error(e), e.cause, error=e)
+            data, ended = await response.read_upto(HOLD_BYTES)
+        except errors.UpstreamError as e:
+            return Attempt(outcome.of_error(e), e.cause, error=e)
     status = response.status
     answer = Answer(status, relay_headers(response.headers), data, None if ended else response)
     if status == 200 and ended and (b"json" in content_type or not content_type):
         failed, reported = outcome.judge(data)
         if failed:  # a 200 carrying an error is a failure; the client gets 502 if it is the last
             answer.status = 502
-            return Attempt(outcome.ERROR_IN_BODY, "200+error", answer=answer)
+            return Attempt(outcome.ERROR_IN_BODY, "200+error", answer=answer, first_byte_seconds=first_byte)
         if reported is not None:  # its answer is sent, and its tokens count
             record.counted(reported)
-        attempt = Attempt(outcome.SUCCESS, "200", answer=answer)  # what of_status says of a 200
+        attempt = Attempt(outcome.SUCCESS, "200", answer=answer, first_byte_seconds=first_byte)  # of_status's 200
     else:
-        attempt = Attempt(outcome.of_status(status, elapsed), str(status), answer=answer)
+        attempt = Attempt(outcome.of_status(status, elapsed), str(status), answer=answer, first_byte_seconds=first_byte)
     if attempt.verdict.outcome is Outcome.SUCCESS:  # final: the client gets it
         attempt.committed = True
-        current = f"{target.provider}:{attempt.label}"
         if answer.rest is None:  # held whole: two messages (as _send_held), and nothing left to read
-            await send(record.head(status, [*answer.headers, (b"content-length", b"%d" % len(data))], current))
+            await send(record.head(status, [*answer.headers, (b"content-length", b"%d" % len(data))], attempt.label))
             await send({"type": "http.response.body", "body": data})
         else:
-            await _commit(send, record, attempt, answer, current)
+            await _commit(send, record, attempt, answer, attempt.label)
     elif status == 429:
         _rest_key(gateway, upstream, key_index, attempt, response)
     return attempt
+
+
+async def _relay(
+    gateway: Gateway, response: Response, send: Send, record: Record, target: Target, first_byte_seconds: float
+) -> Attempt:
+    """A stream's attempt: relayed as it comes (tinygw.worker.relay). Its first byte is
+    observed now, since the attempt ends much later."""
+    gateway.metrics.observe_first_byte(target.provider, first_byte_seconds)
+    try:
+        return await Relay(response, send, record, target, gateway.loop or asyncio.get_running_loop()).run()
+    finally:
+        await response.aclose()
 
 
 def _rest_key(gateway: Gateway, upstream: Upstream, key_index: int, attempt: Attempt, response: Response) -> None:

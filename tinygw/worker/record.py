@@ -77,7 +77,8 @@ class Record(Struct):
 
     def head(self, status: int, headers: list[tuple[bytes, bytes]], current: str | None = None) -> dict:
         """The `http.response.start` message of the answer, which is now sent; `current`
-        labels the attempt whose answer it is, while that attempt has not ended."""
+        is the label of the attempt whose answer it is (at `target`), while that attempt
+        has not ended."""
         self.status = status
         headers = [*headers, (b"x-request-id", self.request_id)]
         if self.debug is not None:
@@ -87,7 +88,9 @@ class Record(Struct):
     def _debug_headers(self, breakers: Breakers, current: str | None) -> list[tuple[bytes, bytes]]:
         """docs/design.md section 7's x-tinygw-* headers. The circuit's state is the one
         when the answer started (a probe's verdict comes after)."""
-        attempts = [*self.attempts, *([current] if current else [])]
+        attempts = self.attempts
+        if current and self.target is not None:  # as attempt_ended will write it
+            attempts = [*attempts, f"{self.target.provider}:{current}"]
         headers = [(b"x-tinygw-attempts", _header_value(",".join(attempts)))]
         if self.target is not None:
             circuit = breakers.circuit(self.target.provider, self.target.upstream_model)
@@ -132,6 +135,9 @@ class Attempt(Struct):
     answer: Answer | None = None
     error: errors.UpstreamError | None = None
     other_key: bool = False  # a 429, and another of the provider's keys is free
+    # How long the answer's head took, when it is still to be observed with the attempt's
+    # count (an answer held whole: its attempt ends as soon as it came); None once observed.
+    first_byte_seconds: float | None = None
 
     async def discard(self) -> None:
         """Another attempt follows: this one's answer will not be sent."""

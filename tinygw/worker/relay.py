@@ -134,7 +134,7 @@ class Relay:
         self.state = State.RELAYING
         record = self._record
         self._scan(later)
-        await self._send(record.head(200, relay_headers(self._response.headers), f"{self._target.provider}:200"))
+        await self._send(record.head(200, relay_headers(self._response.headers), "200"))
         body = b"".join([*self._held, later, self._pending.peek()])
         self._held = []
         await self._send({"type": "http.response.body", "body": body, "more_body": True})
