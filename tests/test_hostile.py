@@ -439,7 +439,8 @@ def test_a_client_that_leaves_during_a_large_answer_frees_its_connection_slot():
                 "query_string": b"",
             }
             route = app.ROUTES["/v1/chat/completions"].route
-            await asyncio.wait_for(app._proxy(gateway, route, scope, receive, send), 10)
+            first = dict(reversed(scope["headers"]))  # the headers by name, as app() gives them
+            await asyncio.wait_for(app._proxy(gateway, route, scope, receive, send, first, b"request-1"), 10)
             free.append(pool._free_slots)
         server.close()
         return free

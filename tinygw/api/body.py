@@ -6,12 +6,28 @@ from __future__ import annotations
 import asyncio
 
 
-class ClientLeft(Exception):
-    """The client disconnected while the gateway was still reading its request."""
+class Refused(Exception):
+    """A request the gateway answers itself, before forwarding it: `status`, an error
+    `code`, and the exception's message."""
+
+    def __init__(self, status: int, message: str, code: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class ClientLeft(Refused):
+    """The client disconnected while the gateway was still reading its request. Granian
+    reports a malformed chunked body the same way: it is answered 400 (a client that
+    really left will not read it), and counted as a client that left, which is what it
+    most often is."""
+
+    def __init__(self) -> None:
+        super().__init__(400, "the request body is incomplete or its chunked framing is malformed", "invalid_body")
 
 
 async def receive_within(receive, timeout_seconds: float, task: asyncio.Task):
-    """`await receive()` in `task`, or TimeoutError after `timeout_seconds`. asyncio.timeout's
+    """`await receive()` in `task`, or Refused 408 after `timeout_seconds`. asyncio.timeout's
     work with the task at hand: asyncio's own looks the loop up twice (two getpid(2)
     on Python 3.11), for each request."""
     expired = []
@@ -28,18 +44,18 @@ async def receive_within(receive, timeout_seconds: float, task: asyncio.Task):
         return message
     except asyncio.CancelledError:
         if expired and task.uncancel() == 0:
-            raise TimeoutError from None
+            raise Refused(408, f"no byte of the request body for {timeout_seconds:g} s", "request_timeout") from None
         raise
     finally:
         timer.cancel()
 
 
-async def read_body(receive, headers, limit: int, timeout_seconds: float, task: asyncio.Task) -> bytes | None:
-    """The whole request body, or None when it is over `limit` bytes. Raises
-    TimeoutError when `timeout_seconds` pass without a byte of it (docs/design.md section 10)."""
-    declared = dict(reversed(headers)).get(b"content-length")  # wire.header, without the call
+async def read_body(receive, declared: bytes | None, limit: int, timeout_seconds: float, task: asyncio.Task) -> bytes:
+    """The whole request body (its `content-length` header said `declared`). Refused
+    413 when it is over `limit` bytes, 408 when `timeout_seconds` pass without a byte of
+    it (docs/design.md section 10); ClientLeft when the client leaves before its end."""
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        return None
+        raise _too_large(limit)
     message = await receive_within(receive, timeout_seconds, task)
     if message["type"] == "http.disconnect":
         raise ClientLeft
@@ -53,13 +69,17 @@ async def read_body(receive, headers, limit: int, timeout_seconds: float, task: 
         size += len(chunk)
         if size > limit:
             await _discard_body(receive, message, timeout_seconds, task)
-            return None
+            raise _too_large(limit)
         parts.append(chunk)
         if not message.get("more_body"):
             return b"".join(parts)
         message = await receive_within(receive, timeout_seconds, task)
         if message["type"] == "http.disconnect":
             raise ClientLeft
+
+
+def _too_large(limit: int) -> Refused:
+    return Refused(413, f"request body over {limit} bytes", "request_too_large")
 
 
 # After a body goes over the limit, up to this much more of it is read and dropped
@@ -72,7 +92,7 @@ async def _discard_body(receive, message, timeout_seconds: float, task: asyncio.
     while message.get("more_body") and discarded < DISCARD_BYTES:
         try:
             message = await receive_within(receive, timeout_seconds, task)
-        except TimeoutError:
+        except Refused:  # 408: the client stopped sending
             return
         if message["type"] == "http.disconnect":
             raise ClientLeft
