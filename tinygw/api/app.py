@@ -19,7 +19,7 @@ from collections.abc import Awaitable
 from tinygw import logs
 from tinygw.api import models
 from tinygw.api.attestation import attestation_page
-from tinygw.api.body import ClientLeft, Refused, read_body
+from tinygw.api.body import ClientLeft, ClientWatch, Refused, read_body
 from tinygw.api.models import MODEL_PREFIX
 from tinygw.api.pages import healthz, metrics, root
 from tinygw.api.status import status_json, status_page
@@ -32,8 +32,9 @@ from tinygw.worker import discovery, proxy
 from tinygw.worker.gateway import Gateway
 from tinygw.worker.record import Record
 
-# A proxied request starts watching for its client leaving this long after its body
-# was read (a task waiting in receive() costs about a tenth of a quick request's CPU).
+# A proxied request starts watching for its client leaving this long after it came, or
+# after its body was read when that took longer (a task waiting in receive() costs about
+# a tenth of a quick request's CPU); until then its ClientWatch looks this often.
 WATCH_AFTER_SECONDS = 0.05
 
 
@@ -164,31 +165,28 @@ async def _proxy(gateway: Gateway, route: Route, scope, receive, send, first: di
     # this request's, looked up once (never None: _proxy runs in the request's task)
     task: asyncio.Task = asyncio.current_task(loop)  # type: ignore[assignment]
     gateway.metrics.add_in_flight(1)
-    watch = None
+    settings = gateway.settings
+    watch = ClientWatch(receive, task, loop, record.started_at, settings.client_timeout_seconds, WATCH_AFTER_SECONDS)
     try:
-        settings = gateway.settings
-        body = await read_body(
-            receive, first.get(b"content-length"), settings.max_body_bytes, settings.client_timeout_seconds, task
-        )
-        head = read_head(body)
-        model: str = head.model  # type: ignore[assignment]  # read_head refuses a body without one
-        resolution = gateway.resolver.resolve(route, model)
-        if resolution is None:
-            raise Refused(404, f"the model {model!r} does not exist on {route.path}", "model_not_found")
-        record.resolved(resolution.model)
-        inbound = proxy.Inbound(
-            route=route,
-            model=model,
-            stream=bool(head.stream),
-            body=body,
-            headers=scope["headers"],
-            query=scope.get("query_string", b""),
-            request_id=request_id,
-        )
-        if settings.routing.debug:
-            record.forwarding(gateway.breakers)
-        watch = _ClientWatch(receive, task, loop)
         try:
+            body = await read_body(receive, first.get(b"content-length"), settings.max_body_bytes, watch)
+            head = read_head(body)
+            model: str = head.model  # type: ignore[assignment]  # read_head refuses a body without one
+            resolution = gateway.resolver.resolve(route, model)
+            if resolution is None:
+                raise Refused(404, f"the model {model!r} does not exist on {route.path}", "model_not_found")
+            record.resolved(resolution.model)
+            inbound = proxy.Inbound(
+                route=route,
+                model=model,
+                stream=bool(head.stream),
+                body=body,
+                headers=scope["headers"],
+                query=scope.get("query_string", b""),
+                request_id=request_id,
+            )
+            if settings.routing.debug:
+                record.forwarding(gateway.breakers)
             await proxy.forward(gateway, inbound, resolution, send, record)
         finally:
             watch.stop()  # before any error answer below
@@ -204,7 +202,7 @@ async def _proxy(gateway: Gateway, route: Route, scope, receive, send, first: di
             await _answer_error(send, record, 500, "internal gateway error", "internal_error", "internal_error")
         record.failed()
     except asyncio.CancelledError:
-        if watch is None or not watch.took_back():  # not (only) the client's leaving: the server is stopping
+        if not watch.took_back():  # not (only) the client's leaving: the server is stopping
             record.failed()
             raise
         record.client_left()
@@ -226,41 +224,6 @@ async def _answer_error(send, record: Record, status: int, message: str, type_: 
         await send(message)
 
     await send_error(send_with_head, status, message, type_, code)
-
-
-class _ClientWatch:
-    """Cancels the request's task when its client leaves. Watched from
-    WATCH_AFTER_SECONDS in: a quick answer does without the watching task and its
-    pending receive() in Granian."""
-
-    _watcher: asyncio.Task | None = None
-    _left = False
-
-    def __init__(self, receive, task: asyncio.Task, loop: asyncio.AbstractEventLoop) -> None:
-        self._task = task
-        self._timer = loop.call_later(WATCH_AFTER_SECONDS, self._start, receive, loop)
-
-    def _start(self, receive, loop: asyncio.AbstractEventLoop) -> None:
-        self._watcher = loop.create_task(self._watch(receive))
-
-    async def _watch(self, receive) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        self._left = True
-        self._task.cancel()
-
-    def took_back(self) -> bool:
-        """Called with the task cancelled: True when the client's leaving did it (the
-        cancellation is then taken back), False when it came (also) from elsewhere."""
-        if not self._left or self._task.cancelling() > 1:
-            return False
-        self._task.uncancel()
-        return True
-
-    def stop(self) -> None:
-        self._timer.cancel()
-        if self._watcher is not None:
-            self._watcher.cancel()
 
 
 def _account(gateway: Gateway, route, scope, first: dict, record: Record, loop: asyncio.AbstractEventLoop) -> None:

@@ -1,5 +1,6 @@
-"""A request's body, read within its bounds: the size limit, and the client timeout
-between its messages (docs/design.md section 10)."""
+"""A proxied request's client: its body, read within its bounds (the size limit, and the
+client timeout between its messages: docs/design.md section 10), and the watch that
+cancels the request when the client leaves, both on one timer (ClientWatch)."""
 
 from __future__ import annotations
 
@@ -26,54 +27,116 @@ class ClientLeft(Refused):
         super().__init__(400, "the request body is incomplete or its chunked framing is malformed", "invalid_body")
 
 
-async def receive_within(receive, timeout_seconds: float, task: asyncio.Task):
-    """`await receive()` in `task`, or Refused 408 after `timeout_seconds`. asyncio.timeout's
-    work with the task at hand: asyncio's own looks the loop up twice (two getpid(2)
-    on Python 3.11), for each request."""
-    expired = []
+class ClientWatch:
+    """A proxied request's one timer over its client, from the request's start.
 
-    def expire() -> None:
-        expired.append(True)
-        task.cancel()
+    While the body is read (`waiting_since`: the loop's time when the wait for its next
+    message began), the timer looks `every_seconds` in, then again when that wait could be
+    over (at most `every_seconds` later); when it is over, it cancels the request's task,
+    at its wait for the message, and read_body refuses the request 408. The first look
+    after the body was read starts a task that waits for the client to leave, and cancels
+    the request's task when it does. A quick request is over before the first look: it
+    does without that task and its pending receive() in the server. (The client timeout,
+    at least 0.1 s, is longer than `every_seconds`.)"""
 
-    timer = task.get_loop().call_later(timeout_seconds, expire)
-    try:
-        message = await receive()
-        if expired:  # the timer fired as the message came: as asyncio.timeout, take the cancel back
-            task.uncancel()
-        return message
-    except asyncio.CancelledError:
-        if expired and task.uncancel() == 0:
-            raise Refused(408, f"no byte of the request body for {timeout_seconds:g} s", "request_timeout") from None
-        raise
-    finally:
-        timer.cancel()
+    waiting_since: float | None  # None once the body is read
+    expired: Refused | None = None  # the 408, once the client timeout passed during the body
+    _watcher: asyncio.Task | None = None
+    _left = False
+
+    def __init__(
+        self,
+        receive,
+        task: asyncio.Task,
+        loop: asyncio.AbstractEventLoop,
+        now: float,
+        timeout_seconds: float,
+        every_seconds: float,
+    ) -> None:
+        self._receive = receive
+        self._task = task
+        self.waiting_since = now
+        self._timer = loop.call_later(every_seconds, self._look, loop, timeout_seconds, every_seconds)
+
+    def _look(self, loop: asyncio.AbstractEventLoop, timeout_seconds: float, every_seconds: float) -> None:
+        if self.waiting_since is None:  # the body is read: watch for the client leaving
+            self._watcher = loop.create_task(self._watch())
+            return
+        left = self.waiting_since + timeout_seconds - loop.time()
+        if left > 0:
+            self._timer = loop.call_later(min(left, every_seconds), self._look, loop, timeout_seconds, every_seconds)
+            return
+        self.expired = Refused(408, f"no byte of the request body for {timeout_seconds:g} s", "request_timeout")
+        self._task.cancel()
+
+    async def _watch(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        self._left = True
+        self._task.cancel()
+
+    def expiry(self) -> Refused | None:
+        """Called with the task cancelled while the body was read: the 408 when the client
+        timeout did it (the cancellation is then taken back), else None."""
+        if self.expired is None or self._task.uncancel() > 0:
+            return None
+        return self.expired
+
+    def took_back(self) -> bool:
+        """Called with the task cancelled after the body was read: True when the client's
+        leaving did it (the cancellation is then taken back), False when it came (also)
+        from elsewhere."""
+        if not self._left or self._task.cancelling() > 1:
+            return False
+        self._task.uncancel()
+        return True
+
+    def stop(self) -> None:
+        self._timer.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()
 
 
-async def read_body(receive, declared: bytes | None, limit: int, timeout_seconds: float, task: asyncio.Task) -> bytes:
-    """The whole request body (its `content-length` header said `declared`). Refused
-    413 when it is over `limit` bytes, 408 when `timeout_seconds` pass without a byte of
-    it (docs/design.md section 10); ClientLeft when the client leaves before its end."""
+async def read_body(receive, declared: bytes | None, limit: int, watch: ClientWatch) -> bytes:
+    """The whole request body (its `content-length` header said `declared`), timed by
+    `watch`. Refused 413 when it is over `limit` bytes, 408 when the client timeout
+    passes without a message of it (docs/design.md section 10); ClientLeft when the
+    client leaves before its end."""
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
-    message = await receive_within(receive, timeout_seconds, task)
-    if message["type"] == "http.disconnect":
-        raise ClientLeft
-    body: bytes = message.get("body", b"")
-    if not message.get("more_body") and len(body) <= limit:
-        return body  # the usual request: all of its body in one message
+    try:
+        message = await receive()  # timed since the request came
+        if message["type"] == "http.disconnect":
+            raise ClientLeft
+        body: bytes = message.get("body", b"")
+        if not message.get("more_body") and len(body) <= limit:
+            watch.waiting_since = None
+            return body  # the usual request: all of its body in one message
+        return await _read_rest(receive, message, limit, watch)
+    except asyncio.CancelledError:
+        refusal = watch.expiry()
+        if refusal is None:
+            raise
+        raise refusal from None
+
+
+async def _read_rest(receive, message, limit: int, watch: ClientWatch) -> bytes:
+    """The body whose first message, `message`, was not all of it (or was over `limit`)."""
+    loop = asyncio.get_running_loop()
     parts = []
     size = 0
     while True:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            await _discard_body(receive, message, timeout_seconds, task)
+            await _discard_body(receive, message, watch, loop)
             raise _too_large(limit)
         parts.append(chunk)
         if not message.get("more_body"):
+            watch.waiting_since = None
             return b"".join(parts)
-        message = await receive_within(receive, timeout_seconds, task)
+        watch.waiting_since = loop.time()
+        message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientLeft
 
@@ -87,13 +150,16 @@ def _too_large(limit: int) -> Refused:
 DISCARD_BYTES = 1024 * 1024
 
 
-async def _discard_body(receive, message, timeout_seconds: float, task: asyncio.Task) -> None:
+async def _discard_body(receive, message, watch: ClientWatch, loop: asyncio.AbstractEventLoop) -> None:
     discarded = 0
     while message.get("more_body") and discarded < DISCARD_BYTES:
+        watch.waiting_since = loop.time()
         try:
-            message = await receive_within(receive, timeout_seconds, task)
-        except Refused:  # 408: the client stopped sending
-            return
+            message = await receive()
+        except asyncio.CancelledError:
+            if watch.expiry() is None:
+                raise
+            return  # the client stopped sending: its 413 goes out now
         if message["type"] == "http.disconnect":
             raise ClientLeft
         discarded += len(message.get("body", b""))
