@@ -107,7 +107,7 @@ def access(
     if not _access_on:
         return
     path = scope["path"]
-    query = scope.get("query_string")
+    query = scope["query_string"]
     if query:
         path = f"{path}?{_redacted(query.decode('latin-1'))}"
     line = {
@@ -119,10 +119,11 @@ def access(
         "path": path,
         "user_agent": agent if agent is None else agent[:MAX_USER_AGENT_BYTES].decode("latin-1"),
     }
+    first_of_turn = not _batch
     _batch.append(_encode.encode(line) + b"\n")
     if loop is None:
         flush()
-    elif len(_batch) == 1:
+    elif first_of_turn:
         loop.call_soon(flush)
 
 

@@ -179,10 +179,10 @@ async def _proxy(gateway: Gateway, route: Route, scope, receive, send, first: di
             inbound = proxy.Inbound(
                 route=route,
                 model=model,
-                stream=bool(head.stream),
+                stream=head.stream is True,  # None when the body has no `stream`
                 body=body,
                 headers=scope["headers"],
-                query=scope.get("query_string", b""),
+                query=scope["query_string"],
                 request_id=request_id,
             )
             if settings.routing.debug:
@@ -229,13 +229,16 @@ async def _answer_error(send, record: Record, status: int, message: str, type_: 
 def _account(gateway: Gateway, route, scope, first: dict, record: Record, loop: asyncio.AbstractEventLoop) -> None:
     """The request's metrics and access-log line, from its record."""
     duration = loop.time() - record.started_at
-    model, target, tokens = record.model, record.target, record.tokens
+    model = record.model
+    target = record.target
+    tokens = record.tokens
     metrics = gateway.metrics
     if tokens is None or target is None:  # no answer that reported its tokens was sent
         metrics.count_proxied(route.path, model, record.status, duration, None, 0, 0)
     else:
-        provider, prompt, completion = target.provider, tokens.prompt, tokens.completion
-        metrics.count_proxied(route.path, model, record.status, duration, provider, prompt, completion)
+        metrics.count_proxied(
+            route.path, model, record.status, duration, target.provider, tokens.prompt, tokens.completion
+        )
     if record.first_output_at is not None:
         metrics.observe_first_token(model, record.first_output_at - record.started_at)
     fields = {
@@ -244,7 +247,7 @@ def _account(gateway: Gateway, route, scope, first: dict, record: Record, loop: 
         "status": record.status,
         "worker": gateway.pid,
         "request_id": record.request_id.decode(),
-        "target": str(target) if target else None,
+        "target": f"{target.provider}:{target.upstream_model}" if target else None,  # str(target), inline
         "attempts": ",".join(record.attempts),
         "cut": record.cut,
         "duration_ms": round(duration * 1000, 1),

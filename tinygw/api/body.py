@@ -53,24 +53,24 @@ class ClientWatch:
         timeout_seconds: float,
         every_seconds: float,
     ) -> None:
-        self._receive = receive
         self._task = task
         self.waiting_since = now
-        self._timer = loop.call_later(every_seconds, self._look, loop, timeout_seconds, every_seconds)
+        self._timer = loop.call_later(every_seconds, self._look, loop, receive, timeout_seconds, every_seconds)
 
-    def _look(self, loop: asyncio.AbstractEventLoop, timeout_seconds: float, every_seconds: float) -> None:
+    def _look(self, loop: asyncio.AbstractEventLoop, receive, timeout_seconds: float, every_seconds: float) -> None:
         if self.waiting_since is None:  # the body is read: watch for the client leaving
-            self._watcher = loop.create_task(self._watch())
+            self._watcher = loop.create_task(self._watch(receive))
             return
         left = self.waiting_since + timeout_seconds - loop.time()
         if left > 0:
-            self._timer = loop.call_later(min(left, every_seconds), self._look, loop, timeout_seconds, every_seconds)
+            delay = min(left, every_seconds)
+            self._timer = loop.call_later(delay, self._look, loop, receive, timeout_seconds, every_seconds)
             return
         self.expired = Refused(408, f"no byte of the request body for {timeout_seconds:g} s", "request_timeout")
         self._task.cancel()
 
-    async def _watch(self) -> None:
-        while (await self._receive())["type"] != "http.disconnect":
+    async def _watch(self, receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
             pass
         self._left = True
         self._task.cancel()
