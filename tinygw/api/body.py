@@ -40,7 +40,7 @@ class ClientWatch:
     at least 0.1 s, is longer than `every_seconds`.)"""
 
     waiting_since: float | None  # None once the body is read
-    expired: Refused | None = None  # the 408, once the client timeout passed during the body
+    expired_after: float | None = None  # the client timeout, once it passed during the body
     _watcher: asyncio.Task | None = None
     _left = False
 
@@ -66,7 +66,7 @@ class ClientWatch:
             delay = min(left, every_seconds)
             self._timer = loop.call_later(delay, self._look, loop, receive, timeout_seconds, every_seconds)
             return
-        self.expired = Refused(408, f"no byte of the request body for {timeout_seconds:g} s", "request_timeout")
+        self.expired_after = timeout_seconds
         self._task.cancel()
 
     async def _watch(self, receive) -> None:
@@ -75,12 +75,10 @@ class ClientWatch:
         self._left = True
         self._task.cancel()
 
-    def expiry(self) -> Refused | None:
-        """Called with the task cancelled while the body was read: the 408 when the client
-        timeout did it (the cancellation is then taken back), else None."""
-        if self.expired is None or self._task.uncancel() > 0:
-            return None
-        return self.expired
+    def timed_out(self) -> bool:
+        """Called with the task cancelled while the body was read: True when the client
+        timeout did it (the cancellation is then taken back), else False."""
+        return self.expired_after is not None and self._task.uncancel() == 0
 
     def took_back(self) -> bool:
         """Called with the task cancelled after the body was read: True when the client's
@@ -114,10 +112,11 @@ async def read_body(receive, declared: bytes | None, limit: int, watch: ClientWa
             return body  # the usual request: all of its body in one message
         return await _read_rest(receive, message, limit, watch)
     except asyncio.CancelledError:
-        refusal = watch.expiry()
-        if refusal is None:
+        if not watch.timed_out():
             raise
-        raise refusal from None
+        # raised as it is made: an exception kept in a local here would hold this frame (and
+        # the request's receive) in a cycle, and the server would close the connection late
+        raise _too_slow(watch.expired_after) from None  # type: ignore[arg-type]  # set when timed out
 
 
 async def _read_rest(receive, message, limit: int, watch: ClientWatch) -> bytes:
@@ -141,6 +140,10 @@ async def _read_rest(receive, message, limit: int, watch: ClientWatch) -> bytes:
             raise ClientLeft
 
 
+def _too_slow(timeout_seconds: float) -> Refused:
+    return Refused(408, f"no byte of the request body for {timeout_seconds:g} s", "request_timeout")
+
+
 def _too_large(limit: int) -> Refused:
     return Refused(413, f"request body over {limit} bytes", "request_too_large")
 
@@ -157,7 +160,7 @@ async def _discard_body(receive, message, watch: ClientWatch, loop: asyncio.Abst
         try:
             message = await receive()
         except asyncio.CancelledError:
-            if watch.expiry() is None:
+            if not watch.timed_out():
                 raise
             return  # the client stopped sending: its 413 goes out now
         if message["type"] == "http.disconnect":
