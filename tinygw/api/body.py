@@ -75,10 +75,12 @@ class ClientWatch:
         self._left = True
         self._task.cancel()
 
-    def timed_out(self) -> bool:
-        """Called with the task cancelled while the body was read: True when the client
-        timeout did it (the cancellation is then taken back), else False."""
-        return self.expired_after is not None and self._task.uncancel() == 0
+    def timed_out(self) -> float | None:
+        """Called with the task cancelled while the body was read: the client timeout when
+        it did it (the cancellation is then taken back), else None."""
+        if self.expired_after is None or self._task.uncancel() > 0:
+            return None
+        return self.expired_after
 
     def took_back(self) -> bool:
         """Called with the task cancelled after the body was read: True when the client's
@@ -112,11 +114,12 @@ async def read_body(receive, declared: bytes | None, limit: int, watch: ClientWa
             return body  # the usual request: all of its body in one message
         return await _read_rest(receive, message, limit, watch)
     except asyncio.CancelledError:
-        if not watch.timed_out():
+        timeout_seconds = watch.timed_out()
+        if timeout_seconds is None:
             raise
         # raised as it is made: an exception kept in a local here would hold this frame (and
         # the request's receive) in a cycle, and the server would close the connection late
-        raise _too_slow(watch.expired_after) from None  # type: ignore[arg-type]  # set when timed out
+        raise _too_slow(timeout_seconds) from None
 
 
 async def _read_rest(receive, message, limit: int, watch: ClientWatch) -> bytes:
@@ -160,7 +163,7 @@ async def _discard_body(receive, message, watch: ClientWatch, loop: asyncio.Abst
         try:
             message = await receive()
         except asyncio.CancelledError:
-            if not watch.timed_out():
+            if watch.timed_out() is None:
                 raise
             return  # the client stopped sending: its 413 goes out now
         if message["type"] == "http.disconnect":
