@@ -303,7 +303,7 @@ def test_a_new_route_cannot_forget_the_key(monkeypatch):
     async def run() -> None:
         gateway = TinyGateway(settings)
         scope = {"type": "http", "path": "/careless", "method": "GET", "headers": [], "query_string": b""}
-        await app.handle(gateway, scope, None, send)
+        await app.app({**scope, "state": {"gateway": gateway}}, None, send)
         await gateway.aclose()
 
     asyncio.run(run())

@@ -9,6 +9,7 @@ import http.client
 import json
 import socket
 import threading
+import time
 import zlib
 
 import pytest
@@ -323,6 +324,51 @@ def test_a_body_sent_too_slowly_is_408(fake, start_gateway):
     assert json.loads(body)["error"]["code"] == "request_timeout"
 
 
+def _send_slowly(client: socket.socket, body: bytes, pause_seconds: float) -> None:
+    """A chat request whose body goes in four parts, `pause_seconds` apart: the client's
+    pace is what these tests are about (no state is waited for)."""
+    client.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    )
+    step = -(-len(body) // 4)
+    for i in range(0, len(body), step):
+        time.sleep(pause_seconds)
+        client.sendall(body[i : i + step])
+
+
+def test_a_body_sent_slowly_but_steadily_is_forwarded(fake, start_gateway):
+    """The client timeout is between the body's messages (docs/design.md section 10), not
+    for the whole body: parts that each come within it make a request that is answered,
+    however long the body takes in all (here 4 x 0.3 s against a 0.5 s timeout)."""
+    gateway = start_gateway(small_config(fake), TINYGW_CLIENT_TIMEOUT_SECONDS="0.5")
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "steady " * 20}]}).encode()
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as client:
+        _send_slowly(client, body, 0.3)
+        response = http.client.HTTPResponse(client)
+        response.begin()
+        assert response.status == 200, response.read()
+    assert json.loads(fake.requests[-1].body)["messages"][0]["content"] == "steady " * 20
+
+
+def test_a_client_that_leaves_after_a_slow_body_still_closes_the_upstream(fake, start_gateway):
+    """A body that takes longer than the first look for a client that leaves (tinygw.api.body.ClientWatch)
+    is still followed by that watch: the client leaves while its provider hangs, and the
+    provider's connection is closed, the request logged as 499."""
+    gateway = start_gateway(small_config(fake))
+    fake.script = lambda r: Reply(action="hang")
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "slow-then-leave"}]}).encode()
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as client:
+        _send_slowly(client, body, 0.1)
+        wait_until(lambda: len(fake.requests) >= 1, seconds=3, what="the request to reach the provider")
+    wait_until(lambda: fake.peer_closed >= 1, seconds=3, what="the upstream connection to be closed")
+    wait_until(
+        lambda: any(r.get("msg") == "request" and r.get("status") == 499 for r in gateway.log_records()),
+        seconds=3,
+        what="the request to be logged as 499",
+    )
+
+
 def test_thousands_of_idle_and_slow_clients_do_not_stop_the_gateway(fake, start_gateway):
     """2,000 idle connections and 100 requests whose bodies never finish, against a
     gateway started with the common default soft limit of 1,024 open files."""
@@ -439,7 +485,8 @@ def test_a_client_that_leaves_during_a_large_answer_frees_its_connection_slot():
                 "query_string": b"",
             }
             route = app.ROUTES["/v1/chat/completions"].route
-            await asyncio.wait_for(app._proxy(gateway, route, scope, receive, send), 10)
+            first = dict(reversed(scope["headers"]))  # the headers by name, as app() gives them
+            await asyncio.wait_for(app._proxy(gateway, route, scope, receive, send, first, b"request-1"), 10)
             free.append(pool._free_slots)
         server.close()
         return free

@@ -19,7 +19,7 @@ from collections.abc import Awaitable
 from tinygw import logs
 from tinygw.api import models
 from tinygw.api.attestation import attestation_page
-from tinygw.api.body import ClientLeft, read_body
+from tinygw.api.body import ClientLeft, ClientWatch, Refused, read_body
 from tinygw.api.models import MODEL_PREFIX
 from tinygw.api.pages import healthz, metrics, root
 from tinygw.api.status import status_json, status_page
@@ -32,20 +32,43 @@ from tinygw.worker import discovery, proxy
 from tinygw.worker.gateway import Gateway
 from tinygw.worker.record import Record
 
-# A proxied request starts watching for its client leaving this long after its body
-# was read (a task waiting in receive() costs about a tenth of a quick request's CPU).
+# A proxied request starts watching for its client leaving this long after it came, or
+# after its body was read when that took longer (a task waiting in receive() costs about
+# a tenth of a quick request's CPU); until then its ClientWatch looks this often.
 WATCH_AFTER_SECONDS = 0.05
 
 
 def app(scope, receive, send) -> Awaitable[None]:
-    """The ASGI app: a plain function that returns its handler's coroutine, which the
-    server awaits (a coroutine frame fewer on every request than awaiting it here)."""
-    kind = scope["type"]
-    if kind == "http":
-        return handle(scope["state"]["gateway"], scope, receive, send)
-    if kind == "lifespan":
-        return lifespan(scope, receive, send)
-    return _ignore()
+    """The ASGI app: a plain function that returns the coroutine that answers, which the
+    server awaits (a coroutine frame fewer on every request than awaiting it here).
+
+    An HTTP request is dispatched here, after the checks every request passes before any
+    handler runs, in this order: a route for the path (404), a method it takes (405), the
+    gateway key (401)."""
+    if scope["type"] != "http":
+        return lifespan(scope, receive, send) if scope["type"] == "lifespan" else _ignore()
+    gateway: Gateway = scope["state"]["gateway"]
+    path = scope["path"]
+    first = dict(reversed(scope["headers"]))  # each header's first value, for the few read by name
+    request_id = wire.request_id_from(first.get(b"x-request-id"))
+    endpoint = ROUTES.get(path) or (ROUTES[MODEL_ROUTE] if path.startswith(MODEL_PREFIX) else None)
+    if endpoint is None:
+        not_found = 404, f"no route {path}; the routes are: {ROUTE_LIST}", "invalid_request_error", "not_found"
+        return _refuse(gateway, None, scope, _with_request_id(send, request_id), first, request_id, not_found)
+    route = endpoint.route
+    # an API route's errors take its API's shape: Endpoint.anthropic_shaped, without the call
+    if route.api == "anthropic" if route is not None else endpoint.anthropic_shaped(first):
+        send = wire.anthropic_errors(send)
+    if scope["method"] not in endpoint.methods:
+        refusal = 405, f"{path} takes {endpoint.methods[0]}", "invalid_request_error", "method_not_allowed"
+    elif endpoint.auth and not gateway.auth.allows(scope["headers"]):
+        refusal = 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key"
+    elif route is not None:  # the hot path: its answers get the id from its record
+        return _proxy(gateway, route, scope, receive, send, first, request_id)
+    else:  # a row without a route is a page's (routing.page_endpoint)
+        page: Awaitable[None] = endpoint.page(gateway, scope, _with_request_id(send, request_id))  # type: ignore[misc]
+        return page
+    return _refuse(gateway, route, scope, _with_request_id(send, request_id), first, request_id, refusal)
 
 
 async def _ignore() -> None:
@@ -95,34 +118,14 @@ async def _hash_artifact(gateway: Gateway) -> None:
 # ---- requests ------------------------------------------------------------------------
 
 
-def handle(gateway: Gateway, scope, receive, send) -> Awaitable[None]:
-    """Dispatch: the coroutine that answers the request (returned, as app returns it),
-    after the checks every request passes before any handler runs, in this order: a
-    route for the path (404), a method it takes (405), the gateway key (401)."""
-    path = scope["path"]
-    request_id = wire.request_id(scope["headers"])
-    endpoint = ROUTES.get(path) or (ROUTES[MODEL_ROUTE] if path.startswith(MODEL_PREFIX) else None)
-    if endpoint is None:
-        not_found = 404, f"no route {path}; the routes are: {ROUTE_LIST}", "invalid_request_error", "not_found"
-        return _refuse(gateway, None, scope, _with_request_id(send, request_id), request_id, not_found)
-    route = endpoint.route
-    # an API route's errors take its API's shape: Endpoint.anthropic_shaped, without the call
-    if route.api == "anthropic" if route is not None else endpoint.anthropic_shaped(scope):
-        send = wire.anthropic_errors(send)
-    if scope["method"] not in endpoint.methods:
-        refusal = 405, f"{path} takes {endpoint.methods[0]}", "invalid_request_error", "method_not_allowed"
-    elif endpoint.auth and not gateway.auth.allows(scope["headers"]):
-        refusal = 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key"
-    elif route is not None:  # the hot path: its answers get the id from its record
-        return _proxy(gateway, route, scope, receive, send, request_id)
-    else:  # a row without a route is a page's (routing.page_endpoint)
-        page: Awaitable[None] = endpoint.page(gateway, scope, _with_request_id(send, request_id))  # type: ignore[misc]
-        return page
-    return _refuse(gateway, route, scope, _with_request_id(send, request_id), request_id, refusal)
-
-
 async def _refuse(
-    gateway: Gateway, route: Route | None, scope, send, request_id: bytes, refusal: tuple[int, str, str, str]
+    gateway: Gateway,
+    route: Route | None,
+    scope,
+    send,
+    first: dict[bytes, bytes],
+    request_id: bytes,
+    refusal: tuple[int, str, str, str],
 ) -> None:
     """A refused request: answered, written on the access log, and counted when its
     route is an API's (a bounded label; an unknown path is not one)."""
@@ -136,7 +139,7 @@ async def _refuse(
         "worker": gateway.pid,
         "request_id": request_id.decode(),
     }
-    logs.access(gateway.loop, scope, fields)
+    logs.access(gateway.loop, scope, fields, first.get(b"user-agent"))
 
 
 def _with_request_id(send, request_id: bytes):
@@ -151,27 +154,46 @@ def _with_request_id(send, request_id: bytes):
     return send_with_id
 
 
-async def _proxy(gateway: Gateway, route, scope, receive, send, request_id: bytes = b"") -> None:
-    """A request to a proxied route (its gateway key checked at dispatch): admitted (body,
-    model), then forwarded, cancelled if its client leaves (its attempt's upstream
-    connection is then closed at once); counted and logged from its record, whatever
-    ended it."""
+async def _proxy(gateway: Gateway, route: Route, scope, receive, send, first: dict, request_id: bytes) -> None:
+    """A request to a proxied route (its gateway key checked at dispatch): admitted (its
+    body read within its bounds, its model known on the route), then forwarded, cancelled
+    if its client leaves (its attempt's upstream connection is then closed at once);
+    counted and logged from its record, whatever ended it. `first` is its headers by name
+    (each one's first value)."""
     loop = gateway.loop or asyncio.get_running_loop()
-    record = Record(request_id or wire.new_request_id(), loop.time())
+    record = Record(request_id, loop.time())
     # this request's, looked up once (never None: _proxy runs in the request's task)
     task: asyncio.Task = asyncio.current_task(loop)  # type: ignore[assignment]
     gateway.metrics.add_in_flight(1)
-    watch = None
+    settings = gateway.settings
+    watch = ClientWatch(receive, task, loop, record.started_at, settings.client_timeout_seconds, WATCH_AFTER_SECONDS)
     try:
-        admitted = await _admit(gateway, route, scope, receive, send, record, task)
-        if admitted is not None:
-            if gateway.settings.routing.debug:
+        try:
+            body = await read_body(receive, first.get(b"content-length"), settings.max_body_bytes, watch)
+            head = read_head(body)
+            model: str = head.model  # type: ignore[assignment]  # read_head refuses a body without one
+            resolution = gateway.resolver.resolve(route, model)
+            if resolution is None:
+                raise Refused(404, f"the model {model!r} does not exist on {route.path}", "model_not_found")
+            record.resolved(resolution.model)
+            inbound = proxy.Inbound(
+                route=route,
+                model=model,
+                stream=head.stream is True,  # None when the body has no `stream`
+                body=body,
+                headers=scope["headers"],
+                query=scope["query_string"],
+                request_id=request_id,
+            )
+            if settings.routing.debug:
                 record.forwarding(gateway.breakers)
-            watch = _ClientWatch(receive, task, loop)
-            try:
-                await proxy.forward(gateway, admitted[0], admitted[1], send, record)
-            finally:
-                watch.stop()  # before any error answer below
+            await proxy.forward(gateway, inbound, resolution, send, record)
+        finally:
+            watch.stop()  # before any error answer below
+    except Refused as e:  # read_body's, or an unknown model
+        await _answer_error(send, record, e.status, str(e), "invalid_request_error", e.code)
+        if isinstance(e, ClientLeft):
+            record.client_left()
     except BadBody as e:  # read_head, or wire.rewrite_model for an attempt
         await _answer_error(send, record, 400, str(e), "invalid_request_error", "invalid_body")
     except Exception:
@@ -180,7 +202,7 @@ async def _proxy(gateway: Gateway, route, scope, receive, send, request_id: byte
             await _answer_error(send, record, 500, "internal gateway error", "internal_error", "internal_error")
         record.failed()
     except asyncio.CancelledError:
-        if watch is None or not watch.took_back():  # not (only) the client's leaving: the server is stopping
+        if not watch.took_back():  # not (only) the client's leaving: the server is stopping
             record.failed()
             raise
         record.client_left()
@@ -188,7 +210,7 @@ async def _proxy(gateway: Gateway, route, scope, receive, send, request_id: byte
         record.failed()
         raise
     finally:
-        _account(gateway, route, scope, record, loop)
+        _account(gateway, route, scope, first, record, loop)
 
 
 async def _answer_error(send, record: Record, status: int, message: str, type_: str, code: str) -> None:
@@ -204,103 +226,19 @@ async def _answer_error(send, record: Record, status: int, message: str, type_: 
     await send_error(send_with_head, status, message, type_, code)
 
 
-async def _admit(gateway: Gateway, route, scope, receive, send, record: Record, task: asyncio.Task):
-    """(inbound, resolution) of a request the gateway forwards; None when it was refused."""
-    headers = scope["headers"]
-    settings = gateway.settings
-    try:
-        body = await read_body(receive, headers, settings.max_body_bytes, settings.client_timeout_seconds, task)
-    except ClientLeft:
-        # Granian reports a malformed chunked body the same way as a client that left:
-        # answer 400 (a client that really left will not read it), and count it as a
-        # client that left, which is what it most often is.
-        await _answer_error(
-            send,
-            record,
-            400,
-            "the request body is incomplete or its chunked framing is malformed",
-            "invalid_request_error",
-            "invalid_body",
-        )
-        record.client_left()
-        return None
-    except TimeoutError:
-        limit = settings.client_timeout_seconds
-        return await _answer_error(
-            send,
-            record,
-            408,
-            f"no byte of the request body for {limit:g} s",
-            "invalid_request_error",
-            "request_timeout",
-        )
-    if body is None:
-        limit = settings.max_body_bytes
-        return await _answer_error(
-            send, record, 413, f"request body over {limit} bytes", "invalid_request_error", "request_too_large"
-        )
-    head = read_head(body)  # BadBody: _proxy answers 400
-    model: str = head.model  # type: ignore[assignment]  # read_head refuses a body without one
-    resolution = gateway.resolver.resolve(route, model)
-    if resolution is None:
-        message = f"the model {model!r} does not exist on {route.path}"
-        return await _answer_error(send, record, 404, message, "invalid_request_error", "model_not_found")
-    record.resolved(resolution.model)
-    inbound = proxy.Inbound(
-        route=route,
-        model=model,
-        stream=bool(head.stream),
-        body=body,
-        headers=headers,
-        query=scope.get("query_string", b""),
-        request_id=record.request_id,
-    )
-    return inbound, resolution
-
-
-class _ClientWatch:
-    """Cancels the request's task when its client leaves. Watched from
-    WATCH_AFTER_SECONDS in: a quick answer does without the watching task and its
-    pending receive() in Granian."""
-
-    _watcher: asyncio.Task | None = None
-    _left = False
-
-    def __init__(self, receive, task: asyncio.Task, loop: asyncio.AbstractEventLoop) -> None:
-        self._task = task
-        self._timer = loop.call_later(WATCH_AFTER_SECONDS, self._start, receive, loop)
-
-    def _start(self, receive, loop: asyncio.AbstractEventLoop) -> None:
-        self._watcher = loop.create_task(self._watch(receive))
-
-    async def _watch(self, receive) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        self._left = True
-        self._task.cancel()
-
-    def took_back(self) -> bool:
-        """Called with the task cancelled: True when the client's leaving did it (the
-        cancellation is then taken back), False when it came (also) from elsewhere."""
-        if not self._left or self._task.cancelling() > 1:
-            return False
-        self._task.uncancel()
-        return True
-
-    def stop(self) -> None:
-        self._timer.cancel()
-        if self._watcher is not None:
-            self._watcher.cancel()
-
-
-def _account(gateway: Gateway, route, scope, record: Record, loop: asyncio.AbstractEventLoop) -> None:
+def _account(gateway: Gateway, route, scope, first: dict, record: Record, loop: asyncio.AbstractEventLoop) -> None:
     """The request's metrics and access-log line, from its record."""
     duration = loop.time() - record.started_at
-    model, target, tokens = record.model, record.target, record.tokens
+    model = record.model
+    target = record.target
+    tokens = record.tokens
     metrics = gateway.metrics
-    metrics.count_request(route.path, model, record.status, duration, -1)  # -1: no longer in flight
-    if tokens is not None and target is not None:
-        metrics.count_tokens(target.provider, model, tokens.prompt, tokens.completion)
+    if tokens is None or target is None:  # no answer that reported its tokens was sent
+        metrics.count_proxied(route.path, model, record.status, duration, None, 0, 0)
+    else:
+        metrics.count_proxied(
+            route.path, model, record.status, duration, target.provider, tokens.prompt, tokens.completion
+        )
     if record.first_output_at is not None:
         metrics.observe_first_token(model, record.first_output_at - record.started_at)
     fields = {
@@ -309,12 +247,12 @@ def _account(gateway: Gateway, route, scope, record: Record, loop: asyncio.Abstr
         "status": record.status,
         "worker": gateway.pid,
         "request_id": record.request_id.decode(),
-        "target": str(target) if target else None,
+        "target": f"{target.provider}:{target.upstream_model}" if target else None,  # str(target), inline
         "attempts": ",".join(record.attempts),
         "cut": record.cut,
         "duration_ms": round(duration * 1000, 1),
     }
-    logs.access(loop, scope, fields)
+    logs.access(loop, scope, fields, first.get(b"user-agent"))
 
 
 MODEL_ROUTE = f"{MODEL_PREFIX}{{id}}"

@@ -1,65 +1,154 @@
-"""A request's body, read within its bounds: the size limit, and the client timeout
-between its messages (docs/design.md section 10)."""
+"""A proxied request's client: its body, read within its bounds (the size limit, and the
+client timeout between its messages: docs/design.md section 10), and the watch that
+cancels the request when the client leaves, both on one timer (ClientWatch)."""
 
 from __future__ import annotations
 
 import asyncio
 
 
-class ClientLeft(Exception):
-    """The client disconnected while the gateway was still reading its request."""
+class Refused(Exception):
+    """A request the gateway answers itself, before forwarding it: `status`, an error
+    `code`, and the exception's message."""
+
+    def __init__(self, status: int, message: str, code: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
 
 
-async def receive_within(receive, timeout_seconds: float, task: asyncio.Task):
-    """`await receive()` in `task`, or TimeoutError after `timeout_seconds`. asyncio.timeout's
-    work with the task at hand: asyncio's own looks the loop up twice (two getpid(2)
-    on Python 3.11), for each request."""
-    expired = []
+class ClientLeft(Refused):
+    """The client disconnected while the gateway was still reading its request. Granian
+    reports a malformed chunked body the same way: it is answered 400 (a client that
+    really left will not read it), and counted as a client that left, which is what it
+    most often is."""
 
-    def expire() -> None:
-        expired.append(True)
-        task.cancel()
-
-    timer = task.get_loop().call_later(timeout_seconds, expire)
-    try:
-        message = await receive()
-        if expired:  # the timer fired as the message came: as asyncio.timeout, take the cancel back
-            task.uncancel()
-        return message
-    except asyncio.CancelledError:
-        if expired and task.uncancel() == 0:
-            raise TimeoutError from None
-        raise
-    finally:
-        timer.cancel()
+    def __init__(self) -> None:
+        super().__init__(400, "the request body is incomplete or its chunked framing is malformed", "invalid_body")
 
 
-async def read_body(receive, headers, limit: int, timeout_seconds: float, task: asyncio.Task) -> bytes | None:
-    """The whole request body, or None when it is over `limit` bytes. Raises
-    TimeoutError when `timeout_seconds` pass without a byte of it (docs/design.md section 10)."""
-    declared = dict(reversed(headers)).get(b"content-length")  # wire.header, without the call
+class ClientWatch:
+    """A proxied request's one timer over its client, from the request's start.
+
+    While the body is read (`waiting_since`: the loop's time when the wait for its next
+    message began), the timer looks `every_seconds` in, then again when that wait could be
+    over (at most `every_seconds` later); when it is over, it cancels the request's task,
+    at its wait for the message, and read_body refuses the request 408. The first look
+    after the body was read starts a task that waits for the client to leave, and cancels
+    the request's task when it does. A quick request is over before the first look: it
+    does without that task and its pending receive() in the server. (The client timeout,
+    at least 0.1 s, is longer than `every_seconds`.)"""
+
+    waiting_since: float | None  # None once the body is read
+    expired_after: float | None = None  # the client timeout, once it passed during the body
+    _watcher: asyncio.Task | None = None
+    _left = False
+
+    def __init__(
+        self,
+        receive,
+        task: asyncio.Task,
+        loop: asyncio.AbstractEventLoop,
+        now: float,
+        timeout_seconds: float,
+        every_seconds: float,
+    ) -> None:
+        self._task = task
+        self.waiting_since = now
+        self._timer = loop.call_later(every_seconds, self._look, loop, receive, timeout_seconds, every_seconds)
+
+    def _look(self, loop: asyncio.AbstractEventLoop, receive, timeout_seconds: float, every_seconds: float) -> None:
+        if self.waiting_since is None:  # the body is read: watch for the client leaving
+            self._watcher = loop.create_task(self._watch(receive))
+            return
+        left = self.waiting_since + timeout_seconds - loop.time()
+        if left > 0:
+            delay = min(left, every_seconds)
+            self._timer = loop.call_later(delay, self._look, loop, receive, timeout_seconds, every_seconds)
+            return
+        self.expired_after = timeout_seconds
+        self._task.cancel()
+
+    async def _watch(self, receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self._left = True
+        self._task.cancel()
+
+    def timed_out(self) -> float | None:
+        """Called with the task cancelled while the body was read: the client timeout when
+        it did it (the cancellation is then taken back), else None."""
+        if self.expired_after is None or self._task.uncancel() > 0:
+            return None
+        return self.expired_after
+
+    def took_back(self) -> bool:
+        """Called with the task cancelled after the body was read: True when the client's
+        leaving did it (the cancellation is then taken back), False when it came (also)
+        from elsewhere."""
+        if not self._left or self._task.cancelling() > 1:
+            return False
+        self._task.uncancel()
+        return True
+
+    def stop(self) -> None:
+        self._timer.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()
+
+
+async def read_body(receive, declared: bytes | None, limit: int, watch: ClientWatch) -> bytes:
+    """The whole request body (its `content-length` header said `declared`), timed by
+    `watch`. Refused 413 when it is over `limit` bytes, 408 when the client timeout
+    passes without a message of it (docs/design.md section 10); ClientLeft when the
+    client leaves before its end."""
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        return None
-    message = await receive_within(receive, timeout_seconds, task)
-    if message["type"] == "http.disconnect":
-        raise ClientLeft
-    body: bytes = message.get("body", b"")
-    if not message.get("more_body") and len(body) <= limit:
-        return body  # the usual request: all of its body in one message
+        raise _too_large(limit)
+    try:
+        message = await receive()  # timed since the request came
+        if message["type"] == "http.disconnect":
+            raise ClientLeft
+        body: bytes = message.get("body", b"")
+        if not message.get("more_body") and len(body) <= limit:
+            watch.waiting_since = None
+            return body  # the usual request: all of its body in one message
+        return await _read_rest(receive, message, limit, watch)
+    except asyncio.CancelledError:
+        timeout_seconds = watch.timed_out()
+        if timeout_seconds is None:
+            raise
+        # raised as it is made: an exception kept in a local here would hold this frame (and
+        # the request's receive) in a cycle, and the server would close the connection late
+        raise _too_slow(timeout_seconds) from None
+
+
+async def _read_rest(receive, message, limit: int, watch: ClientWatch) -> bytes:
+    """The body whose first message, `message`, was not all of it (or was over `limit`)."""
+    loop = asyncio.get_running_loop()
     parts = []
     size = 0
     while True:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            await _discard_body(receive, message, timeout_seconds, task)
-            return None
+            await _discard_body(receive, message, watch, loop)
+            raise _too_large(limit)
         parts.append(chunk)
         if not message.get("more_body"):
+            watch.waiting_since = None
             return b"".join(parts)
-        message = await receive_within(receive, timeout_seconds, task)
+        watch.waiting_since = loop.time()
+        message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientLeft
+
+
+def _too_slow(timeout_seconds: float) -> Refused:
+    return Refused(408, f"no byte of the request body for {timeout_seconds:g} s", "request_timeout")
+
+
+def _too_large(limit: int) -> Refused:
+    return Refused(413, f"request body over {limit} bytes", "request_too_large")
 
 
 # After a body goes over the limit, up to this much more of it is read and dropped
@@ -67,13 +156,16 @@ async def read_body(receive, headers, limit: int, timeout_seconds: float, task: 
 DISCARD_BYTES = 1024 * 1024
 
 
-async def _discard_body(receive, message, timeout_seconds: float, task: asyncio.Task) -> None:
+async def _discard_body(receive, message, watch: ClientWatch, loop: asyncio.AbstractEventLoop) -> None:
     discarded = 0
     while message.get("more_body") and discarded < DISCARD_BYTES:
+        watch.waiting_since = loop.time()
         try:
-            message = await receive_within(receive, timeout_seconds, task)
-        except TimeoutError:
-            return
+            message = await receive()
+        except asyncio.CancelledError:
+            if watch.timed_out() is None:
+                raise
+            return  # the client stopped sending: its 413 goes out now
         if message["type"] == "http.disconnect":
             raise ClientLeft
         discarded += len(message.get("body", b""))

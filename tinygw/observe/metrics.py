@@ -97,6 +97,21 @@ class _Histogram:
         self.sum = sum_
 
 
+class _ProxiedSeries:
+    """A proxied request's places in the store, by its route, model, status and the
+    provider that answered: its count's, its duration histogram's buckets and sum, and its
+    tokens' counts (each taken at its kind's first count, None until then)."""
+
+    __slots__ = ("count", "buckets", "sum", "prompt", "completion")
+
+    def __init__(self, count: int, histogram: _Histogram) -> None:
+        self.count = count
+        self.buckets = histogram.buckets
+        self.sum = histogram.sum
+        self.prompt: int | None = None
+        self.completion: int | None = None
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -128,6 +143,7 @@ class Metrics:
         self._tokens: dict[tuple[str, str], list] = {}
         self._attempts: dict[tuple[str, str, str], int] = {}
         self._first_byte: dict[str, _Histogram] = {}
+        self._proxied: dict[tuple[str, str, int, str | None], _ProxiedSeries] = {}
 
     def set_artifact_sha256(self, digest: str) -> None:
         """The frozen executable's sha256, once a worker has hashed it (tinygw.api.app)."""
@@ -155,6 +171,27 @@ class Metrics:
         values[histogram.sum] += seconds
         if in_flight:
             values[self._in_flight] += in_flight
+
+    def count_proxied(
+        self, route: str, model: str, status: int, seconds: float, provider: str | None, prompt: int, completion: int
+    ) -> None:
+        """A proxied request's end, in one call: count_request's counts, out of flight,
+        and count_tokens' of the tokens its answer reported (0 without a report), under
+        `provider`, the one that answered (None when none did)."""
+        series = self._proxied.get((route, model, status, provider)) or self._proxied_series(
+            route, model, status, provider
+        )
+        if (prompt and series.prompt is None) or (completion and series.completion is None):
+            series.prompt, series.completion = self._token_places(provider, model, prompt, completion)  # type: ignore[arg-type]
+        values = self.store.values
+        values[series.count] += 1.0
+        values[series.buckets[bisect_left(DURATION_BUCKETS, seconds)]] += 1.0
+        values[series.sum] += seconds
+        values[self._in_flight] -= 1.0
+        if prompt:
+            values[series.prompt] += prompt  # type: ignore[index]
+        if completion:
+            values[series.completion] += completion  # type: ignore[index]
 
     def add_in_flight(self, change: int) -> None:
         self.store.values[self._in_flight] += change
@@ -228,6 +265,11 @@ class Metrics:
         count = self.store.index(("tinygw_requests_total", (route, model, str(status)), ""))
         series = (count, self._histogram("tinygw_request_duration_seconds", (route, model, status_class)))
         self._requests[(route, model, status)] = series
+        return series
+
+    def _proxied_series(self, route: str, model: str, status: int, provider: str | None) -> _ProxiedSeries:
+        count, histogram = self._requests.get((route, model, status)) or self._request_series(route, model, status)
+        series = self._proxied[(route, model, status, provider)] = _ProxiedSeries(count, histogram)
         return series
 
     def _token_places(self, provider: str, model: str, prompt: int, completion: int) -> list:

@@ -20,7 +20,6 @@ from typing import NamedTuple
 from msgspec import Struct
 
 from tinygw.config.settings import Model, Settings, Target
-from tinygw.protocol.wire import header
 
 # The end of a pattern alias's name, and a target's upstream model meaning "as sent".
 WILDCARD = "*"
@@ -47,11 +46,12 @@ class Endpoint(NamedTuple):
     # the request carries `anthropic-version`, as Anthropic's SDKs send it.
     both_shapes: bool = False
 
-    def anthropic_shaped(self, scope) -> bool:
-        """Whether this request's errors take Anthropic's shape (else OpenAI's)."""
+    def anthropic_shaped(self, first: dict[bytes, bytes]) -> bool:
+        """Whether a request's errors take Anthropic's shape (else OpenAI's); `first` is
+        its headers by name (each one's first value)."""
         if self.route is not None:
             return self.route.api == "anthropic"
-        return self.both_shapes and header(scope["headers"], b"anthropic-version") is not None
+        return self.both_shapes and b"anthropic-version" in first
 
 
 def api_endpoint(path: str, api: str, upstream_path: str) -> tuple[str, Endpoint]:

@@ -161,10 +161,14 @@ def new_request_id() -> bytes:
 def request_id(client_headers: list[tuple[bytes, bytes]]) -> bytes:
     """The id of a request: the client's `x-request-id` if it is sane, else a new
     random one. It goes back in the answer, on the access-log line and upstream."""
-    given = dict(reversed(client_headers)).get(b"x-request-id")  # header(), inline: once per request
+    return request_id_from(header(client_headers, b"x-request-id"))
+
+
+def request_id_from(given: bytes | None) -> bytes:
+    """request_id() of a request whose first `x-request-id` is `given` (None without one)."""
     if given is not None and _SANE_REQUEST_ID.fullmatch(given):
         return given
-    return hexlify(urandom(8))  # new_request_id(), inline
+    return hexlify(urandom(8))  # new_request_id(), inline: once per request
 
 
 def header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
