@@ -141,8 +141,9 @@ class Stream(asyncio.Protocol):
     def has_news(self) -> bool:
         """True when an idle connection got data or was closed: it must not be reused."""
         transport = self._transport
-        # A transport is closing once the provider's end (eof) or loss reached it, or we closed it.
-        return transport is None or transport.is_closing() or bool(self._chunks)
+        # The provider's end (eof) is news at once: a TLS transport is not closing until its
+        # shutdown is done, a turn or two later. A plain one is closing from the end on.
+        return self._eof or transport is None or transport.is_closing() or bool(self._chunks)
 
     def close(self) -> None:
         """Close at once, dropping anything unsent. Safe to call twice."""
