@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 
 import anyio
@@ -208,3 +209,82 @@ async def test_the_stream_gives_every_byte_once_in_order_however_reads_and_reade
     assert await reader == b"e"
     stream.eof_received()
     assert await stream.receive(deadline) == b""
+
+
+async def test_an_idle_connection_is_news_once_its_provider_closed_even_before_its_transport_is_closing():
+    """A TLS transport reports the provider's end (eof_received) while `is_closing()` is
+    still False, until the TLS shutdown is done (one or two turns of the loop): a
+    connection taken from the pool in that window would fail a healthy provider's
+    request and count against its circuit. Its stream is news from the end on."""
+
+    class OpenTransport:  # as asyncio's and uvloop's TLS transports are at that moment
+        def is_closing(self) -> bool:
+            return False
+
+    stream = Stream()
+    stream.connection_made(OpenTransport())
+    assert not stream.has_news()
+    stream.eof_received()
+    assert stream.has_news()
+
+
+async def test_an_unsent_answer_gives_its_slot_back_when_the_attempt_s_bookkeeping_fails():
+    """A first attempt's answer too large to hold (a 2 MiB 500, kept open as its rest),
+    then a failure inside the gateway before the answer is sent (here the attempt's
+    metric count raises, as a metrics file that cannot grow would): the provider's
+    connection is closed and its pool slot comes back, or a provider with one
+    connection would answer nothing more."""
+    from tinygw.config.environment import from_environ
+    from tinygw.protocol.routing import Route
+    from tinygw.worker import proxy
+    from tinygw.worker.gateway import Gateway
+    from tinygw.worker.record import Record
+
+    big = 2 * 1024 * 1024
+
+    async def provider(reader, writer):
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(line[15:]) for line in head.lower().split(b"\r\n") if line[:15] == b"content-length:")
+                await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: %d\r\n\r\n" % big + b"x" * big)
+                await writer.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            writer.close()
+
+    server = await asyncio.start_server(provider, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    config = {
+        "providers": {
+            "p": {"base_url": f"http://127.0.0.1:{port}/v1", "api": "openai", "listing": False, "max_connections": 1}
+        },
+        "models": {"m": {"targets": ["p:up"]}},
+    }
+    gateway = Gateway(from_environ({"TINYGW_CONFIG": json.dumps(config)}))
+    count_attempt = gateway.metrics.count_attempt
+    failures = [RuntimeError("the metrics file cannot grow")]
+
+    def count_attempt_or_fail(*args):
+        if failures:
+            raise failures.pop()
+        count_attempt(*args)
+
+    gateway.metrics.count_attempt = count_attempt_or_fail  # type: ignore[method-assign]
+    route = Route("/v1/chat/completions", "openai", "/chat/completions")
+    resolution = gateway.resolver.resolve(route, "m")
+    inbound = proxy.Inbound(
+        route=route, model="m", stream=False, body=b'{"model":"m"}', headers=[], query=b"", request_id=b"r"
+    )
+    sent: list[dict] = []
+
+    async def send(message) -> None:
+        sent.append(message)
+
+    with pytest.raises(RuntimeError):
+        await proxy.forward(gateway, inbound, resolution, send, Record(b"r1", 0.0))
+    with anyio.fail_after(10):
+        await proxy.forward(gateway, inbound, resolution, send, Record(b"r2", 0.0))
+    assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [500]
+    await gateway.aclose()
+    server.close()

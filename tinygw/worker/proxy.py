@@ -199,9 +199,13 @@ async def _make_attempt(
             gateway.metrics.count_attempt(circuit.provider, circuit.provider_model, "client_closed")
         raise
     label = attempt.label
-    ticket.done(attempt.verdict.outcome, label)  # the circuit keeps a failure's label as its last error
-    record.attempt_ended(target, label)
-    gateway.metrics.count_attempt(circuit.provider, circuit.provider_model, label, attempt.first_byte_seconds)
+    try:
+        ticket.done(attempt.verdict.outcome, label)  # the circuit keeps a failure's label as its last error
+        record.attempt_ended(target, label)
+        gateway.metrics.count_attempt(circuit.provider, circuit.provider_model, label, attempt.first_byte_seconds)
+    except BaseException:  # the answer will not be sent: a rest still being read must not keep its pool slot
+        await attempt.discard()
+        raise
     return attempt
 
 
