@@ -123,3 +123,22 @@ def test_counts_land_in_place_while_the_file_grows(tmp_path):
     assert value("tinygw_tokens_total", provider="p", model="model-0", kind="completion") == 7
     assert value("tinygw_tokens_total", provider="p", model="model-7", kind="prompt") == 5
     metrics.store.close()
+
+
+def test_a_proxied_request_leaves_the_in_flight_gauge_even_when_its_series_cannot_be_placed(tmp_path):
+    """The first request of a (route, model, status) takes new places in the metrics
+    file; when that fails (the file cannot grow: a full tmpfs), the request still leaves
+    the in-flight gauge, or it would show one request in flight for ever."""
+    metrics = Metrics("1", "", str(tmp_path))
+    index = metrics.store.index
+
+    def index_or_full(key):
+        if key[0] == "tinygw_requests_total":
+            raise OSError(28, "No space left on device")
+        return index(key)
+
+    metrics.store.index = index_or_full  # type: ignore[method-assign]
+    metrics.add_in_flight(1)
+    with pytest.raises(OSError):
+        metrics.count_proxied("/v1/chat/completions", "m", 200, 0.01, "p", 0, 0)
+    assert metrics.store.values[metrics._in_flight] == 0.0

@@ -178,6 +178,9 @@ class Metrics:
         """A proxied request's end, in one call: count_request's counts, out of flight,
         and count_tokens' of the tokens its answer reported (0 without a report), under
         `provider`, the one that answered (None when none did)."""
+        # Out of flight first: taking a new series' places may fail (a metrics file that
+        # cannot grow), and the gauge must come back down whatever happens.
+        self.store.values[self._in_flight] -= 1.0
         series = self._proxied.get((route, model, status, provider)) or self._proxied_series(
             route, model, status, provider
         )
@@ -187,7 +190,6 @@ class Metrics:
         values[series.count] += 1.0
         values[series.buckets[bisect_left(DURATION_BUCKETS, seconds)]] += 1.0
         values[series.sum] += seconds
-        values[self._in_flight] -= 1.0
         if prompt:
             values[series.prompt] += prompt  # type: ignore[index]
         if completion:
