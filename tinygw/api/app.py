@@ -247,7 +247,7 @@ def _account(gateway: Gateway, route, scope, first: dict, record: Record, loop: 
         "status": record.status,
         "worker": gateway.pid,
         "request_id": record.request_id.decode(),
-        "target": f"{target.provider}:{target.upstream_model}" if target else None,  # str(target), inline
+        "target": target.name if target else None,
         "attempts": ",".join(record.attempts),
         "cut": record.cut,
         "duration_ms": round(duration * 1000, 1),
