@@ -71,6 +71,17 @@ def wait_until(predicate, seconds: float = 5.0, what: str = "condition"):
         time.sleep(0.02)
 
 
+def wait_until_client_left(gateway, fake) -> None:
+    """A client left a request whose provider hangs: the provider's connection is closed
+    and the request is logged as 499."""
+    wait_until(lambda: fake.peer_closed >= 1, seconds=3, what="the upstream connection to be closed")
+    wait_until(
+        lambda: any(r.get("msg") == "request" and r.get("status") == 499 for r in gateway.log_records()),
+        seconds=3,
+        what="the request to be logged as 499",
+    )
+
+
 def gateway_command() -> list[str]:
     """`TINYGW_BINARY` runs the tests against a frozen build instead of the source."""
     binary = os.environ.get("TINYGW_BINARY")
