@@ -487,3 +487,39 @@ def test_a_client_that_leaves_during_a_large_answer_frees_its_connection_slot():
         return free
 
     assert asyncio.run(run()) == [2, 2, 2]
+
+
+def test_a_client_that_sends_its_body_late_in_one_piece_and_leaves_is_noticed(fake, start_gateway):
+    """The head, then 0.3 s later the whole body in one write (one message: past the
+    watch's first look, its timer then waits for the body's deadline, 30 s): the watch
+    for the client leaving starts when the body is read, so leaving while the provider
+    hangs closes the provider's connection and is logged 499 within seconds."""
+    gateway = start_gateway(small_config(fake))
+    fake.script = lambda r: Reply(action="hang")
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "late-then-leave"}]}).encode()
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as client:
+        client.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)
+        )
+        time.sleep(0.3)  # the client's pace is what this test is about
+        client.sendall(body)
+        wait_until(lambda: len(fake.requests) >= 1, seconds=3, what="the request to reach the provider")
+    wait_until_client_left(gateway, fake)
+
+
+def test_a_content_length_padded_with_thousands_of_zeros_is_forwarded_not_a_500(fake, start_gateway):
+    """HTTP allows leading zeros in Content-Length, and the server passes 5,000 of them
+    on; Python's int() refuses a number that long (a 500 and an error line per request,
+    before). Such a length is read as the body comes, within the body limit."""
+    gateway = start_gateway(small_config(fake))
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "zeros"}]}).encode()
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as client:
+        client.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %s%d\r\n\r\n%s" % (b"0" * 5000, len(body), body)
+        )
+        response = http.client.HTTPResponse(client)
+        response.begin()
+        assert response.status == 200, response.read()
+    assert "request failed inside the gateway" not in gateway.logs()

@@ -31,16 +31,19 @@ class ClientWatch:
     """A proxied request's one timer over its client, from the request's start.
 
     While the body is read (`waiting_since`: the loop's time when the wait for its next
-    message began), the timer looks `every_seconds` in, then again when that wait could be
-    over (at most `every_seconds` later); when it is over, it cancels the request's task,
-    at its wait for the message, and read_body refuses the request 408. The first look
-    after the body was read starts a task that waits for the client to leave, and cancels
-    the request's task when it does. A quick request is over before the first look: it
-    does without that task and its pending receive() in the server. (The client timeout,
-    at least 0.1 s, is longer than `every_seconds`.)"""
+    message began), the timer looks `every_seconds` in, then when that wait could be
+    over (each message moves that on: a client that sends its body slowly costs the
+    worker a wake-up per client timeout, not one every `every_seconds`); when it is over,
+    it cancels the request's task, at its wait for the message, and read_body refuses
+    the request 408. Once the body is read (`body_read`), a task waits for the client to
+    leave, and cancels the request's task when it does: from the first look, or at once
+    when the body took longer. A quick request is over before the first look: it does
+    without that task and its pending receive() in the server. (The client timeout, at
+    least 0.1 s, is longer than `every_seconds`.)"""
 
     waiting_since: float | None  # None once the body is read
     expired_after: float | None = None  # the client timeout, once it passed during the body
+    looked = False  # the first look came while the body was still being read
     _watcher: asyncio.Task | None = None
     _left = False
 
@@ -54,20 +57,29 @@ class ClientWatch:
         every_seconds: float,
     ) -> None:
         self._task = task
+        self._loop = loop
         self.waiting_since = now
-        self._timer = loop.call_later(every_seconds, self._look, loop, receive, timeout_seconds, every_seconds)
+        self._timer = loop.call_later(every_seconds, self._look, loop, receive, timeout_seconds)
 
-    def _look(self, loop: asyncio.AbstractEventLoop, receive, timeout_seconds: float, every_seconds: float) -> None:
-        if self.waiting_since is None:  # the body is read: watch for the client leaving
+    def _look(self, loop: asyncio.AbstractEventLoop, receive, timeout_seconds: float) -> None:
+        if self.waiting_since is None:  # the body was read before the first look
             self._watcher = loop.create_task(self._watch(receive))
             return
+        self.looked = True
         left = self.waiting_since + timeout_seconds - loop.time()
-        if left > 0:
-            delay = min(left, every_seconds)
-            self._timer = loop.call_later(delay, self._look, loop, receive, timeout_seconds, every_seconds)
+        if left > 0:  # not over yet: looked at again when it could be
+            self._timer = loop.call_later(left, self._look, loop, receive, timeout_seconds)
             return
         self.expired_after = timeout_seconds
         self._task.cancel()
+
+    def body_read(self, receive) -> None:
+        """The body is read. After the first look the timer waits for the body's
+        deadline: the watch for the client leaving starts now instead."""
+        self.waiting_since = None
+        if self.looked:
+            self._timer.cancel()
+            self._watcher = self._loop.create_task(self._watch(receive))
 
     async def _watch(self, receive) -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -77,10 +89,12 @@ class ClientWatch:
 
     def timed_out(self) -> float | None:
         """Called with the task cancelled while the body was read: the client timeout when
-        it did it (the cancellation is then taken back), else None."""
-        if self.expired_after is None or self._task.uncancel() > 0:
+        it did it (the cancellation is then taken back), else None. Its answer is given
+        once: asked again, after a cancellation from elsewhere too, it is None."""
+        expired, self.expired_after = self.expired_after, None
+        if expired is None or self._task.uncancel() > 0:
             return None
-        return self.expired_after
+        return expired
 
     def took_back(self) -> bool:
         """Called with the task cancelled after the body was read: True when the client's
@@ -102,7 +116,8 @@ async def read_body(receive, declared: bytes | None, limit: int, watch: ClientWa
     `watch`. Refused 413 when it is over `limit` bytes, 408 when the client timeout
     passes without a message of it (docs/design.md section 10); ClientLeft when the
     client leaves before its end."""
-    length = int(declared) if declared is not None and declared.isdigit() else -1  # -1: none (chunked)
+    # -1: none (chunked), or too long to be a length: read as it comes, and bounded as it does
+    length = int(declared) if declared is not None and declared.isdigit() and len(declared) <= 18 else -1
     if length > limit:
         raise _too_large(limit)
     try:
@@ -114,7 +129,10 @@ async def read_body(receive, declared: bytes | None, limit: int, watch: ClientWa
         # asking for the empty last one costs a round trip to its thread. A body of its
         # declared length is whole: the server gives a request no byte past it.
         if (len(body) == length or not message.get("more_body")) and len(body) <= limit:
-            watch.waiting_since = None
+            if watch.looked:  # it came slowly
+                watch.body_read(receive)
+            else:
+                watch.waiting_since = None
             return body  # the usual request: all of its body in one message
         return await _read_rest(receive, message, limit, watch)
     except asyncio.CancelledError:
@@ -139,7 +157,7 @@ async def _read_rest(receive, message, limit: int, watch: ClientWatch) -> bytes:
             raise _too_large(limit)
         parts.append(chunk)
         if not message.get("more_body"):
-            watch.waiting_since = None
+            watch.body_read(receive)
             return b"".join(parts)
         watch.waiting_since = loop.time()
         message = await receive()
