@@ -76,7 +76,7 @@ async def _get(gateway: Gateway, upstream: Upstream, path: str) -> bytes:
     """The body of a 2xx answer to a GET with the provider's key (the one its next
     request would use; the rotation of request keys is left as it was); raises
     UpstreamError, or _Refused for any other status."""
-    headers = upstream.static_headers + upstream.auth_headers[upstream.keys.peek(gateway.clock())]
+    headers = upstream.fixed_headers[upstream.keys.peek(gateway.clock())]
     if upstream.provider.doc.api == "anthropic" and not any(k == ANTHROPIC_VERSION[0] for k, _ in headers):
         headers = [*headers, ANTHROPIC_VERSION]
     response = await upstream.pool.request(b"GET", upstream.target(path.encode()), headers, b"")

@@ -39,18 +39,14 @@ class Upstream(Struct, frozen=True):
 
     provider: Provider
     pool: Pool
-    static_headers: list[tuple[bytes, bytes]]
-    auth_headers: tuple[list[tuple[bytes, bytes]], ...]  # one per key of its key pool
     keys: KeyRing
-    # The provider's `query`, percent-encoded (b"" when none); and its own key header
-    # (`api_key_header`), whose copy from a client is never forwarded.
+    # The provider's `query`, percent-encoded (b"" when none), and its names.
     query: bytes = b""
     query_names: frozenset[bytes] = frozenset()
-    key_header: bytes | None = None
-    # Worked out once, for each request: the static headers and a key's, one list per key;
-    # the names of the client's headers never forwarded (the gateway's own, the key header);
-    # a route's path on this provider, without query (made at the route's first request:
-    # as many as the route table has).
+    # Worked out once, for each request: the static headers and a key's, one list per key
+    # of its key pool; the names of the client's headers never forwarded (the gateway's
+    # own, and the provider's `api_key_header`); a route's path on this provider, without
+    # query (made at the route's first request: as many as the route table has).
     fixed_headers: tuple[list[tuple[bytes, bytes]], ...] = ()
     not_forwarded: frozenset[bytes] = NOT_FORWARDED
     paths: dict[str, bytes] = {}
@@ -110,12 +106,9 @@ def _upstream(p: Provider, context: ssl.SSLContext | None, loop: asyncio.Abstrac
     return Upstream(
         provider=p,
         pool=pool,
-        static_headers=static_headers,
-        auth_headers=auth_headers,
         keys=KeyRing(len(p.keys)),
         query=encode_query({k: plain(v) for k, v in p.query.items()}),
         query_names=frozenset(k.encode() for k in p.query),
-        key_header=key_header,
         fixed_headers=tuple(static_headers + auth for auth in auth_headers),
         not_forwarded=NOT_FORWARDED | {key_header} if key_header is not None else NOT_FORWARDED,
         paths={},
