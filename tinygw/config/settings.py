@@ -145,6 +145,11 @@ class Model(Struct, frozen=True, kw_only=True):
     targets: tuple[Target, ...]
     strategy: str
 
+    def order_is_fixed(self) -> bool:
+        """Whether every request tries the targets in their configured order (one target,
+        or `failover`); else the strategy orders them per request (tinygw.resilience.strategy)."""
+        return len(self.targets) < 2 or self.strategy == "failover"
+
 
 class Breaker(Struct, frozen=True, kw_only=True):
     failures: int = 5  # 0 turns breakers off

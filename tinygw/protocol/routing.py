@@ -90,8 +90,7 @@ def resolve(settings: Settings, route: Route, model: str) -> Resolution | None:
     targets = tuple(t for t in alias.targets if settings.providers[t.provider].doc.api == route.api)
     if not targets:
         return None
-    ordered = len(alias.targets) > 1 and alias.strategy != "failover"  # as Strategies.order decides
-    return Resolution(alias.name, targets, alias if ordered else None)
+    return Resolution(alias.name, targets, None if alias.order_is_fixed() else alias)
 
 
 class Resolver:

@@ -24,7 +24,7 @@ class Strategies:
 
     def order(self, model: Model) -> list[Target]:
         targets = list(model.targets)
-        if len(targets) < 2 or model.strategy == "failover":
+        if model.order_is_fixed():
             return targets
         if model.strategy == "round_robin":
             turn = self._turn.get(model.name, 0)
