@@ -102,10 +102,10 @@ def test_counts_land_in_place_while_the_file_grows(tmp_path):
     assert isinstance(metrics.store, FileStore)
     for i in range(300):  # ~20 places a series: past the first 64 KiB
         metrics.add_in_flight(1)
-        metrics.count_request("/r", f"model-{i}", 200, 0.02, -1)
-        metrics.count_tokens("p", f"model-{i}", 5, 0)
+        metrics.count_proxied("/r", f"model-{i}", 200, 0.02, "p", 5, 0)
         metrics.observe_first_byte(f"p{i}", 0.003)
-    metrics.count_tokens("p", "model-0", 0, 7)
+    metrics.add_in_flight(1)
+    metrics.count_proxied("/r", "model-0", 200, 0.02, "p", 0, 7)
     seen = samples(metrics)
 
     def value(name: str, **labels: str) -> float:

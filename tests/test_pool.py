@@ -75,7 +75,7 @@ async def test_an_idle_connection_closed_by_the_provider_is_not_reused(fake):
     pool = pool_for(fake.port)
     assert await post(pool) == (200, b"ok")
     await wait_until(lambda: fake.open_connections == 0, what="the provider to close the idle connection")
-    await wait_until(lambda: not pool._idle[0].is_idle(), what="the pool to see the close")
+    await wait_until(lambda: pool._idle[0].has_news(), what="the pool to see the close")
     assert await post(pool) == (200, b"ok")
     assert fake.accepted == 2
     await pool.aclose()

@@ -47,7 +47,7 @@ def event(data: dict, name: str | None = None) -> bytes:
 )
 def test_events_that_report_usage(raw, expected):
     found = usage.of_event(raw)
-    assert found is not None and (found.prompt(), found.completion()) == expected
+    assert found is not None and (found.tokens().prompt, found.tokens().completion) == expected
 
 
 @pytest.mark.parametrize(
@@ -64,7 +64,7 @@ def test_events_that_report_usage(raw, expected):
 )
 def test_events_that_do_not(raw):
     found = usage.of_event(raw)
-    assert found is None or (found.prompt(), found.completion()) == (0, 0)
+    assert found is None or (found.tokens().prompt, found.tokens().completion) == (0, 0)
 
 
 def test_a_streams_tokens_are_the_largest_running_totals():
@@ -91,4 +91,4 @@ def test_a_streams_tokens_are_the_largest_running_totals():
 )
 def test_one_decode_judges_the_error_and_reads_the_usage(body, expected):
     failed, found = outcome.judge(json.dumps(body).encode())
-    assert (failed, None if found is None else (found.prompt(), found.completion())) == expected
+    assert (failed, None if found is None else (found.tokens().prompt, found.tokens().completion)) == expected

@@ -160,23 +160,21 @@ class Metrics:
     # a histogram's, all of its buckets at once, at its first observation. `store.values`
     # is read after any place is taken: taking one may replace it.
 
-    def count_request(self, route: str, model: str, status: int, seconds: float, in_flight: int = 0) -> None:
-        """A request answered; `in_flight` is added to the in-flight gauge at the same
-        time (-1 when a proxied request ends)."""
+    def count_request(self, route: str, model: str, status: int, seconds: float) -> None:
+        """A request answered without being proxied (refused at dispatch); a proxied one's
+        end is `count_proxied`."""
         series = self._requests.get((route, model, status)) or self._request_series(route, model, status)
         count, histogram = series
         values = self.store.values
         values[count] += 1.0
         values[histogram.buckets[bisect_left(DURATION_BUCKETS, seconds)]] += 1.0
         values[histogram.sum] += seconds
-        if in_flight:
-            values[self._in_flight] += in_flight
 
     def count_proxied(
         self, route: str, model: str, status: int, seconds: float, provider: str | None, prompt: int, completion: int
     ) -> None:
         """A proxied request's end, in one call: count_request's counts, out of flight,
-        and count_tokens' of the tokens its answer reported (0 without a report), under
+        and the tokens its answer reported (0 without a report), under
         `provider`, the one that answered (None when none did)."""
         # Out of flight first: taking a new series' places may fail (a metrics file that
         # cannot grow), and the gauge must come back down whatever happens.
@@ -197,16 +195,6 @@ class Metrics:
 
     def add_in_flight(self, change: int) -> None:
         self.store.values[self._in_flight] += change
-
-    def count_tokens(self, provider: str, model: str, prompt: int, completion: int) -> None:
-        places = self._tokens.get((provider, model))
-        if places is None or (prompt and places[0] is None) or (completion and places[1] is None):
-            places = self._token_places(provider, model, prompt, completion)
-        values = self.store.values
-        if prompt:
-            values[places[0]] += prompt
-        if completion:
-            values[places[1]] += completion
 
     def observe_first_token(self, model: str, seconds: float) -> None:
         histogram = self._histogram("tinygw_stream_first_token_seconds", (model,))

@@ -35,12 +35,6 @@ class Usage(Struct):
         completion = self.completion_tokens if self.completion_tokens is not None else self.output_tokens or 0
         return Tokens(prompt, completion)
 
-    def prompt(self) -> int:
-        return self.tokens().prompt
-
-    def completion(self) -> int:
-        return self.tokens().completion
-
 
 class _Holder(Struct):
     usage: Usage | None = None

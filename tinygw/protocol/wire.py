@@ -153,22 +153,13 @@ def relay_headers(upstream_headers: list[tuple[bytes, bytes]]) -> list[tuple[byt
 _SANE_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 
 
-def new_request_id() -> bytes:
-    """16 hex digits, random."""
-    return hexlify(urandom(8))
-
-
-def request_id(client_headers: list[tuple[bytes, bytes]]) -> bytes:
-    """The id of a request: the client's `x-request-id` if it is sane, else a new
-    random one. It goes back in the answer, on the access-log line and upstream."""
-    return request_id_from(header(client_headers, b"x-request-id"))
-
-
 def request_id_from(given: bytes | None) -> bytes:
-    """request_id() of a request whose first `x-request-id` is `given` (None without one)."""
+    """The id of a request whose first `x-request-id` is `given` (None without one): the
+    client's if it is sane, else a new random one (16 hex digits). It goes back in the
+    answer, on the access-log line and upstream."""
     if given is not None and _SANE_REQUEST_ID.fullmatch(given):
         return given
-    return hexlify(urandom(8))  # new_request_id(), inline: once per request
+    return hexlify(urandom(8))
 
 
 def header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:

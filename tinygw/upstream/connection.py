@@ -44,8 +44,9 @@ class Connection:
         self._heard = False  # a byte of the exchange's answer has arrived (h11's reads, or a hand-off)
         self.idle_since = 0.0
         self.closed = False
-        # True when an idle connection got data or was closed: `is_idle`'s answer, negated,
-        # bound once so that the pool asks it of each connection it takes without a frame of ours.
+        # True when an idle connection got data or was closed: it must not carry a request
+        # (the provider closed it, or speaks out of turn). Bound once: the pool asks it of
+        # each connection it takes, without a frame of ours.
         self.has_news = stream.has_news
 
     # ---- reuse ---------------------------------------------------------------------
@@ -57,7 +58,7 @@ class Connection:
         would be read as the next request's answer: that connection is discarded."""
         answer = self._answer
         if answer is not None:  # the fast path's exchange: its answer says where it ended
-            return answer.done and answer.keep_alive and not answer.leftover  # a closed one fails is_idle
+            return answer.done and answer.keep_alive and not answer.leftover  # a closed one has news (has_news)
         parser = self._h11
         return (
             parser is not None
@@ -65,13 +66,6 @@ class Connection:
             and parser.their_state is h11.IDLE
             and parser.trailing_data == (b"", False)
         )
-
-    def is_idle(self) -> bool:
-        """True when this connection, idle since its answer ended cleanly (the pool keeps
-        no other), may carry the next request. An idle connection that has something to
-        read, in the socket's buffer, was closed by the provider (or is speaking out of
-        turn): either way it must not carry a request."""
-        return not self._stream.has_news()  # a closed one's stream is closing: news too
 
     def _finish_cycle(self) -> None:
         parser = self._h11

@@ -88,7 +88,7 @@ class Pool:
             idle.popleft().close()
         while idle:
             connection = idle.pop()
-            if not connection.has_news():  # is_idle(), without its frame
+            if not connection.has_news():  # neither closed by the provider nor spoken to meanwhile
                 return connection
             connection.close()
         return None
