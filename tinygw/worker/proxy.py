@@ -261,9 +261,8 @@ async def _attempt(
         attempt = Attempt(outcome.of_status(status, elapsed), str(status), answer=answer, first_byte_seconds=first_byte)
     if attempt.verdict.outcome is Outcome.SUCCESS:  # final: the client gets it
         attempt.committed = True
-        if answer.rest is None:  # held whole: two messages (as _send_held), and nothing left to read
-            await send(record.head(status, [*answer.headers, (b"content-length", b"%d" % len(data))], attempt.label))
-            await send({"type": "http.response.body", "body": data})
+        if answer.rest is None:  # held whole: nothing left to read
+            await _send_held(send, record, answer, attempt.label)
         else:
             await _commit(send, record, attempt, answer, attempt.label)
     elif status == 429:
