@@ -234,7 +234,7 @@ async def _attempt(
     except errors.UpstreamError as e:
         return Attempt(outcome.of_error(e), e.cause, error=e)
     elapsed = gateway.clock() - started
-    content_type = dict(reversed(response.headers)).get(b"content-type", b"")  # header(), inline
+    content_type = header(response.headers, b"content-type") or b""
     if inbound.stream and response.status == 200 and content_type.startswith(b"text/event-stream"):
         return await _relay(gateway, response, send, record, target, elapsed)
     first_byte: float | None = elapsed  # observed with the attempt's count (_make_attempt), or now
