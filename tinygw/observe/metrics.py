@@ -96,18 +96,22 @@ class _Histogram:
         self.buckets = buckets
         self.sum = sum_
 
+    def observe(self, values, seconds: float) -> None:
+        """One observation, added to `values` (the store's, read after the places were taken)."""
+        values[self.buckets[bisect_left(DURATION_BUCKETS, seconds)]] += 1.0
+        values[self.sum] += seconds
+
 
 class _ProxiedSeries:
     """A proxied request's places in the store, by its route, model, status and the
     provider that answered: its count's, its duration histogram's buckets and sum, and its
     tokens' counts (each taken at its kind's first count, None until then)."""
 
-    __slots__ = ("count", "buckets", "sum", "prompt", "completion")
+    __slots__ = ("count", "duration", "prompt", "completion")
 
     def __init__(self, count: int, histogram: _Histogram) -> None:
         self.count = count
-        self.buckets = histogram.buckets
-        self.sum = histogram.sum
+        self.duration = histogram
         self.prompt: int | None = None
         self.completion: int | None = None
 
@@ -167,8 +171,7 @@ class Metrics:
         count, histogram = series
         values = self.store.values
         values[count] += 1.0
-        values[histogram.buckets[bisect_left(DURATION_BUCKETS, seconds)]] += 1.0
-        values[histogram.sum] += seconds
+        histogram.observe(values, seconds)
 
     def count_proxied(
         self, route: str, model: str, status: int, seconds: float, provider: str | None, prompt: int, completion: int
@@ -186,8 +189,7 @@ class Metrics:
             series.prompt, series.completion = self._token_places(provider, model, prompt, completion)  # type: ignore[arg-type]
         values = self.store.values
         values[series.count] += 1.0
-        values[series.buckets[bisect_left(DURATION_BUCKETS, seconds)]] += 1.0
-        values[series.sum] += seconds
+        series.duration.observe(values, seconds)
         if prompt:
             values[series.prompt] += prompt  # type: ignore[index]
         if completion:
@@ -198,9 +200,7 @@ class Metrics:
 
     def observe_first_token(self, model: str, seconds: float) -> None:
         histogram = self._histogram("tinygw_stream_first_token_seconds", (model,))
-        values = self.store.values
-        values[histogram.buckets[bisect_left(DURATION_BUCKETS, seconds)]] += 1.0
-        values[histogram.sum] += seconds
+        histogram.observe(self.store.values, seconds)
 
     def count_attempt(
         self, provider: str, provider_model: str, outcome: str, first_byte_seconds: float | None = None
@@ -217,14 +217,11 @@ class Metrics:
         histogram = self._first_byte.get(provider) or self._first_byte_series(provider)
         values = self.store.values  # read after both places were taken
         values[index] += 1.0
-        values[histogram.buckets[bisect_left(DURATION_BUCKETS, first_byte_seconds)]] += 1.0
-        values[histogram.sum] += first_byte_seconds
+        histogram.observe(values, first_byte_seconds)
 
     def observe_first_byte(self, provider: str, seconds: float) -> None:
         histogram = self._first_byte.get(provider) or self._first_byte_series(provider)
-        values = self.store.values
-        values[histogram.buckets[bisect_left(DURATION_BUCKETS, seconds)]] += 1.0
-        values[histogram.sum] += seconds
+        histogram.observe(self.store.values, seconds)
 
     def count_retry(self, provider: str, provider_model: str, reason: str) -> None:
         self.store.add(("tinygw_provider_retries_total", (provider, provider_model, reason), ""))
