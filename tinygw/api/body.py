@@ -129,10 +129,7 @@ async def read_body(receive, declared: bytes | None, limit: int, watch: ClientWa
         # asking for the empty last one costs a round trip to its thread. A body of its
         # declared length is whole: the server gives a request no byte past it.
         if (len(body) == length or not message.get("more_body")) and len(body) <= limit:
-            if watch.looked:  # it came slowly
-                watch.body_read(receive)
-            else:
-                watch.waiting_since = None
+            watch.body_read(receive)
             return body  # the usual request: all of its body in one message
         return await _read_rest(receive, message, limit, watch)
     except asyncio.CancelledError:
