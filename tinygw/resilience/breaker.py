@@ -98,10 +98,11 @@ class Ticket(Struct, gc=False):
             return
         self.spent = True
         circuit = self.circuit
+        # The usual verdict first: it changes nothing, whatever the generation it was admitted in.
+        if outcome is _SUCCESS and circuit._state is _CLOSED and not circuit.failures:
+            return
         if self.generation != circuit.generation:
             return  # admitted before the last transition: it cannot move the new state
-        if outcome is _SUCCESS and circuit._state is _CLOSED and not circuit.failures:
-            return  # the usual verdict, which changes nothing
         circuit._done(self, outcome, error)
 
 
