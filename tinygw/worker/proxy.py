@@ -216,10 +216,11 @@ async def _attempt(
     any other answer is held and judged, and sent when it is a success. The
     request is the client's with the provider's parts (worked out once: tinygw.worker.gateway)."""
     started = gateway.clock()
-    key_index = upstream.keys.pick(started)
-    path = upstream.paths.get(inbound.route.upstream_path) or upstream.path(inbound.route.upstream_path)
-    if inbound.query or upstream.query:
-        path = upstream.target(path, inbound.query)
+    key_index = upstream.keys.pick(started) if upstream.rotates_keys else 0  # one key: nothing to pick
+    if inbound.query:  # the client's own, after the provider's
+        path = upstream.path(inbound.route.upstream_path, inbound.query)
+    else:  # the usual: the route's request target on this provider, worked out at its first request
+        path = upstream.paths.get(inbound.route.upstream_path) or upstream.path(inbound.route.upstream_path)
     body = rewrite_model(inbound.body, inbound.model, target.upstream_model)
     pool = upstream.pool
     head = [  # every line of the request's head, in one list (Pool.exchange)
@@ -249,16 +250,16 @@ async def _attempt(
             return Attempt(outcome.of_error(e), e.cause, error=e)
     status = response.status
     answer = Answer(status, relay_headers(response.headers), data, None if ended else response)
-    if status == 200 and ended and (b"json" in content_type or not content_type):
+    if status == 200 and ended and (b"json" in content_type or not content_type):  # the usual answer
         failed, reported = outcome.judge(data)
         if failed:  # a 200 carrying an error is a failure; the client gets 502 if it is the last
             answer.status = 502
             return Attempt(outcome.ERROR_IN_BODY, "200+error", answer=answer, first_byte_seconds=first_byte)
         if reported is not None:  # its answer is sent, and its tokens count
             record.counted(reported)
-        attempt = Attempt(outcome.SUCCESS, "200", answer=answer, first_byte_seconds=first_byte)  # of_status's 200
-    else:
-        attempt = Attempt(outcome.of_status(status, elapsed), str(status), answer=answer, first_byte_seconds=first_byte)
+        await _send_held(send, record, answer, "200")  # final: sent as any success held whole (below)
+        return Attempt(outcome.SUCCESS, "200", True, answer, first_byte_seconds=first_byte)  # of_status's 200
+    attempt = Attempt(outcome.of_status(status, elapsed), str(status), answer=answer, first_byte_seconds=first_byte)
     if attempt.verdict.outcome is Outcome.SUCCESS:  # final: the client gets it
         attempt.committed = True
         if answer.rest is None:  # held whole: nothing left to read
