@@ -42,6 +42,26 @@ def test_head_reads_model_and_stream():
     assert (head.model, head.stream) == ("m", True)
 
 
+@pytest.mark.parametrize(
+    ("model", "served"),
+    [
+        ("\U0001f600" * 64, True),  # 256 bytes in 64 characters: the most a name under the shortcut can be
+        ("\U0001f600" * 65, False),
+        ("\u00e9" * 128, True),
+        ("\u00e9" * 129, False),  # 258 bytes
+        ("x" * 256, True),
+        ("x" * 257, False),
+    ],
+)
+def test_a_model_name_is_bounded_in_bytes(model, served):
+    body = json.dumps({"model": model}, ensure_ascii=False).encode()
+    if served:
+        assert read_head(body).model == model
+    else:
+        with pytest.raises(BadBody, match="over 256 bytes"):
+            read_head(body)
+
+
 def test_forward_headers_drop_credentials_and_hop_by_hop():
     headers = [
         (b"authorization", b"Bearer client"),

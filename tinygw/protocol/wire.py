@@ -38,6 +38,8 @@ _encode = msgspec.json.Encoder()
 # A model name is a label in logs, metrics and circuits: longer ones are refused (docs/design.md
 # section 10), so that a client cannot pin memory or grow pages with its model names.
 MAX_MODEL_BYTES = 256
+# UTF-8 spends at most 4 bytes on a character: a name of at most this many is within the bound unencoded.
+_SURELY_SHORT_ENOUGH = MAX_MODEL_BYTES // 4
 
 TOO_DEEP = "the request body's JSON is nested too deeply"
 
@@ -57,7 +59,7 @@ def read_head(body: bytes) -> RequestHead:
         raise BadBody(TOO_DEEP) from None
     if not head.model:
         raise BadBody("the request body has no 'model'")
-    if len(head.model.encode()) > MAX_MODEL_BYTES:
+    if len(head.model) > _SURELY_SHORT_ENOUGH and len(head.model.encode()) > MAX_MODEL_BYTES:
         raise BadBody(f"the request's 'model' is over {MAX_MODEL_BYTES} bytes")
     return head
 

@@ -90,7 +90,7 @@ class Ticket(Struct, gc=False):
 
     circuit: Circuit
     generation: int
-    probe: bool
+    probe: bool = False  # admitted HALF_OPEN: it holds a probe's slot
     spent: bool = False
 
     def done(self, outcome: Outcome, error: str | None = None) -> None:
@@ -173,10 +173,10 @@ class Circuit:
     def allow(self) -> Ticket | None:
         """A ticket for one attempt, or None: skip this target as if it were open."""
         if self._state is _CLOSED or not self.enabled:  # the usual answer, without the clock
-            return Ticket(self, self.generation, False)
+            return Ticket(self, self.generation)
         state = self.state()
         if state is State.CLOSED:
-            return Ticket(self, self.generation, False)
+            return Ticket(self, self.generation)
         if state is State.HALF_OPEN and self._probe_free():
             self.probes_in_flight += 1
             return Ticket(self, self.generation, True)
