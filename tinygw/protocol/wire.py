@@ -64,9 +64,10 @@ def read_head(body: bytes) -> RequestHead:
     return head
 
 
-# `"model"` as a key, at any depth, followed by its string value. Inside a JSON string
-# every quote is escaped, so an unescaped match is always real JSON structure.
-_MODEL_PAIR = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.)*)"')
+# `"model"` as a key, at any depth, followed by its string value (the group, quotes and
+# all). Inside a JSON string every quote is escaped, so an unescaped match is always
+# real JSON structure.
+_MODEL_PAIR = re.compile(rb'"model"\s*:\s*("(?:[^"\\]|\\.)*")')
 # A letter of `model` written as an escape (`"mod\u0065l"` is the key `model` too): a body
 # with one may hold a second `model` key that no byte search sees, which a provider's
 # parser might take instead of the rewritten one. Such a body is re-encoded (one key).
@@ -85,7 +86,7 @@ def rewrite_model(body: bytes, requested: str, upstream: str) -> bytes:
             and (match := _MODEL_PAIR.search(body)) is not None
             and _MODEL_LETTER_ESCAPE.search(body) is None
         ):
-            spliced = body[: match.start(1)] + _encode.encode(upstream)[1:-1] + body[match.end(1) :]
+            spliced = body[: match.start(1)] + _encode.encode(upstream) + body[match.end(1) :]
             if _decode_head.decode(spliced).model == upstream:
                 return spliced
         # Ambiguous (a nested "model" key, escapes): re-encode the whole document.
