@@ -247,6 +247,20 @@ class Circuit:
         self._changed()
 
 
+class ByTarget(dict[Target, Circuit]):
+    """The circuit of a target, `by_target[target]`: `circuit(target.provider,
+    target.upstream_model)`. A configured target's is an entry, found by the subscript
+    alone (no Python call); any other's (a name as sent, or a provider-qualified one) is
+    asked of `circuit` each time and not kept here: clients cannot grow this dict."""
+
+    def __init__(self, circuit: Callable[[str, str], Circuit]) -> None:
+        super().__init__()
+        self._circuit = circuit
+
+    def __missing__(self, target: Target) -> Circuit:
+        return self._circuit(target.provider, target.upstream_model)
+
+
 class Breakers:
     """Every circuit of one worker process, made on first use."""
 
@@ -267,11 +281,11 @@ class Breakers:
         self._circuits: dict[tuple[str, str], Circuit] = {}
         self._per_provider: dict[str, int] = {}  # circuits made on demand, per provider
         # The configured targets' circuits exist from the start and never share one; found
-        # by their Target too, in one lookup (`of_target`).
-        self._configured: dict[Target, Circuit] = {}
+        # by their Target too, in one subscript (`by_target`).
+        self.by_target = ByTarget(self.circuit)
         for provider, provider_model in configured:
             circuit = self._circuits[(provider, provider_model)] = self._make(provider, provider_model)
-            self._configured[Target(provider, provider_model)] = circuit
+            self.by_target[Target(provider, provider_model)] = circuit
 
     def _make(self, provider: str, provider_model: str) -> Circuit:
         circuit = Circuit(provider, provider_model, self.settings, self._clock, self._on_transition, self._on_change)
@@ -290,13 +304,6 @@ class Breakers:
             self._circuits[key] = circuit
             self._per_provider[provider] = self._per_provider.get(provider, 0) + 1
         return circuit
-
-    def of_target(self, target: Target) -> Circuit:
-        """The circuit of `target`: `circuit(target.provider, target.upstream_model)`."""
-        try:
-            return self._configured[target]
-        except KeyError:  # a name as sent, or a provider-qualified one: made on demand
-            return self.circuit(target.provider, target.upstream_model)
 
     def of_provider(self, provider: str) -> list[Circuit]:
         return [c for (p, _), c in self._circuits.items() if p == provider]

@@ -89,7 +89,7 @@ def _admit(breakers: Breakers, targets: Sequence[Target], start: int) -> tuple[i
     """The first of `targets[start:]` whose circuit admits an attempt, and its ticket:
     (index, ticket), or (len(targets), None) when none does."""
     for index in range(start, len(targets)):
-        ticket = breakers.of_target(targets[index]).allow()
+        ticket = breakers.by_target[targets[index]].allow()
         if ticket is not None:
             return index, ticket
     return len(targets), None
@@ -99,11 +99,11 @@ async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, se
     """Forward `inbound` and answer the client. `record` is kept up to date as it goes,
     so that it tells what happened even when the client leaves halfway."""
     targets = resolution.targets if resolution.alias is None else _ordered_targets(gateway, resolution)
-    index, ticket = 0, gateway.breakers.of_target(targets[0]).allow()  # the usual: the first target's circuit admits
+    index, ticket = 0, gateway.breakers.by_target[targets[0]].allow()  # the usual: the first target's circuit admits
     if ticket is None:
         index, ticket = _admit(gateway.breakers, targets, 1)
         if ticket is None:  # every circuit refused: each one is named by the 503's wait
-            skipped = [gateway.breakers.of_target(target) for target in targets]
+            skipped = [gateway.breakers.by_target[target] for target in targets]
             return await _send_circuit_open(send, record, skipped, resolution)
     attempt = await _make_attempt(gateway, inbound, targets[index], ticket, send, record)
     if not attempt.committed:  # else the usual end: the first attempt's answer was sent
