@@ -78,6 +78,22 @@ def test_forward_headers_drop_credentials_and_hop_by_hop():
     assert forward_headers(headers) == [(b"anthropic-version", b"2023-06-01")]
 
 
+@pytest.mark.parametrize(
+    "connection",
+    [
+        [b"keep-alive"],  # the usual: names a header dropped anyway
+        [b"Keep-Alive, x-a"],
+        [b"x-a"],
+        [b"keep-alive", b"x-a"],  # a second connection header names one more
+        [b"x-a", b"keep-alive"],
+    ],
+)
+def test_forward_headers_drop_what_any_connection_header_names(connection):
+    headers = [(b"x-a", b"1"), *((b"connection", value) for value in connection), (b"x-b", b"2")]
+    kept = [(b"x-b", b"2")] if any(b"x-a" in value for value in connection) else [(b"x-a", b"1"), (b"x-b", b"2")]
+    assert forward_headers(headers) == kept
+
+
 def test_relay_headers_drop_framing():
     headers = [
         (b"content-type", b"text/event-stream"),

@@ -126,9 +126,16 @@ _RELAYED_NAME = re.compile(
 _NAME_OF = itemgetter(0)  # a header's name
 
 
-def _named_by_connection(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
-    names = [v for k, v in headers if k == b"connection"]
-    return frozenset(n.strip().lower() for v in names for n in v.split(b","))
+def _and_named_by_connection(
+    headers: list[tuple[bytes, bytes]], names: list[bytes], drop: frozenset[bytes]
+) -> frozenset[bytes]:
+    """`drop` and the headers that the `connection` headers name (`names` are the headers'
+    names). A client's usual `connection: keep-alive` names one that `drop` holds already:
+    `drop` as it is then, without splitting the value."""
+    if names.count(b"connection") == 1 and headers[names.index(b"connection")][1] in drop:
+        return drop
+    values = [v for k, v in headers if k == b"connection"]
+    return drop | frozenset(n.strip().lower() for v in values for n in v.split(b","))
 
 
 def forward_headers(
@@ -137,7 +144,9 @@ def forward_headers(
     """The client's headers that go on to a provider: never its credentials, nor any
     named in `not_forwarded` (NOT_FORWARDED and, for some providers, their key header)."""
     names = list(map(_NAME_OF, client_headers))
-    drop = not_forwarded | _named_by_connection(client_headers) if b"connection" in names else not_forwarded
+    drop = not_forwarded
+    if b"connection" in names:  # the headers it names are hop-by-hop too
+        drop = _and_named_by_connection(client_headers, names, not_forwarded)
     # Each header kept unless its name is in `drop`, in C (no Python step per header).
     return list(compress(client_headers, map(not_, map(drop.__contains__, names))))
 
