@@ -212,9 +212,8 @@ async def _make_attempt(
 async def _attempt(
     gateway: Gateway, upstream: Upstream, inbound: Inbound, target: Target, send: Send, record: Record
 ) -> Attempt:
-    """Send the request and take the answer: a stream is relayed (tinygw.worker.relay),
-    any other answer is held and judged, and sent when it is a success. The
-    request is the client's with the provider's parts (worked out once: tinygw.worker.gateway)."""
+    """Send the request (the client's, with the provider's parts: tinygw.worker.gateway) and take the answer: a
+    stream is relayed (tinygw.worker.relay), any other is held and judged, and sent when it is a success."""
     started = gateway.clock()
     key_index = upstream.keys.pick(started) if upstream.rotates_keys else 0  # one key: nothing to pick
     if inbound.query:  # the client's own, after the provider's
@@ -240,7 +239,7 @@ async def _attempt(
         return await _relay(gateway, response, send, record, target, elapsed)
     first_byte: float | None = elapsed  # observed with the attempt's count (_make_attempt), or now
     data = response.whole_body(HOLD_BYTES)  # the usual answer: all of it came with its head, taken without a wait
-    ended = data is not None
+    rest = None  # the answer still to be read, when it is not held whole
     if data is None:  # read as it comes (the attempt may last); one read in part is kept open as the answer's rest
         gateway.metrics.observe_first_byte(target.provider, elapsed)
         first_byte = None
@@ -248,9 +247,10 @@ async def _attempt(
             data, ended = await response.read_upto(HOLD_BYTES)
         except errors.UpstreamError as e:
             return Attempt(outcome.of_error(e), e.cause, error=e)
+        rest = None if ended else response
     status = response.status
-    answer = Answer(status, relay_headers(response.headers), data, None if ended else response)
-    if status == 200 and ended and (b"json" in content_type or not content_type):  # the usual answer
+    answer = Answer(status, relay_headers(response.headers), data, rest)
+    if status == 200 and rest is None and (b"json" in content_type or not content_type):  # the usual answer
         failed, reported = outcome.judge(data)
         if failed:  # a 200 carrying an error is a failure; the client gets 502 if it is the last
             answer.status = 502
