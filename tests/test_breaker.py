@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tinygw.config.settings import Breaker
+from tinygw.config.settings import Breaker, Target
 from tinygw.resilience.breaker import (
+    MAX_CIRCUITS_PER_PROVIDER,
     TRANSITIONS,
     Breakers,
     Circuit,
@@ -317,3 +318,16 @@ def test_breakers_make_one_circuit_per_provider_and_model():
     assert len({id(c) for c in [one, *others]}) == 4
     own = breakers.circuit("a")
     assert own is others[2] and (own.provider, own.provider_model) == ("a", "")
+
+
+def test_a_targets_circuit_is_its_provider_and_models_and_only_configured_ones_are_kept_by_target():
+    breakers = Breakers(Breaker(), FakeClock(), configured=[("a", "m1")])
+    configured = breakers.by_target[Target("a", "m1")]
+    assert configured is breakers.circuit("a", "m1")
+    as_sent = breakers.by_target[Target("a", "free-form")]  # made on demand, by circuit()
+    assert as_sent is breakers.circuit("a", "free-form") and breakers.by_target[Target("a", "free-form")] is as_sent
+    assert list(breakers.by_target) == [Target("a", "m1")]  # a client's names do not grow it
+    for n in range(MAX_CIRCUITS_PER_PROVIDER):  # past the bound, further names share the provider's own
+        breakers.by_target[Target("b", f"m{n}")]
+    assert breakers.by_target[Target("b", "one-more")] is breakers.circuit("b", "")
+    assert list(breakers.by_target) == [Target("a", "m1")]

@@ -42,6 +42,26 @@ def test_head_reads_model_and_stream():
     assert (head.model, head.stream) == ("m", True)
 
 
+@pytest.mark.parametrize(
+    ("model", "served"),
+    [
+        ("\U0001f600" * 64, True),  # 256 bytes in 64 characters: the most a name under the shortcut can be
+        ("\U0001f600" * 65, False),
+        ("\u00e9" * 128, True),
+        ("\u00e9" * 129, False),  # 258 bytes
+        ("x" * 256, True),
+        ("x" * 257, False),
+    ],
+)
+def test_a_model_name_is_bounded_in_bytes(model, served):
+    body = json.dumps({"model": model}, ensure_ascii=False).encode()
+    if served:
+        assert read_head(body).model == model
+    else:
+        with pytest.raises(BadBody, match="over 256 bytes"):
+            read_head(body)
+
+
 def test_forward_headers_drop_credentials_and_hop_by_hop():
     headers = [
         (b"authorization", b"Bearer client"),
@@ -56,6 +76,22 @@ def test_forward_headers_drop_credentials_and_hop_by_hop():
         (b"anthropic-version", b"2023-06-01"),
     ]
     assert forward_headers(headers) == [(b"anthropic-version", b"2023-06-01")]
+
+
+@pytest.mark.parametrize(
+    "connection",
+    [
+        [b"keep-alive"],  # the usual: names a header dropped anyway
+        [b"Keep-Alive, x-a"],
+        [b"x-a"],
+        [b"keep-alive", b"x-a"],  # a second connection header names one more
+        [b"x-a", b"keep-alive"],
+    ],
+)
+def test_forward_headers_drop_what_any_connection_header_names(connection):
+    headers = [(b"x-a", b"1"), *((b"connection", value) for value in connection), (b"x-b", b"2")]
+    kept = [(b"x-b", b"2")] if any(b"x-a" in value for value in connection) else [(b"x-a", b"1"), (b"x-b", b"2")]
+    assert forward_headers(headers) == kept
 
 
 def test_relay_headers_drop_framing():

@@ -38,6 +38,8 @@ _encode = msgspec.json.Encoder()
 # A model name is a label in logs, metrics and circuits: longer ones are refused (docs/design.md
 # section 10), so that a client cannot pin memory or grow pages with its model names.
 MAX_MODEL_BYTES = 256
+# UTF-8 spends at most 4 bytes on a character: a name of at most this many is within the bound unencoded.
+_SURELY_SHORT_ENOUGH = MAX_MODEL_BYTES // 4
 
 TOO_DEEP = "the request body's JSON is nested too deeply"
 
@@ -57,14 +59,15 @@ def read_head(body: bytes) -> RequestHead:
         raise BadBody(TOO_DEEP) from None
     if not head.model:
         raise BadBody("the request body has no 'model'")
-    if len(head.model.encode()) > MAX_MODEL_BYTES:
+    if len(head.model) > _SURELY_SHORT_ENOUGH and len(head.model.encode()) > MAX_MODEL_BYTES:
         raise BadBody(f"the request's 'model' is over {MAX_MODEL_BYTES} bytes")
     return head
 
 
-# `"model"` as a key, at any depth, followed by its string value. Inside a JSON string
-# every quote is escaped, so an unescaped match is always real JSON structure.
-_MODEL_PAIR = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.)*)"')
+# `"model"` as a key, at any depth, followed by its string value (the group, quotes and
+# all). Inside a JSON string every quote is escaped, so an unescaped match is always
+# real JSON structure.
+_MODEL_PAIR = re.compile(rb'"model"\s*:\s*("(?:[^"\\]|\\.)*")')
 # A letter of `model` written as an escape (`"mod\u0065l"` is the key `model` too): a body
 # with one may hold a second `model` key that no byte search sees, which a provider's
 # parser might take instead of the rewritten one. Such a body is re-encoded (one key).
@@ -83,7 +86,7 @@ def rewrite_model(body: bytes, requested: str, upstream: str) -> bytes:
             and (match := _MODEL_PAIR.search(body)) is not None
             and _MODEL_LETTER_ESCAPE.search(body) is None
         ):
-            spliced = body[: match.start(1)] + _encode.encode(upstream)[1:-1] + body[match.end(1) :]
+            spliced = body[: match.start(1)] + _encode.encode(upstream) + body[match.end(1) :]
             if _decode_head.decode(spliced).model == upstream:
                 return spliced
         # Ambiguous (a nested "model" key, escapes): re-encode the whole document.
@@ -123,9 +126,16 @@ _RELAYED_NAME = re.compile(
 _NAME_OF = itemgetter(0)  # a header's name
 
 
-def _named_by_connection(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
-    names = [v for k, v in headers if k == b"connection"]
-    return frozenset(n.strip().lower() for v in names for n in v.split(b","))
+def _and_named_by_connection(
+    headers: list[tuple[bytes, bytes]], names: list[bytes], drop: frozenset[bytes]
+) -> frozenset[bytes]:
+    """`drop` and the headers that the `connection` headers name (`names` are the headers'
+    names). A client's usual `connection: keep-alive` names one that `drop` holds already:
+    `drop` as it is then, without splitting the value."""
+    if names.count(b"connection") == 1 and headers[names.index(b"connection")][1] in drop:
+        return drop
+    values = [v for k, v in headers if k == b"connection"]
+    return drop | frozenset(n.strip().lower() for v in values for n in v.split(b","))
 
 
 def forward_headers(
@@ -134,7 +144,9 @@ def forward_headers(
     """The client's headers that go on to a provider: never its credentials, nor any
     named in `not_forwarded` (NOT_FORWARDED and, for some providers, their key header)."""
     names = list(map(_NAME_OF, client_headers))
-    drop = not_forwarded | _named_by_connection(client_headers) if b"connection" in names else not_forwarded
+    drop = not_forwarded
+    if b"connection" in names:  # the headers it names are hop-by-hop too
+        drop = _and_named_by_connection(client_headers, names, not_forwarded)
     # Each header kept unless its name is in `drop`, in C (no Python step per header).
     return list(compress(client_headers, map(not_, map(drop.__contains__, names))))
 

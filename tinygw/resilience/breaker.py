@@ -90,7 +90,7 @@ class Ticket(Struct, gc=False):
 
     circuit: Circuit
     generation: int
-    probe: bool
+    probe: bool = False  # admitted HALF_OPEN: it holds a probe's slot
     spent: bool = False
 
     def done(self, outcome: Outcome, error: str | None = None) -> None:
@@ -98,10 +98,11 @@ class Ticket(Struct, gc=False):
             return
         self.spent = True
         circuit = self.circuit
+        # The usual verdict first: it changes nothing, whatever the generation it was admitted in.
+        if outcome is _SUCCESS and circuit._state is _CLOSED and not circuit.failures:
+            return
         if self.generation != circuit.generation:
             return  # admitted before the last transition: it cannot move the new state
-        if outcome is _SUCCESS and circuit._state is _CLOSED and not circuit.failures:
-            return  # the usual verdict, which changes nothing
         circuit._done(self, outcome, error)
 
 
@@ -172,10 +173,10 @@ class Circuit:
     def allow(self) -> Ticket | None:
         """A ticket for one attempt, or None: skip this target as if it were open."""
         if self._state is _CLOSED or not self.enabled:  # the usual answer, without the clock
-            return Ticket(self, self.generation, False)
+            return Ticket(self, self.generation)
         state = self.state()
         if state is State.CLOSED:
-            return Ticket(self, self.generation, False)
+            return Ticket(self, self.generation)
         if state is State.HALF_OPEN and self._probe_free():
             self.probes_in_flight += 1
             return Ticket(self, self.generation, True)
@@ -246,6 +247,20 @@ class Circuit:
         self._changed()
 
 
+class ByTarget(dict[Target, Circuit]):
+    """The circuit of a target, `by_target[target]`: `circuit(target.provider,
+    target.upstream_model)`. A configured target's is an entry, found by the subscript
+    alone (no Python call); any other's (a name as sent, or a provider-qualified one) is
+    asked of `circuit` each time and not kept here: clients cannot grow this dict."""
+
+    def __init__(self, circuit: Callable[[str, str], Circuit]) -> None:
+        super().__init__()
+        self._circuit = circuit
+
+    def __missing__(self, target: Target) -> Circuit:
+        return self._circuit(target.provider, target.upstream_model)
+
+
 class Breakers:
     """Every circuit of one worker process, made on first use."""
 
@@ -266,11 +281,11 @@ class Breakers:
         self._circuits: dict[tuple[str, str], Circuit] = {}
         self._per_provider: dict[str, int] = {}  # circuits made on demand, per provider
         # The configured targets' circuits exist from the start and never share one; found
-        # by their Target too, in one lookup (`of_target`).
-        self._configured: dict[Target, Circuit] = {}
+        # by their Target too, in one subscript (`by_target`).
+        self.by_target = ByTarget(self.circuit)
         for provider, provider_model in configured:
             circuit = self._circuits[(provider, provider_model)] = self._make(provider, provider_model)
-            self._configured[Target(provider, provider_model)] = circuit
+            self.by_target[Target(provider, provider_model)] = circuit
 
     def _make(self, provider: str, provider_model: str) -> Circuit:
         circuit = Circuit(provider, provider_model, self.settings, self._clock, self._on_transition, self._on_change)
@@ -289,13 +304,6 @@ class Breakers:
             self._circuits[key] = circuit
             self._per_provider[provider] = self._per_provider.get(provider, 0) + 1
         return circuit
-
-    def of_target(self, target: Target) -> Circuit:
-        """The circuit of `target`: `circuit(target.provider, target.upstream_model)`."""
-        try:
-            return self._configured[target]
-        except KeyError:  # a name as sent, or a provider-qualified one: made on demand
-            return self.circuit(target.provider, target.upstream_model)
 
     def of_provider(self, provider: str) -> list[Circuit]:
         return [c for (p, _), c in self._circuits.items() if p == provider]

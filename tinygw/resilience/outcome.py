@@ -11,8 +11,7 @@ import msgspec
 from msgspec import Struct
 
 from tinygw import errors
-from tinygw.protocol import usage
-from tinygw.protocol.usage import Usage
+from tinygw.protocol.usage import Usage, decode_body
 from tinygw.resilience.breaker import Outcome
 
 # A 502/503 that came back within this many seconds is a quick failure (docs/design.md section 4).
@@ -64,11 +63,11 @@ _decode_error_field = msgspec.json.Decoder(_ErrorField)
 
 def judge(body: bytes) -> tuple[bool, Usage | None]:
     """Does a JSON object body carry a non-null top-level `error`, and what `usage`
-    does it report? One decode for both, of these two fields only (tinygw.protocol.usage)."""
+    does it report? One decode for both, of these two fields only (tinygw.protocol.usage.decode_body)."""
     if b'"usage"' not in body:
         return carries_error(body), None
     try:
-        value = usage.decode_body(body)
+        value = decode_body(body)
     except (msgspec.MsgspecError, RecursionError):  # a `usage` of another shape: the error alone is judged
         return carries_error(body), None
     return value.error is not None, value.usage

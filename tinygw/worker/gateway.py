@@ -45,21 +45,26 @@ class Upstream(Struct, frozen=True):
     query_names: frozenset[bytes] = frozenset()
     # Worked out once, for each request: the static headers and a key's, one list per key
     # of its key pool; the names of the client's headers never forwarded (the gateway's
-    # own, and the provider's `api_key_header`); a route's path on this provider, without
-    # query (made at the route's first request: as many as the route table has).
+    # own, and the provider's `api_key_header`); a route's request target on this provider
+    # for a client request without query: its path and the provider's query (made at the
+    # route's first request: as many as the route table has).
     fixed_headers: tuple[list[tuple[bytes, bytes]], ...] = ()
     not_forwarded: frozenset[bytes] = NOT_FORWARDED
     paths: dict[str, bytes] = {}
+    rotates_keys: bool = False  # more than one key: `keys.pick` moves the rotation on
 
     def __repr__(self) -> str:  # its headers and query hold the provider's credentials
         return f"Upstream({self.provider.name!r})"
 
     __str__ = __repr__
 
-    def path(self, upstream_path: str) -> bytes:
-        """The provider's path for a route's `upstream_path` (its base_url's path first),
-        kept in `paths`."""
-        path = self.paths[upstream_path] = (self.provider.origin.path + upstream_path).encode()
+    def path(self, upstream_path: str, client_query: bytes = b"") -> bytes:
+        """The request target for a route's `upstream_path` (its base_url's path first) with
+        the provider's query and the client's (`target`); kept in `paths` when the client
+        sent no query."""
+        path = self.target((self.provider.origin.path + upstream_path).encode(), client_query)
+        if not client_query:
+            self.paths[upstream_path] = path
         return path
 
     def target(self, path: bytes, client_query: bytes = b"") -> bytes:
@@ -112,6 +117,7 @@ def _upstream(p: Provider, context: ssl.SSLContext | None, loop: asyncio.Abstrac
         fixed_headers=tuple(static_headers + auth for auth in auth_headers),
         not_forwarded=NOT_FORWARDED | {key_header} if key_header is not None else NOT_FORWARDED,
         paths={},
+        rotates_keys=len(p.keys) > 1,
     )
 
 

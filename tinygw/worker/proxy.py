@@ -89,7 +89,7 @@ def _admit(breakers: Breakers, targets: Sequence[Target], start: int) -> tuple[i
     """The first of `targets[start:]` whose circuit admits an attempt, and its ticket:
     (index, ticket), or (len(targets), None) when none does."""
     for index in range(start, len(targets)):
-        ticket = breakers.of_target(targets[index]).allow()
+        ticket = breakers.by_target[targets[index]].allow()
         if ticket is not None:
             return index, ticket
     return len(targets), None
@@ -99,11 +99,11 @@ async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, se
     """Forward `inbound` and answer the client. `record` is kept up to date as it goes,
     so that it tells what happened even when the client leaves halfway."""
     targets = resolution.targets if resolution.alias is None else _ordered_targets(gateway, resolution)
-    index, ticket = 0, gateway.breakers.of_target(targets[0]).allow()  # the usual: the first target's circuit admits
+    index, ticket = 0, gateway.breakers.by_target[targets[0]].allow()  # the usual: the first target's circuit admits
     if ticket is None:
         index, ticket = _admit(gateway.breakers, targets, 1)
         if ticket is None:  # every circuit refused: each one is named by the 503's wait
-            skipped = [gateway.breakers.of_target(target) for target in targets]
+            skipped = [gateway.breakers.by_target[target] for target in targets]
             return await _send_circuit_open(send, record, skipped, resolution)
     attempt = await _make_attempt(gateway, inbound, targets[index], ticket, send, record)
     if not attempt.committed:  # else the usual end: the first attempt's answer was sent
@@ -212,14 +212,14 @@ async def _make_attempt(
 async def _attempt(
     gateway: Gateway, upstream: Upstream, inbound: Inbound, target: Target, send: Send, record: Record
 ) -> Attempt:
-    """Send the request and take the answer: a stream is relayed (tinygw.worker.relay),
-    any other answer is held and judged, and sent when it is a success. The
-    request is the client's with the provider's parts (worked out once: tinygw.worker.gateway)."""
+    """Send the request (the client's, with the provider's parts: tinygw.worker.gateway) and take the answer: a
+    stream is relayed (tinygw.worker.relay), any other is held and judged, and sent when it is a success."""
     started = gateway.clock()
-    key_index = upstream.keys.pick(started)
-    path = upstream.paths.get(inbound.route.upstream_path) or upstream.path(inbound.route.upstream_path)
-    if inbound.query or upstream.query:
-        path = upstream.target(path, inbound.query)
+    key_index = upstream.keys.pick(started) if upstream.rotates_keys else 0  # one key: nothing to pick
+    if inbound.query:  # the client's own, after the provider's
+        path = upstream.path(inbound.route.upstream_path, inbound.query)
+    else:  # the usual: the route's request target on this provider, worked out at its first request
+        path = upstream.paths.get(inbound.route.upstream_path) or upstream.path(inbound.route.upstream_path)
     body = rewrite_model(inbound.body, inbound.model, target.upstream_model)
     pool = upstream.pool
     head = [  # every line of the request's head, in one list (Pool.exchange)
@@ -239,7 +239,7 @@ async def _attempt(
         return await _relay(gateway, response, send, record, target, elapsed)
     first_byte: float | None = elapsed  # observed with the attempt's count (_make_attempt), or now
     data = response.whole_body(HOLD_BYTES)  # the usual answer: all of it came with its head, taken without a wait
-    ended = data is not None
+    rest = None  # the answer still to be read, when it is not held whole
     if data is None:  # read as it comes (the attempt may last); one read in part is kept open as the answer's rest
         gateway.metrics.observe_first_byte(target.provider, elapsed)
         first_byte = None
@@ -247,18 +247,19 @@ async def _attempt(
             data, ended = await response.read_upto(HOLD_BYTES)
         except errors.UpstreamError as e:
             return Attempt(outcome.of_error(e), e.cause, error=e)
+        rest = None if ended else response
     status = response.status
-    answer = Answer(status, relay_headers(response.headers), data, None if ended else response)
-    if status == 200 and ended and (b"json" in content_type or not content_type):
+    answer = Answer(status, relay_headers(response.headers), data, rest)
+    if status == 200 and rest is None and (b"json" in content_type or not content_type):  # the usual answer
         failed, reported = outcome.judge(data)
         if failed:  # a 200 carrying an error is a failure; the client gets 502 if it is the last
             answer.status = 502
             return Attempt(outcome.ERROR_IN_BODY, "200+error", answer=answer, first_byte_seconds=first_byte)
         if reported is not None:  # its answer is sent, and its tokens count
             record.counted(reported)
-        attempt = Attempt(outcome.SUCCESS, "200", answer=answer, first_byte_seconds=first_byte)  # of_status's 200
-    else:
-        attempt = Attempt(outcome.of_status(status, elapsed), str(status), answer=answer, first_byte_seconds=first_byte)
+        await _send_held(send, record, answer, "200")  # final: sent as any success held whole (below)
+        return Attempt(outcome.SUCCESS, "200", True, answer, first_byte_seconds=first_byte)  # of_status's 200
+    attempt = Attempt(outcome.of_status(status, elapsed), str(status), answer=answer, first_byte_seconds=first_byte)
     if attempt.verdict.outcome is Outcome.SUCCESS:  # final: the client gets it
         attempt.committed = True
         if answer.rest is None:  # held whole: nothing left to read
