@@ -145,14 +145,16 @@ async def _refuse(
     status = await send_error(send, *refusal)
     if route is not None:
         gateway.metrics.count_request(route.path, "unknown", status, 0.0)
-    fields = {
-        "route": route.path if route is not None else None,
-        "model": None,
-        "status": status,
-        "worker": gateway.pid,
-        "request_id": request_id.decode(),
-    }
-    logs.access(gateway.loop, scope, fields, first.get(b"user-agent"))
+    logs.access(
+        gateway.loop or asyncio.get_running_loop(),
+        scope,
+        first.get(b"user-agent"),
+        route=route.path if route is not None else None,
+        model=None,
+        status=status,
+        worker=gateway.pid,
+        request_id=request_id.decode(),
+    )
 
 
 def _with_request_id(send, request_id: bytes):
@@ -242,30 +244,30 @@ async def _answer_error(send, record: Record, status: int, message: str, type_: 
 def _account(gateway: Gateway, route, scope, first: dict, record: Record, loop: asyncio.AbstractEventLoop) -> None:
     """The request's metrics and access-log line, from its record."""
     duration = loop.time() - record.started_at
-    model = record.model
     target = record.target
     tokens = record.tokens
-    metrics = gateway.metrics
     if tokens is None or target is None:  # no answer that reported its tokens was sent
-        metrics.count_proxied(route.path, model, record.status, duration, None, 0, 0)
+        gateway.metrics.count_proxied(route.path, record.model, record.status, duration, None, 0, 0)
     else:
-        metrics.count_proxied(
-            route.path, model, record.status, duration, target.provider, tokens.prompt, tokens.completion
+        gateway.metrics.count_proxied(
+            route.path, record.model, record.status, duration, target.provider, tokens.prompt, tokens.completion
         )
     if record.first_output_at is not None:
-        metrics.observe_first_token(model, record.first_output_at - record.started_at)
-    fields = {
-        "route": route.path,
-        "model": model,
-        "status": record.status,
-        "worker": gateway.pid,
-        "request_id": record.request_id.decode(),
-        "target": target.name if target else None,
-        "attempts": ",".join(record.attempts),
-        "cut": record.cut,
-        "duration_ms": round(duration * 1000, 1),
-    }
-    logs.access(loop, scope, fields, first.get(b"user-agent"))
+        gateway.metrics.observe_first_token(record.model, record.first_output_at - record.started_at)
+    logs.access(
+        loop,
+        scope,
+        first.get(b"user-agent"),
+        route=route.path,
+        model=record.model,
+        status=record.status,
+        worker=gateway.pid,
+        request_id=record.request_id.decode(),
+        target=target.name if target else None,
+        attempts=",".join(record.attempts),
+        cut=record.cut,
+        duration_ms=round(duration * 1000, 1),
+    )
 
 
 MODEL_ROUTE = f"{MODEL_PREFIX}{{id}}"
