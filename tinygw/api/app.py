@@ -58,19 +58,18 @@ def app(scope, receive, send) -> Awaitable[None]:
     if scope["type"] != "http":
         return lifespan(scope, receive, send) if scope["type"] == "lifespan" else _ignore()
     gateway: Gateway = scope["state"]["gateway"]
-    path = scope["path"]
     first = dict(reversed(scope["headers"]))  # each header's first value, for the few read by name
     request_id = wire.request_id_from(first.get(b"x-request-id"))
-    endpoint = ROUTES.get(path) or (ROUTES[MODEL_ROUTE] if path.startswith(MODEL_PREFIX) else None)
+    endpoint = ROUTES.get(scope["path"]) or (ROUTES[MODEL_ROUTE] if scope["path"].startswith(MODEL_PREFIX) else None)
     if endpoint is None:
-        not_found = 404, f"no route {path}; the routes are: {ROUTE_LIST}", "invalid_request_error", "not_found"
+        not_found = 404, f"no route {scope['path']}; the routes are: {ROUTE_LIST}", "invalid_request_error", "not_found"
         return _refuse(gateway, None, scope, _with_request_id(send, request_id), first, request_id, not_found)
     route = endpoint.route
     # an API route's errors take its API's shape: Endpoint.anthropic_shaped, without the call
     if route.api == "anthropic" if route is not None else endpoint.anthropic_shaped(first):
         send = wire.anthropic_errors(send)
     if scope["method"] not in endpoint.methods:
-        refusal = 405, f"{path} takes {endpoint.methods[0]}", "invalid_request_error", "method_not_allowed"
+        refusal = 405, f"{scope['path']} takes {endpoint.methods[0]}", "invalid_request_error", "method_not_allowed"
     elif endpoint.auth and not gateway.auth.allows(scope["headers"]):
         refusal = 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key"
     elif route is not None:  # the hot path: its answers get the id from its record
@@ -147,7 +146,8 @@ async def _refuse(
         gateway.metrics.count_request(route.path, "unknown", status, 0.0)
     logs.access(
         gateway.loop or asyncio.get_running_loop(),
-        scope,
+        scope["path"],
+        scope["query_string"],
         first.get(b"user-agent"),
         route=route.path if route is not None else None,
         model=None,
@@ -177,11 +177,12 @@ async def _proxy(gateway: Gateway, route: Route, scope, receive, send, first: di
     (each one's first value)."""
     loop = gateway.loop or asyncio.get_running_loop()
     record = Record(request_id, loop.time())
-    # this request's, looked up once (never None: _proxy runs in the request's task)
-    task: asyncio.Task = _current_task(loop)
     gateway.metrics.add_in_flight(1)
     settings = gateway.settings
-    watch = ClientWatch(receive, task, loop, record.started_at, settings.client_timeout_seconds, WATCH_AFTER_SECONDS)
+    # _current_task(loop): the request's task (_proxy runs in it), which the watch cancels when its client leaves
+    watch = ClientWatch(
+        receive, _current_task(loop), loop, record.started_at, settings.client_timeout_seconds, WATCH_AFTER_SECONDS
+    )
     try:
         try:
             body = await read_body(receive, first.get(b"content-length"), settings.max_body_bytes, watch)
@@ -256,7 +257,8 @@ def _account(gateway: Gateway, route, scope, first: dict, record: Record, loop: 
         gateway.metrics.observe_first_token(record.model, record.first_output_at - record.started_at)
     logs.access(
         loop,
-        scope,
+        scope["path"],
+        scope["query_string"],
         first.get(b"user-agent"),
         route=route.path,
         model=record.model,
