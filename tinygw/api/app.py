@@ -38,14 +38,12 @@ from tinygw.worker.record import Record
 # a tenth of a quick request's CPU); until then its ClientWatch looks this often.
 WATCH_AFTER_SECONDS = 0.05
 
-# asyncio.current_task(loop): on Python 3.11 a Python function around this dict's get, a frame
-# per request for one lookup; from 3.12 on it is C.
+# asyncio.current_task(loop): on Python 3.11 a Python function around the get of asyncio's own
+# dict of current tasks, a frame per request for one lookup; from 3.12 on it is C.
 if sys.version_info >= (3, 12):
     _current_task = asyncio.current_task
 else:
-    from _asyncio import _current_tasks  # type: ignore[attr-defined]
-
-    _current_task = _current_tasks.get
+    _current_task = asyncio.tasks._current_tasks.get  # type: ignore[attr-defined]
 
 
 def app(scope, receive, send) -> Awaitable[None]:
