@@ -38,6 +38,13 @@ from tinygw.worker.record import Record
 # a tenth of a quick request's CPU); until then its ClientWatch looks this often.
 WATCH_AFTER_SECONDS = 0.05
 
+# asyncio.current_task(loop): on Python 3.11 a Python function around the get of asyncio's own
+# dict of current tasks, a frame per request for one lookup; from 3.12 on it is C.
+if sys.version_info >= (3, 12):
+    _current_task = asyncio.current_task
+else:
+    _current_task = asyncio.tasks._current_tasks.get  # type: ignore[attr-defined]
+
 
 def app(scope, receive, send) -> Awaitable[None]:
     """The ASGI app: a plain function that returns the coroutine that answers, which the
@@ -49,19 +56,18 @@ def app(scope, receive, send) -> Awaitable[None]:
     if scope["type"] != "http":
         return lifespan(scope, receive, send) if scope["type"] == "lifespan" else _ignore()
     gateway: Gateway = scope["state"]["gateway"]
-    path = scope["path"]
     first = dict(reversed(scope["headers"]))  # each header's first value, for the few read by name
     request_id = wire.request_id_from(first.get(b"x-request-id"))
-    endpoint = ROUTES.get(path) or (ROUTES[MODEL_ROUTE] if path.startswith(MODEL_PREFIX) else None)
+    endpoint = ROUTES.get(scope["path"]) or (ROUTES[MODEL_ROUTE] if scope["path"].startswith(MODEL_PREFIX) else None)
     if endpoint is None:
-        not_found = 404, f"no route {path}; the routes are: {ROUTE_LIST}", "invalid_request_error", "not_found"
+        not_found = 404, f"no route {scope['path']}; the routes are: {ROUTE_LIST}", "invalid_request_error", "not_found"
         return _refuse(gateway, None, scope, _with_request_id(send, request_id), first, request_id, not_found)
     route = endpoint.route
     # an API route's errors take its API's shape: Endpoint.anthropic_shaped, without the call
     if route.api == "anthropic" if route is not None else endpoint.anthropic_shaped(first):
         send = wire.anthropic_errors(send)
     if scope["method"] not in endpoint.methods:
-        refusal = 405, f"{path} takes {endpoint.methods[0]}", "invalid_request_error", "method_not_allowed"
+        refusal = 405, f"{scope['path']} takes {endpoint.methods[0]}", "invalid_request_error", "method_not_allowed"
     elif endpoint.auth and not gateway.auth.allows(scope["headers"]):
         refusal = 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key"
     elif route is not None:  # the hot path: its answers get the id from its record
@@ -136,14 +142,17 @@ async def _refuse(
     status = await send_error(send, *refusal)
     if route is not None:
         gateway.metrics.count_request(route.path, "unknown", status, 0.0)
-    fields = {
-        "route": route.path if route is not None else None,
-        "model": None,
-        "status": status,
-        "worker": gateway.pid,
-        "request_id": request_id.decode(),
-    }
-    logs.access(gateway.loop, scope, fields, first.get(b"user-agent"))
+    logs.access(
+        gateway.loop or asyncio.get_running_loop(),
+        scope["path"],
+        scope["query_string"],
+        first.get(b"user-agent"),
+        route=route.path if route is not None else None,
+        model=None,
+        status=status,
+        worker=gateway.pid,
+        request_id=request_id.decode(),
+    )
 
 
 def _with_request_id(send, request_id: bytes):
@@ -166,11 +175,12 @@ async def _proxy(gateway: Gateway, route: Route, scope, receive, send, first: di
     (each one's first value)."""
     loop = gateway.loop or asyncio.get_running_loop()
     record = Record(request_id, loop.time())
-    # this request's, looked up once (never None: _proxy runs in the request's task)
-    task: asyncio.Task = asyncio.current_task(loop)  # type: ignore[assignment]
     gateway.metrics.add_in_flight(1)
     settings = gateway.settings
-    watch = ClientWatch(receive, task, loop, record.started_at, settings.client_timeout_seconds, WATCH_AFTER_SECONDS)
+    # _current_task(loop): the request's task (_proxy runs in it), which the watch cancels when its client leaves
+    watch = ClientWatch(
+        receive, _current_task(loop), loop, record.started_at, settings.client_timeout_seconds, WATCH_AFTER_SECONDS
+    )
     try:
         try:
             body = await read_body(receive, first.get(b"content-length"), settings.max_body_bytes, watch)
@@ -233,30 +243,31 @@ async def _answer_error(send, record: Record, status: int, message: str, type_: 
 def _account(gateway: Gateway, route, scope, first: dict, record: Record, loop: asyncio.AbstractEventLoop) -> None:
     """The request's metrics and access-log line, from its record."""
     duration = loop.time() - record.started_at
-    model = record.model
     target = record.target
     tokens = record.tokens
-    metrics = gateway.metrics
     if tokens is None or target is None:  # no answer that reported its tokens was sent
-        metrics.count_proxied(route.path, model, record.status, duration, None, 0, 0)
+        gateway.metrics.count_proxied(route.path, record.model, record.status, duration, None, 0, 0)
     else:
-        metrics.count_proxied(
-            route.path, model, record.status, duration, target.provider, tokens.prompt, tokens.completion
+        gateway.metrics.count_proxied(
+            route.path, record.model, record.status, duration, target.provider, tokens.prompt, tokens.completion
         )
     if record.first_output_at is not None:
-        metrics.observe_first_token(model, record.first_output_at - record.started_at)
-    fields = {
-        "route": route.path,
-        "model": model,
-        "status": record.status,
-        "worker": gateway.pid,
-        "request_id": record.request_id.decode(),
-        "target": target.name if target else None,
-        "attempts": ",".join(record.attempts),
-        "cut": record.cut,
-        "duration_ms": round(duration * 1000, 1),
-    }
-    logs.access(loop, scope, fields, first.get(b"user-agent"))
+        gateway.metrics.observe_first_token(record.model, record.first_output_at - record.started_at)
+    logs.access(
+        loop,
+        scope["path"],
+        scope["query_string"],
+        first.get(b"user-agent"),
+        route=route.path,
+        model=record.model,
+        status=record.status,
+        worker=gateway.pid,
+        request_id=record.request_id.decode(),
+        target=target.name if target else None,
+        attempts=",".join(record.attempts),
+        cut=record.cut,
+        duration_ms=round(duration * 1000, 1),
+    )
 
 
 MODEL_ROUTE = f"{MODEL_PREFIX}{{id}}"

@@ -44,6 +44,7 @@ class ClientWatch:
     waiting_since: float | None  # None once the body is read
     expired_after: float | None = None  # the client timeout, once it passed during the body
     looked = False  # the first look came while the body was still being read
+    _loop: asyncio.AbstractEventLoop  # set by that look
     _watcher: asyncio.Task | None = None
     _left = False
 
@@ -57,7 +58,6 @@ class ClientWatch:
         every_seconds: float,
     ) -> None:
         self._task = task
-        self._loop = loop
         self.waiting_since = now
         self._timer = loop.call_later(every_seconds, self._look, loop, receive, timeout_seconds)
 
@@ -66,6 +66,7 @@ class ClientWatch:
             self._watcher = loop.create_task(self._watch(receive))
             return
         self.looked = True
+        self._loop = loop  # for body_read's watcher: kept by the look, which a quick request never has
         left = self.waiting_since + timeout_seconds - loop.time()
         if left > 0:  # not over yet: looked at again when it could be
             self._timer = loop.call_later(left, self._look, loop, receive, timeout_seconds)
@@ -122,13 +123,15 @@ async def read_body(receive, declared: bytes | None, limit: int, watch: ClientWa
         raise _too_large(limit)
     try:
         message = await receive()  # timed since the request came
-        if message["type"] == "http.disconnect":
-            raise ClientLeft
-        body: bytes = message.get("body", b"")
+        body: bytes | None = message.get("body")
+        if body is None:  # the client left (or, rarely, a request message without a body)
+            if message["type"] == "http.disconnect":
+                raise ClientLeft
+            body = b""
         # Granian's first message says `more_body` even when it holds the whole body, and
         # asking for the empty last one costs a round trip to its thread. A body of its
         # declared length is whole: the server gives a request no byte past it.
-        if (len(body) == length or not message.get("more_body")) and len(body) <= limit:
+        if (size := len(body)) <= limit and (size == length or not message.get("more_body")):
             watch.body_read(receive)
             return body  # the usual request: all of its body in one message
         return await _read_rest(receive, message, limit, watch)

@@ -105,15 +105,29 @@ class _Histogram:
 class _ProxiedSeries:
     """A proxied request's places in the store, by its route, model, status and the
     provider that answered: its count's, its duration histogram's buckets and sum, and its
-    tokens' counts (each taken at its kind's first count, None until then)."""
+    tokens' counts (each taken at its kind's first count, None until then; `token_place_missing`
+    while either is, so that a series with both asks one question per request, not four)."""
 
-    __slots__ = ("count", "duration", "prompt", "completion")
+    __slots__ = ("count", "duration", "prompt", "completion", "token_place_missing")
 
     def __init__(self, count: int, histogram: _Histogram) -> None:
         self.count = count
         self.duration = histogram
         self.prompt: int | None = None
         self.completion: int | None = None
+        self.token_place_missing = True
+
+
+class _AttemptSeries:
+    """An attempt's places in the store, by its provider, upstream model and outcome: its
+    count's, and its provider's first-byte histogram once an answer of the series had one
+    observed with its count (None until then: a provider that never answered shows none)."""
+
+    __slots__ = ("count", "first_byte")
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.first_byte: _Histogram | None = None
 
 
 def _escape(value: str) -> str:
@@ -145,7 +159,7 @@ class Metrics:
         self._requests: dict[tuple[str, str, int], tuple[int, _Histogram]] = {}
         self._histograms: dict[tuple[str, tuple[str, ...]], _Histogram] = {}
         self._tokens: dict[tuple[str, str], list] = {}
-        self._attempts: dict[tuple[str, str, str], int] = {}
+        self._attempts: dict[tuple[str, str, str], _AttemptSeries] = {}
         self._first_byte: dict[str, _Histogram] = {}
         self._proxied: dict[tuple[str, str, int, str | None], _ProxiedSeries] = {}
 
@@ -185,8 +199,11 @@ class Metrics:
         series = self._proxied.get((route, model, status, provider)) or self._proxied_series(
             route, model, status, provider
         )
-        if (prompt and series.prompt is None) or (completion and series.completion is None):
+        if series.token_place_missing and (
+            (prompt and series.prompt is None) or (completion and series.completion is None)
+        ):
             series.prompt, series.completion = self._token_places(provider, model, prompt, completion)  # type: ignore[arg-type]
+            series.token_place_missing = series.prompt is None or series.completion is None
         values = self.store.values
         values[series.count] += 1.0
         series.duration.observe(values, seconds)
@@ -208,15 +225,15 @@ class Metrics:
         """An attempt ended with `outcome`. `first_byte_seconds`, when given, is how long its
         answer's head took (tinygw_upstream_first_byte_seconds): observed in the same call,
         for an answer held whole, whose attempt ends as soon as it has come."""
-        index = self._attempts.get((provider, provider_model, outcome))
-        if index is None:
-            index = self._attempt_place(provider, provider_model, outcome)
+        series = self._attempts.get((provider, provider_model, outcome)) or self._attempt_series(
+            provider, provider_model, outcome
+        )
         if first_byte_seconds is None:
-            self.store.values[index] += 1.0
+            self.store.values[series.count] += 1.0
             return
-        histogram = self._first_byte.get(provider) or self._first_byte_series(provider)
+        histogram = series.first_byte or self._first_byte_of(series, provider)
         values = self.store.values  # read after both places were taken
-        values[index] += 1.0
+        values[series.count] += 1.0
         histogram.observe(values, first_byte_seconds)
 
     def observe_first_byte(self, provider: str, seconds: float) -> None:
@@ -268,10 +285,15 @@ class Metrics:
                 places[which] = self.store.index(("tinygw_tokens_total", (provider, model, kind), ""))
         return places
 
-    def _attempt_place(self, provider: str, provider_model: str, outcome: str) -> int:
+    def _attempt_series(self, provider: str, provider_model: str, outcome: str) -> _AttemptSeries:
         labels = (provider, provider_model, outcome)
-        index = self._attempts[labels] = self.store.index(("tinygw_upstream_attempts_total", labels, ""))
-        return index
+        count = self.store.index(("tinygw_upstream_attempts_total", labels, ""))
+        series = self._attempts[labels] = _AttemptSeries(count)
+        return series
+
+    def _first_byte_of(self, series: _AttemptSeries, provider: str) -> _Histogram:
+        histogram = series.first_byte = self._first_byte.get(provider) or self._first_byte_series(provider)
+        return histogram
 
     def _first_byte_series(self, provider: str) -> _Histogram:
         histogram = self._first_byte[provider] = self._histogram("tinygw_upstream_first_byte_seconds", (provider,))
