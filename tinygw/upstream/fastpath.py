@@ -35,7 +35,8 @@ _FIELD_VALUE = rb"(?:[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?)?"
 _TARGET = re.compile(rb"[\x21-\x7e]+")
 _CHECKED_LINE = b"%s\x00%s\r\n"
 _CHECKED_LINES = re.compile(rb"(?:" + _NAME + rb"\x00" + _FIELD_VALUE + rb"\r\n)*")
-_FRAMING_NAME = re.compile(rb"\n(host|content-length|transfer-encoding)\x00")  # in checked lines, lowered
+# A framing or Host line among the checked lines, in any case; a content-length with its value.
+_FRAMING_LINE = re.compile(rb"^(?:host\x00|content-length\x00[^\r]*|transfer-encoding\x00)", re.M | re.I)
 
 # What the fast path reads: HTTP/1.1, a 3-digit status of 200 and up but 204 and 304
 # (which have no body whatever their headers say: h11 reads those), a reason of
@@ -85,12 +86,10 @@ def encode_request(method: bytes, target: bytes, headers: list[tuple[bytes, byte
     if lines.count(b"\n") != len(headers) or not _CHECKED_LINES.fullmatch(lines) or not _TARGET.fullmatch(target):
         return None
     # Framing and Host as h11 requires them (one Host, one content-length, the body's, no
-    # transfer-encoding), else h11 says what is wrong: a line starts after an LF only,
-    # and its name ends at its NUL.
-    names = (b"\n" + lines).lower()
-    if sorted(_FRAMING_NAME.findall(names)) != [b"content-length", b"host"]:
-        return None
-    if b"\ncontent-length\x00%d\r\n" % len(body) not in names:
+    # transfer-encoding), else h11 says what is wrong: a line starts after an LF only, and
+    # its name ends at its NUL. Found in any case, expected in lower case: a `Host` written
+    # otherwise goes to h11 too, and none is missed beside a lower-case one.
+    if sorted(_FRAMING_LINE.findall(lines)) != [b"content-length\x00%d" % len(body), b"host\x00"]:
         return None
     return b"%s %s HTTP/1.1\r\n%s\r\n%s" % (method, target, lines.replace(b"\x00", b": "), body)
 
