@@ -1,15 +1,17 @@
 """The network backend of the upstream client: a byte stream on asyncio's transports.
 
 Granian runs the app on an asyncio loop, so the stream is a plain asyncio Protocol.
-Every wait ends at an absolute deadline on the loop's monotonic clock, enforced with
-one timer per wait (`loop.call_at`); anyio's cancel scopes, which the first version
-used, cost about a third of the gateway's CPU per request (see the closing note of
-issue 2). Foreign exceptions are translated here into tinygw.errors.
+Every wait ends at an absolute deadline on the loop's monotonic clock, enforced with a
+timer (`loop.call_at`): a read's by the stream's one alarm, which outlives the read
+(`Stream._set_alarm`), a drain's by one timer per wait. anyio's cancel scopes, which the
+first version used, cost about a third of the gateway's CPU per request (see the closing
+note of issue 2). Foreign exceptions are translated here into tinygw.errors.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import ssl
 from collections import deque
@@ -38,7 +40,11 @@ class Stream(asyncio.Protocol):
         self._buffered = 0
         self._eof = False
         self._lost: BaseException | None = None
-        self._read_waiter: asyncio.Future[bytes | None] | None = None  # a read's, or None when it woke for an end
+        # The last read's, done once it woke (with its data, None for an end, or an exception).
+        self._read_waiter: asyncio.Future[bytes | None] | None = None
+        self._read_deadline = 0.0  # the last read's
+        self._alarm: asyncio.TimerHandle | None = None  # rings at _alarm_at (_set_alarm)
+        self._alarm_at = math.inf
         self._write_waiter: asyncio.Future | None = None
         self._reading_paused = False
 
@@ -68,6 +74,9 @@ class Stream(asyncio.Protocol):
         self._eof = True
         self._lost = exc
         self._wake_reader()
+        if self._alarm is not None:  # no read waits on a lost connection: the stream is not kept for it
+            self._alarm.cancel()
+            self._alarm, self._alarm_at = None, math.inf
         if self._write_waiter is not None and not self._write_waiter.done():
             self._write_waiter.set_result(None)
 
@@ -81,6 +90,29 @@ class Stream(asyncio.Protocol):
     def _wake_reader(self) -> None:
         if self._read_waiter is not None and not self._read_waiter.done():
             self._read_waiter.set_result(None)
+
+    # ---- a read's deadline -------------------------------------------------------------------
+
+    def _set_alarm(self, when: float) -> None:
+        """Ring at `when`. A read's deadline is kept by one alarm per connection, not by a
+        timer per read (setting and cancelling one costs about 1.7 µs, a read or two a
+        request): a read sets it only when it would ring too late for it (or none is set),
+        and it is not cancelled when the read ends. When it rings (_ring), the read waiting
+        then, if any, ends if its deadline has come, else the alarm is set for it."""
+        if self._alarm is not None:
+            self._alarm.cancel()
+        self._alarm, self._alarm_at = self._loop.call_at(when, self._ring), when
+
+    def _ring(self) -> None:
+        rang_at = self._alarm_at
+        self._alarm, self._alarm_at = None, math.inf
+        waiter = self._read_waiter
+        if waiter is None or waiter.done():  # no read waits: the next one sets the alarm again
+            return
+        if self._read_deadline <= rang_at:
+            waiter.set_exception(Deadline())
+        else:  # a read that began after the alarm was set, with a later deadline
+            self._set_alarm(self._read_deadline)
 
     # ---- the stream ------------------------------------------------------------------------
 
@@ -97,14 +129,11 @@ class Stream(asyncio.Protocol):
         Raises Deadline, or errors.ReadError when the connection broke."""
         chunks = self._chunks
         if not chunks and not self._eof:
-            loop = self._loop
-            self._read_waiter = waiter = loop.create_future()
-            timer = loop.call_at(deadline, _expire, waiter)
-            try:
-                data: bytes | None = await waiter
-            finally:
-                timer.cancel()
-                self._read_waiter = None
+            self._read_waiter = waiter = self._loop.create_future()
+            self._read_deadline = deadline
+            if deadline < self._alarm_at:  # the alarm would ring too late for this read, or none is set
+                self._set_alarm(deadline)
+            data: bytes | None = await waiter  # done when it returns or raises: no read waits then
             if data is not None:  # handed over by data_received (never counted as buffered)
                 if not chunks:
                     return data
