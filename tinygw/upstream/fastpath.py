@@ -41,14 +41,15 @@ _FRAMING_LINE = re.compile(rb"^(?:host\x00|content-length\x00[^\r]*|transfer-enc
 # What the fast path reads: HTTP/1.1, a 3-digit status of 200 and up but 204 and 304
 # (which have no body whatever their headers say: h11 reads those), a reason of
 # visible ASCII and spaces; header lines `name: value` with optional spaces or tabs
-# around the value; CRLF everywhere.
-_HEADER_LINE = re.compile(rb"(" + _NAME + rb"):[ \t]*(" + _FIELD_VALUE + rb")[ \t]*\r\n")
-# A whole head but its last CRLF: the status line, then the header lines (group 2). A
-# match also says that no CR or LF stands alone in it.
-_HEAD = re.compile(
-    rb"HTTP/1\.1 (?!204|304)([2-5][0-9]{2})(?: [\x20-\x7e]*)?\r\n"
-    rb"((?:" + _NAME + rb":[ \t]*" + _FIELD_VALUE + rb"[ \t]*\r\n)*)"
-)
+# around the value; CRLF everywhere. A head but its last CRLF is split at its header
+# lines (`_HEADER_LINE.split`, one pass): it is one the fast path reads when what comes
+# before the first is a status line and nothing comes between or after them; then no CR
+# or LF stands alone in it. A header line starts after an LF: tried only there, a line
+# that is not one is passed over in one step, not tried again from each of its bytes.
+_STATUS_LINE = re.compile(rb"HTTP/1\.1 (?!204|304)([2-5][0-9]{2})(?: [\x20-\x7e]*)?\r\n")
+_HEADER_LINE = re.compile(rb"(?<=\n)(" + _NAME + rb"):[ \t]*(" + _FIELD_VALUE + rb")[ \t]*\r\n")
+# The split's parts: [status line, name, value, between, name, value, between, ...]
+_NAMES, _VALUES, _BETWEEN = slice(1, None, 3), slice(2, None, 3), slice(3, None, 3)
 _VALUE_OF = operator.itemgetter(1)
 # A `connection` header's token `close`, among others.
 _CLOSE = re.compile(rb"(?:^|,)[ \t]*close[ \t]*(?:,|$)", re.IGNORECASE)
@@ -148,12 +149,11 @@ class Answer:
             self._check_partial_head()
             return None
         received = bytes(buffer)
-        match = _HEAD.fullmatch(received, 0, end + 2)  # the status line and each header line, with its CRLF
-        if match is None:
+        parts = _HEADER_LINE.split(received[: end + 2])
+        status = _STATUS_LINE.fullmatch(parts[0])
+        if status is None or any(parts[_BETWEEN]):
             raise HandOff
-        # Taken apart in one findall, names lowered in C: no Python step per header.
-        pairs = _HEADER_LINE.findall(received, match.start(2), end + 2)
-        headers = list(zip(map(bytes.lower, map(_NAME_OF, pairs)), map(_VALUE_OF, pairs), strict=True))
+        headers = list(zip(map(bytes.lower, parts[_NAMES]), parts[_VALUES], strict=True))  # lowered in C
         # How the body is delimited: one plain content-length, or chunked alone; and
         # whether the connection may be reused. Anything else goes to h11 (HandOff).
         fields = dict(headers)
@@ -175,7 +175,7 @@ class Answer:
             raise HandOff  # no framing (read until close), odd values
         self._buffer, self._in_head = received[end + 4 :], False
         del self._head  # not held for the rest of the answer
-        return int(match[1]), headers
+        return int(status[1]), headers
 
     def _check_partial_head(self) -> None:
         """The head has not ended yet. HandOff on a bare LF or CR in the bytes fed since
