@@ -60,6 +60,10 @@ _CHUNK_HEADER = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;.*)?[ \t]*")
 _WHOLE_CHUNK_LINE = re.compile(rb"(?=[0-9A-Fa-f]{1,20}[; \t\r])0*([1-9A-Fa-f][0-9A-Fa-f]*)(?:;[^\r\n]*)?[ \t]*\r\n")
 _LENGTH = re.compile(rb"[0-9]{1,18}")  # a plain content-length; a longer one goes to h11 (which allows 20)
 
+# A response head (status line and headers) larger than this is a protocol error.
+# h11's own default is 16 KiB; providers add long rate-limit and trace headers.
+MAX_HEAD_BYTES = 64 * 1024
+
 # Where a chunked body's reading is (`Answer._state`): each read goes on from there.
 _SIZE = 0  # at a chunk-size line
 _DATA = 1  # inside a chunk's data (`_chunk_left` bytes to come)
@@ -110,6 +114,9 @@ class Answer:
     # Where an answer starts; each is set on the answer itself when it changes (one per
     # request: class-level defaults save setting each one).
     _in_head = True  # until the head is taken
+    # The head's bytes so far, until it is taken: the read that held all of it (the usual
+    # head), or the pieces it came in, joined as they come (each byte copied once).
+    _head: bytes | bytearray | None = None
     _scanned = 0  # bytes of _head already checked for bare CR/LF and the head's end
     _find_from = 0  # where the head's end may be: it may straddle reads
     _buffer = b""  # the body's bytes not yet consumed
@@ -122,33 +129,34 @@ class Answer:
     leftover = b""
     done = False
 
-    def __init__(self, max_head_bytes: int) -> None:
-        self._head = bytearray()  # the head's bytes so far
-        self._max_head_bytes = max_head_bytes
+    _max_head_bytes = MAX_HEAD_BYTES  # no __init__: an answer is made in C
 
     def feed(self, data: bytes) -> None:
         if self._in_head:
-            self._head += data
+            self._pieces().extend(data)
         elif self._state == _FIELDS and self._trailer is not None:
             self._trailer.feed(data)
         else:
             self._buffer = self._buffer + data if self._buffer else data
 
     def raw(self) -> bytes:
-        return bytes(self._head)
+        return bytes(self._head) if self._head is not None else b""
 
     def head(self, more: bytes = b"") -> tuple[int, list[tuple[bytes, bytes]]] | None:
         """(status, headers with lower-case names), or None until the head has arrived;
         `more` is fed first (one call per read while the head comes)."""
-        buffer = self._head
-        buffer += more
         # Only a head within the bound is found; one that ends past it has more bytes than
         # the bound, which _check_partial_head hands to h11 (it refuses it).
-        end = buffer.find(b"\r\n\r\n", self._find_from, self._max_head_bytes)
-        if end < 0:
-            self._check_partial_head()
-            return None
-        received = bytes(buffer)
+        if self._head is None and (end := more.find(b"\r\n\r\n", 0, self._max_head_bytes)) >= 0:
+            received = self._head = more  # the usual head: all of it in one read
+        else:
+            buffer = self._pieces()
+            buffer += more
+            end = buffer.find(b"\r\n\r\n", self._find_from, self._max_head_bytes)
+            if end < 0:
+                self._check_partial_head()
+                return None
+            received = bytes(buffer)
         parts = _HEADER_LINE.split(received[: end + 2])
         status = _STATUS_LINE.fullmatch(parts[0])
         if status is None or any(parts[_BETWEEN]):
@@ -173,15 +181,21 @@ class Answer:
             self._remaining = int(length)
         else:
             raise HandOff  # no framing (read until close), odd values
-        self._buffer, self._in_head = received[end + 4 :], False
-        del self._head  # not held for the rest of the answer
+        self._buffer, self._in_head, self._head = received[end + 4 :], False, None  # not held for the rest
         return int(status[1]), headers
+
+    def _pieces(self) -> bytearray:
+        """The head's bytes so far, for a head that comes in pieces, to be joined in place."""
+        if isinstance(self._head, bytearray):
+            return self._head
+        self._head = pieces = bytearray(self._head or b"")
+        return pieces
 
     def _check_partial_head(self) -> None:
         """The head has not ended yet. HandOff on a bare LF or CR in the bytes fed since
         the last call (h11 has rules of its own for those: it may see a head's end there)
         or a head over the bound."""
-        buffer = self._head
+        buffer = self._pieces()
         scanned = self._scanned
         # Counted from the CR before the new bytes, if any.
         region = buffer[scanned - 1 if scanned and buffer[scanned - 1] == 13 else scanned :]
