@@ -33,9 +33,12 @@ def _expire(waiter: asyncio.Future) -> None:
 
 
 class Stream(asyncio.Protocol):
+    # Set by connection_made, which create_connection calls before it returns the stream:
+    # a stream is read, written and closed only once connected (open_stream).
+    _transport: asyncio.Transport
+
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._transport: asyncio.Transport | None = None
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
         self._eof = False
@@ -45,7 +48,8 @@ class Stream(asyncio.Protocol):
         self._read_deadline = 0.0  # the last read's
         self._alarm: asyncio.TimerHandle | None = None  # rings at _alarm_at (_set_alarm)
         self._alarm_at = math.inf
-        self._write_waiter: asyncio.Future | None = None
+        self._write_waiter: asyncio.Future | None = None  # set when the transport's buffer first filled
+        self._writing_paused = False  # the transport's buffer is full: a writer must drain
         self._reading_paused = False
 
     # ---- asyncio.Protocol --------------------------------------------------------------
@@ -62,8 +66,7 @@ class Stream(asyncio.Protocol):
         self._buffered += len(data)
         if self._buffered > HIGH_WATER_BYTES and not self._reading_paused:
             self._reading_paused = True
-            if self._transport is not None:  # data comes only once connected
-                self._transport.pause_reading()
+            self._transport.pause_reading()
 
     def eof_received(self) -> bool:
         self._eof = True
@@ -77,13 +80,14 @@ class Stream(asyncio.Protocol):
         if self._alarm is not None:  # no read waits on a lost connection: the stream is not kept for it
             self._alarm.cancel()
             self._alarm, self._alarm_at = None, math.inf
-        if self._write_waiter is not None and not self._write_waiter.done():
-            self._write_waiter.set_result(None)
+        self.resume_writing()  # a writer waiting to drain wakes (drain then says why)
 
     def pause_writing(self) -> None:
         self._write_waiter = self._loop.create_future()
+        self._writing_paused = True
 
     def resume_writing(self) -> None:
+        self._writing_paused = False
         if self._write_waiter is not None and not self._write_waiter.done():
             self._write_waiter.set_result(None)
 
@@ -144,8 +148,7 @@ class Stream(asyncio.Protocol):
             self._buffered = 0
             if self._reading_paused:
                 self._reading_paused = False
-                if self._transport is not None:
-                    self._transport.resume_reading()
+                self._transport.resume_reading()
             return data
         if self._lost is not None:
             raise errors.ReadError(describe(self._lost))
@@ -155,10 +158,10 @@ class Stream(asyncio.Protocol):
         """Hand `data` to the transport; True when the caller must then `drain` (the
         transport's buffer is full). Raises errors.WriteError when the connection is closed."""
         transport = self._transport
-        if transport is None or transport.is_closing():  # closing once lost, too
+        if transport.is_closing():  # closing once lost, too
             raise errors.WriteError("the connection is closed")
         transport.write(data)
-        return self._write_waiter is not None and not self._write_waiter.done()
+        return self._writing_paused
 
     async def drain(self, deadline: float) -> None:
         """Wait until the transport's buffer has room again, until `deadline` (Deadline then)."""
@@ -169,14 +172,13 @@ class Stream(asyncio.Protocol):
 
     def has_news(self) -> bool:
         """True when an idle connection got data or was closed: it must not be reused."""
-        transport = self._transport
         # The provider's end (eof) is news at once: a TLS transport is not closing until its
         # shutdown is done, a turn or two later. A plain one is closing from the end on.
-        return self._eof or transport is None or transport.is_closing() or bool(self._chunks)
+        return self._eof or bool(self._chunks) or self._transport.is_closing()
 
     def close(self) -> None:
         """Close at once, dropping anything unsent. Safe to call twice."""
-        if self._transport is not None and not self._transport.is_closing():
+        if not self._transport.is_closing():
             self._transport.abort()
 
 
