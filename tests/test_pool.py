@@ -165,6 +165,28 @@ async def test_no_head_in_time_is_a_first_byte_timeout(fake):
     await wait_until(lambda: fake.peer_closed == 1, what="the hung connection to be closed")
 
 
+async def test_a_request_the_provider_does_not_read_is_a_total_timeout_while_sending():
+    """A request larger than the socket's buffers, to a provider that accepts and never
+    reads: the transport's buffer fills (the stream says to drain), and the wait for room
+    ends at the total deadline, with the connection closed."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def never_read(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+
+    server = await asyncio.start_server(never_read, "127.0.0.1", 0)
+    try:
+        pool = pool_for(server.sockets[0].getsockname()[1], total_seconds=0.5)
+        with pytest.raises(errors.TotalTimeout, match="while sending"):
+            await pool.request(b"POST", b"/", [], b"x" * (64 * 1024 * 1024))
+        assert pool._free_slots == pool.max_connections and not pool._idle
+    finally:
+        for writer in accepted:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
 async def test_a_body_past_the_total_deadline_is_a_total_timeout(fake):
     fake.script = lambda r: Reply(headers=[("content-type", "text/plain")], chunks=[(0, b"a"), (30, b"b")])
     pool = pool_for(fake.port, total_seconds=0.3)
