@@ -43,8 +43,10 @@ class Stream(asyncio.Protocol):
         self._buffered = 0
         self._eof = False
         self._lost: BaseException | None = None
-        # The last read's, done once it woke (with its data, None for an end, or an exception).
-        self._read_waiter: asyncio.Future[bytes | None] | None = None
+        # The last read's, done once it woke (with its data, None for an end, or an exception);
+        # a done one before the first read: a read waits while its waiter is not done.
+        self._read_waiter: asyncio.Future[bytes | None] = self._loop.create_future()
+        self._read_waiter.set_result(None)
         self._read_deadline = 0.0  # the last read's
         self._alarm: asyncio.TimerHandle | None = None  # rings at _alarm_at (_set_alarm)
         self._alarm_at = math.inf
@@ -59,7 +61,7 @@ class Stream(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         waiter = self._read_waiter
-        if waiter is not None and not waiter.done():  # the usual read: a reader waits, and takes it as it is
+        if not waiter.done():  # the usual read: a reader waits, and takes it as it is
             waiter.set_result(data)
             return
         self._chunks.append(data)
@@ -92,7 +94,7 @@ class Stream(asyncio.Protocol):
             self._write_waiter.set_result(None)
 
     def _wake_reader(self) -> None:
-        if self._read_waiter is not None and not self._read_waiter.done():
+        if not self._read_waiter.done():
             self._read_waiter.set_result(None)
 
     # ---- a read's deadline -------------------------------------------------------------------
@@ -111,7 +113,7 @@ class Stream(asyncio.Protocol):
         rang_at = self._alarm_at
         self._alarm, self._alarm_at = None, math.inf
         waiter = self._read_waiter
-        if waiter is None or waiter.done():  # no read waits: the next one sets the alarm again
+        if waiter.done():  # no read waits: the next one sets the alarm again
             return
         if self._read_deadline <= rang_at:
             waiter.set_exception(Deadline())
