@@ -114,8 +114,8 @@ class Answer:
     # Where an answer starts; each is set on the answer itself when it changes (one per
     # request: class-level defaults save setting each one).
     _in_head = True  # until the head is taken
-    # The head's bytes so far, until it is taken: the read that held all of it (the usual
-    # head), or the pieces it came in, joined as they come (each byte copied once).
+    # The head's bytes while it comes in pieces, joined as they come (each byte copied
+    # once), and all of them at a hand-off (raw()); None else.
     _head: bytes | bytearray | None = None
     _scanned = 0  # bytes of _head already checked for bare CR/LF and the head's end
     _find_from = 0  # where the head's end may be: it may straddle reads
@@ -148,7 +148,7 @@ class Answer:
         # Only a head within the bound is found; one that ends past it has more bytes than
         # the bound, which _check_partial_head hands to h11 (it refuses it).
         if self._head is None and (end := more.find(b"\r\n\r\n", 0, self._max_head_bytes)) >= 0:
-            received = self._head = more  # the usual head: all of it in one read
+            received = more  # the usual head: all of it in one read
         else:
             buffer = self._pieces()
             buffer += more
@@ -156,11 +156,11 @@ class Answer:
             if end < 0:
                 self._check_partial_head()
                 return None
-            received = bytes(buffer)
+            received, self._head = bytes(buffer), None  # not held for the rest
         parts = _HEADER_LINE.split(received[: end + 2])
         status = _STATUS_LINE.fullmatch(parts[0])
         if status is None or any(parts[_BETWEEN]):
-            raise HandOff
+            raise self._handing_off(received)
         headers = list(zip(map(bytes.lower, parts[_NAMES]), parts[_VALUES], strict=True))  # lowered in C
         # How the body is delimited: one plain content-length, or chunked alone; and
         # whether the connection may be reused. Anything else goes to h11 (HandOff).
@@ -169,20 +169,25 @@ class Answer:
         if len(fields) != len(headers):  # a name given twice: one framing header at most, every `connection` value
             names = list(map(_NAME_OF, headers))
             if names.count(b"content-length") > 1 or names.count(b"transfer-encoding") > 1:
-                raise HandOff
+                raise self._handing_off(received)
             connection = b",".join(compress(map(_VALUE_OF, headers), map(b"connection".__eq__, names)))  # in C
         if connection != b"keep-alive":
             self.keep_alive = _CLOSE.search(connection) is None
         if b"transfer-encoding" in fields:
             if b"content-length" in fields or fields[b"transfer-encoding"] != b"chunked":
-                raise HandOff
+                raise self._handing_off(received)
             self._chunked = True
         elif _LENGTH.fullmatch(length := fields.get(b"content-length", b"")):
             self._remaining = int(length)
         else:
-            raise HandOff  # no framing (read until close), odd values
-        self._buffer, self._in_head, self._head = received[end + 4 :], False, None  # not held for the rest
+            raise self._handing_off(received)  # no framing (read until close), odd values
+        self._buffer, self._in_head = received[end + 4 :], False
         return int(status[1]), headers
+
+    def _handing_off(self, received: bytes) -> HandOff:
+        """The HandOff for a head that came whole: its bytes are kept for raw() (h11 reads them)."""
+        self._head = received
+        return HandOff()
 
     def _pieces(self) -> bytearray:
         """The head's bytes so far, for a head that comes in pieces, to be joined in place."""
