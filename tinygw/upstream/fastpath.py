@@ -35,8 +35,8 @@ _FIELD_VALUE = rb"(?:[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?)?"
 _TARGET = re.compile(rb"[\x21-\x7e]+")
 _CHECKED_LINE = b"%s\x00%s\r\n"
 _CHECKED_LINES = re.compile(rb"(?:" + _NAME + rb"\x00" + _FIELD_VALUE + rb"\r\n)*")
-# A framing or Host line among the checked lines, in any case; a content-length with its value.
-_FRAMING_LINE = re.compile(rb"^(?:host\x00|content-length\x00[^\r]*|transfer-encoding\x00)", re.M | re.I)
+# A framing or Host line among the checked lines, lowered; a content-length with its value.
+_FRAMING_LINE = re.compile(rb"\n(host\x00|content-length\x00[^\r]*|transfer-encoding\x00)")
 
 # What the fast path reads: HTTP/1.1, a 3-digit status of 200 and up but 204 and 304
 # (which have no body whatever their headers say: h11 reads those), a reason of
@@ -92,9 +92,10 @@ def encode_request(method: bytes, target: bytes, headers: list[tuple[bytes, byte
         return None
     # Framing and Host as h11 requires them (one Host, one content-length, the body's, no
     # transfer-encoding), else h11 says what is wrong: a line starts after an LF only, and
-    # its name ends at its NUL. Found in any case, expected in lower case: a `Host` written
-    # otherwise goes to h11 too, and none is missed beside a lower-case one.
-    if sorted(_FRAMING_LINE.findall(lines)) != [b"content-length\x00%d" % len(body), b"host\x00"]:
+    # its name ends at its NUL. Found in one pass over a lowered copy (a regex that ignores
+    # case is slower than lowering), each content-length with its value.
+    found = _FRAMING_LINE.findall((b"\n" + lines).lower())
+    if sorted(found) != [b"content-length\x00%d" % len(body), b"host\x00"]:
         return None
     return b"%s %s HTTP/1.1\r\n%s\r\n%s" % (method, target, lines.replace(b"\x00", b": "), body)
 
