@@ -10,7 +10,7 @@ neither framing header, trailers) it hands to h11, with the same bytes, and h11
 decides. A differential test (tests/test_fastpath.py) feeds random and mutated byte
 streams, split at random points, to both, and requires the same result or a hand-off.
 
-Limits follow h11's: a head over `max_head_bytes` goes to h11 (which refuses it);
+Limits follow h11's: a head over `MAX_HEAD_BYTES` goes to h11 (which refuses it);
 chunk sizes are 1 to 20 hex digits, chunk extensions are skipped, trailing OWS in a
 chunk header is allowed; a trailer section with fields is read by h11 itself.
 """
@@ -110,10 +110,11 @@ class Answer:
     connection. Every byte is looked at a bounded number of times, however the
     provider splits its answer (a head sent a byte at a time, a read of tiny chunks),
     and nothing is held beyond h11's own bounds (a head or a chunk-size line of at
-    most `max_head_bytes`)."""
+    most `MAX_HEAD_BYTES`)."""
 
     # Where an answer starts; each is set on the answer itself when it changes (one per
-    # request: class-level defaults save setting each one).
+    # request: class-level defaults save setting each one, and an __init__: an answer is
+    # made in C).
     _in_head = True  # until the head is taken
     # The head's bytes while it comes in pieces, joined as they come (each byte copied
     # once), and all of them at a hand-off (raw()); None else.
@@ -129,8 +130,6 @@ class Answer:
     keep_alive = True
     leftover = b""
     done = False
-
-    _max_head_bytes = MAX_HEAD_BYTES  # no __init__: an answer is made in C
 
     def feed(self, data: bytes) -> None:
         if self._in_head:
@@ -148,12 +147,12 @@ class Answer:
         `more` is fed first (one call per read while the head comes)."""
         # Only a head within the bound is found; one that ends past it has more bytes than
         # the bound, which _check_partial_head hands to h11 (it refuses it).
-        if self._head is None and (end := more.find(b"\r\n\r\n", 0, self._max_head_bytes)) >= 0:
+        if self._head is None and (end := more.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES)) >= 0:
             received = more  # the usual head: all of it in one read
         else:
             buffer = self._pieces()
             buffer += more
-            end = buffer.find(b"\r\n\r\n", self._find_from, self._max_head_bytes)
+            end = buffer.find(b"\r\n\r\n", self._find_from, MAX_HEAD_BYTES)
             if end < 0:
                 self._check_partial_head()
                 return None
@@ -211,7 +210,7 @@ class Answer:
             raise HandOff
         self._scanned = scanned = len(buffer) - 1 if tail_cr else len(buffer)
         self._find_from = max(scanned - 3, 0)
-        if len(buffer) > self._max_head_bytes:
+        if len(buffer) > MAX_HEAD_BYTES:
             raise HandOff
 
     def body(self) -> bytes | None:
@@ -272,7 +271,7 @@ class Answer:
             if state == _SIZE:
                 line_end = find(b"\r\n", pos)
                 if line_end < 0:
-                    if len(buffer) - pos > self._max_head_bytes:  # h11's bound on a line
+                    if len(buffer) - pos > MAX_HEAD_BYTES:  # h11's bound on a line
                         raise Malformed("a chunk-size line over the limit")
                     break
                 if (match := size_line(buffer, pos, line_end)) is None:
