@@ -231,13 +231,14 @@ class Answer:
         """The whole body, which ends the answer, when it is a content-length body of at
         most `limit` bytes that has all arrived; else None, and nothing is taken."""
         buffer, remaining = self._buffer, self._remaining
-        if self._chunked or self.done or remaining > limit or len(buffer) < remaining:
+        if self._chunked or self.done or remaining > limit:
             return None
+        if len(buffer) != remaining:  # not the usual answer, all of `buffer` and nothing past it
+            if len(buffer) < remaining:  # not all of it came yet
+                return None
+            buffer, self.leftover = buffer[:remaining], buffer[remaining:]
         self.done, self._buffer = True, b""  # _finish, inline
-        if len(buffer) == remaining:  # the usual answer: all of `buffer`, nothing past it
-            return buffer
-        self.leftover = buffer[remaining:]
-        return buffer[:remaining]
+        return buffer
 
     def _chunked_body(self) -> bytes | None:
         buffer = self._buffer
