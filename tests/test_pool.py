@@ -13,7 +13,7 @@ from conftest import closed_port
 from tinygw import errors
 from tinygw.config.settings import Origin
 from tinygw.fake.upstream import Reply, json_reply, sse_reply
-from tinygw.upstream.network import Stream
+from tinygw.upstream.network import Deadline, Stream
 from tinygw.upstream.pool import Pool, Timeouts
 
 pytestmark = pytest.mark.anyio
@@ -165,6 +165,28 @@ async def test_no_head_in_time_is_a_first_byte_timeout(fake):
     await wait_until(lambda: fake.peer_closed == 1, what="the hung connection to be closed")
 
 
+async def test_a_request_the_provider_does_not_read_is_a_total_timeout_while_sending():
+    """A request larger than the socket's buffers, to a provider that accepts and never
+    reads: the transport's buffer fills (the stream says to drain), and the wait for room
+    ends at the total deadline, with the connection closed."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def never_read(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+
+    server = await asyncio.start_server(never_read, "127.0.0.1", 0)
+    try:
+        pool = pool_for(server.sockets[0].getsockname()[1], total_seconds=0.5)
+        with pytest.raises(errors.TotalTimeout, match="while sending"):
+            await pool.request(b"POST", b"/", [], b"x" * (64 * 1024 * 1024))
+        assert pool._free_slots == pool.max_connections and not pool._idle
+    finally:
+        for writer in accepted:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
 async def test_a_body_past_the_total_deadline_is_a_total_timeout(fake):
     fake.script = lambda r: Reply(headers=[("content-type", "text/plain")], chunks=[(0, b"a"), (30, b"b")])
     pool = pool_for(fake.port, total_seconds=0.3)
@@ -209,6 +231,70 @@ async def test_the_stream_gives_every_byte_once_in_order_however_reads_and_reade
     assert await reader == b"e"
     stream.eof_received()
     assert await stream.receive(deadline) == b""
+
+
+async def test_a_read_ends_at_its_own_deadline_though_the_stream_keeps_one_alarm_for_its_reads():
+    """A stream keeps one alarm for its reads' deadlines, set again only when a read's
+    deadline is earlier than the alarm's (or none is set), and not cancelled when a
+    read ends: each read must still end at its own deadline, neither earlier (an alarm
+    a quicker read had set) nor later (one set for a later read). The loop's timers
+    are recorded here and rung by hand: the loop's clock is the test's."""
+
+    class Timer:
+        def __init__(self, when: float, ring) -> None:
+            self.when, self.ring, self.cancelled = when, ring, False
+
+        def cancel(self) -> None:
+            self.cancelled = True
+
+    class Loop:  # the stream's loop: its futures are the real loop's, its timers are kept here
+        def __init__(self) -> None:
+            self.timers: list[Timer] = []
+            self.create_future = asyncio.get_running_loop().create_future
+
+        def call_at(self, when: float, ring) -> Timer:
+            self.timers.append(Timer(when, ring))
+            return self.timers[-1]
+
+    def set_at() -> list[float]:
+        return [t.when for t in loop.timers if not t.cancelled]
+
+    stream = Stream()
+    stream._loop = loop = Loop()  # type: ignore[assignment]
+    reader = asyncio.ensure_future(stream.receive(10.0))
+    await asyncio.sleep(0)
+    stream.data_received(b"a")
+    assert await reader == b"a"
+    assert set_at() == [10.0]  # left set when the read ended
+    reader = asyncio.ensure_future(stream.receive(20.0))  # a later deadline: the alarm set rings first
+    await asyncio.sleep(0)
+    assert set_at() == [10.0]
+    loop.timers[-1].ring()  # 10 s: too early for this read, which waits on
+    await asyncio.sleep(0)
+    assert not reader.done() and set_at() == [10.0, 20.0]
+    loop.timers[-1].ring()  # 20 s: its own deadline
+    with pytest.raises(Deadline):
+        await reader
+    reader = asyncio.ensure_future(stream.receive(30.0))
+    await asyncio.sleep(0)
+    stream.data_received(b"b")
+    assert await reader == b"b"
+    loop.timers[-1].ring()  # no read waits: nothing is set until one does
+    assert set_at() == [10.0, 20.0, 30.0]
+    reader = asyncio.ensure_future(stream.receive(40.0))
+    await asyncio.sleep(0)
+    stream.data_received(b"c")
+    assert await reader == b"c"
+    reader = asyncio.ensure_future(stream.receive(35.0))  # earlier than the alarm set: set again, earlier
+    await asyncio.sleep(0)
+    assert set_at()[-1] == 35.0 and loop.timers[-2].cancelled
+    loop.timers[-1].ring()
+    with pytest.raises(Deadline):
+        await reader
+    reader = asyncio.ensure_future(stream.receive(50.0))
+    await asyncio.sleep(0)
+    stream.connection_lost(None)  # the read ends with the connection, and the alarm is cancelled
+    assert await reader == b"" and 50.0 not in set_at()
 
 
 async def test_an_idle_connection_is_news_once_its_provider_closed_even_before_its_transport_is_closing():

@@ -22,9 +22,8 @@ from tinygw.upstream.network import Deadline, Stream, open_stream
 # its internals (its events and states), which are no client's business.
 NOT_HTTP = "the provider's answer is not valid HTTP/1.1"
 
-# A response head (status line and headers) larger than this is a protocol error.
-# h11's own default is 16 KiB; providers add long rate-limit and trace headers.
-MAX_HEAD_BYTES = 64 * 1024
+# A response head larger than this is a protocol error, read by either parser.
+MAX_HEAD_BYTES = fastpath.MAX_HEAD_BYTES
 
 Timeout = type[errors.UpstreamError]
 
@@ -80,7 +79,7 @@ class Connection:
         self._request = (method, target, headers, body)
         data = fastpath.encode_request(method, target, headers, body)
         if data is not None:
-            self._h11, self._answer = None, fastpath.Answer(MAX_HEAD_BYTES)
+            self._h11, self._answer = None, fastpath.Answer()
         else:
             self._answer, self._heard = None, False
             self._h11 = parser = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)

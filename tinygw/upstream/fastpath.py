@@ -10,7 +10,7 @@ neither framing header, trailers) it hands to h11, with the same bytes, and h11
 decides. A differential test (tests/test_fastpath.py) feeds random and mutated byte
 streams, split at random points, to both, and requires the same result or a hand-off.
 
-Limits follow h11's: a head over `max_head_bytes` goes to h11 (which refuses it);
+Limits follow h11's: a head over `MAX_HEAD_BYTES` goes to h11 (which refuses it);
 chunk sizes are 1 to 20 hex digits, chunk extensions are skipped, trailing OWS in a
 chunk header is allowed; a trailer section with fields is read by h11 itself.
 """
@@ -35,19 +35,21 @@ _FIELD_VALUE = rb"(?:[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?)?"
 _TARGET = re.compile(rb"[\x21-\x7e]+")
 _CHECKED_LINE = b"%s\x00%s\r\n"
 _CHECKED_LINES = re.compile(rb"(?:" + _NAME + rb"\x00" + _FIELD_VALUE + rb"\r\n)*")
-_FRAMING_NAME = re.compile(rb"\n(host|content-length|transfer-encoding)\x00")  # in checked lines, lowered
+# A framing or Host line among the checked lines, lowered; a content-length with its value.
+_FRAMING_LINE = re.compile(rb"\n(host\x00|content-length\x00[^\r]*|transfer-encoding\x00)")
 
 # What the fast path reads: HTTP/1.1, a 3-digit status of 200 and up but 204 and 304
 # (which have no body whatever their headers say: h11 reads those), a reason of
 # visible ASCII and spaces; header lines `name: value` with optional spaces or tabs
-# around the value; CRLF everywhere.
-_HEADER_LINE = re.compile(rb"(" + _NAME + rb"):[ \t]*(" + _FIELD_VALUE + rb")[ \t]*\r\n")
-# A whole head but its last CRLF: the status line, then the header lines (group 2). A
-# match also says that no CR or LF stands alone in it.
-_HEAD = re.compile(
-    rb"HTTP/1\.1 (?!204|304)([2-5][0-9]{2})(?: [\x20-\x7e]*)?\r\n"
-    rb"((?:" + _NAME + rb":[ \t]*" + _FIELD_VALUE + rb"[ \t]*\r\n)*)"
-)
+# around the value; CRLF everywhere. A head but its last CRLF is split at its header
+# lines (`_HEADER_LINE.split`, one pass): it is one the fast path reads when what comes
+# before the first is a status line and nothing comes between or after them; then no CR
+# or LF stands alone in it. A header line starts after an LF: tried only there, a line
+# that is not one is passed over in one step, not tried again from each of its bytes.
+_STATUS_LINE = re.compile(rb"HTTP/1\.1 (?!204|304)([2-5][0-9]{2})(?: [\x20-\x7e]*)?\r\n")
+_HEADER_LINE = re.compile(rb"(?<=\n)(" + _NAME + rb"):[ \t]*(" + _FIELD_VALUE + rb")[ \t]*\r\n")
+# The split's parts: [status line, name, value, between, name, value, between, ...]
+_NAMES, _VALUES, _BETWEEN = slice(1, None, 3), slice(2, None, 3), slice(3, None, 3)
 _VALUE_OF = operator.itemgetter(1)
 # A `connection` header's token `close`, among others.
 _CLOSE = re.compile(rb"(?:^|,)[ \t]*close[ \t]*(?:,|$)", re.IGNORECASE)
@@ -57,6 +59,10 @@ _CHUNK_HEADER = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;.*)?[ \t]*")
 # matches the same line. Where it does not, the chunk is read step by step.
 _WHOLE_CHUNK_LINE = re.compile(rb"(?=[0-9A-Fa-f]{1,20}[; \t\r])0*([1-9A-Fa-f][0-9A-Fa-f]*)(?:;[^\r\n]*)?[ \t]*\r\n")
 _LENGTH = re.compile(rb"[0-9]{1,18}")  # a plain content-length; a longer one goes to h11 (which allows 20)
+
+# A response head (status line and headers) larger than this is a protocol error.
+# h11's own default is 16 KiB; providers add long rate-limit and trace headers.
+MAX_HEAD_BYTES = 64 * 1024
 
 # Where a chunked body's reading is (`Answer._state`): each read goes on from there.
 _SIZE = 0  # at a chunk-size line
@@ -85,12 +91,11 @@ def encode_request(method: bytes, target: bytes, headers: list[tuple[bytes, byte
     if lines.count(b"\n") != len(headers) or not _CHECKED_LINES.fullmatch(lines) or not _TARGET.fullmatch(target):
         return None
     # Framing and Host as h11 requires them (one Host, one content-length, the body's, no
-    # transfer-encoding), else h11 says what is wrong: a line starts after an LF only,
-    # and its name ends at its NUL.
-    names = (b"\n" + lines).lower()
-    if sorted(_FRAMING_NAME.findall(names)) != [b"content-length", b"host"]:
-        return None
-    if b"\ncontent-length\x00%d\r\n" % len(body) not in names:
+    # transfer-encoding), else h11 says what is wrong: a line starts after an LF only, and
+    # its name ends at its NUL. Found in one pass over a lowered copy (a regex that ignores
+    # case is slower than lowering), each content-length with its value.
+    found = _FRAMING_LINE.findall((b"\n" + lines).lower())
+    if sorted(found) != [b"content-length\x00%d" % len(body), b"host\x00"]:
         return None
     return b"%s %s HTTP/1.1\r\n%s\r\n%s" % (method, target, lines.replace(b"\x00", b": "), body)
 
@@ -105,11 +110,15 @@ class Answer:
     connection. Every byte is looked at a bounded number of times, however the
     provider splits its answer (a head sent a byte at a time, a read of tiny chunks),
     and nothing is held beyond h11's own bounds (a head or a chunk-size line of at
-    most `max_head_bytes`)."""
+    most `MAX_HEAD_BYTES`)."""
 
     # Where an answer starts; each is set on the answer itself when it changes (one per
-    # request: class-level defaults save setting each one).
+    # request: class-level defaults save setting each one, and an __init__: an answer is
+    # made in C).
     _in_head = True  # until the head is taken
+    # The head's bytes while it comes in pieces, joined as they come (each byte copied
+    # once), and all of them at a hand-off (raw()); None else.
+    _head: bytes | bytearray | None = None
     _scanned = 0  # bytes of _head already checked for bare CR/LF and the head's end
     _find_from = 0  # where the head's end may be: it may straddle reads
     _buffer = b""  # the body's bytes not yet consumed
@@ -122,39 +131,37 @@ class Answer:
     leftover = b""
     done = False
 
-    def __init__(self, max_head_bytes: int) -> None:
-        self._head = bytearray()  # the head's bytes so far
-        self._max_head_bytes = max_head_bytes
-
     def feed(self, data: bytes) -> None:
         if self._in_head:
-            self._head += data
+            self._pieces().extend(data)
         elif self._state == _FIELDS and self._trailer is not None:
             self._trailer.feed(data)
         else:
             self._buffer = self._buffer + data if self._buffer else data
 
     def raw(self) -> bytes:
-        return bytes(self._head)
+        return bytes(self._head) if self._head is not None else b""
 
     def head(self, more: bytes = b"") -> tuple[int, list[tuple[bytes, bytes]]] | None:
         """(status, headers with lower-case names), or None until the head has arrived;
         `more` is fed first (one call per read while the head comes)."""
-        buffer = self._head
-        buffer += more
         # Only a head within the bound is found; one that ends past it has more bytes than
         # the bound, which _check_partial_head hands to h11 (it refuses it).
-        end = buffer.find(b"\r\n\r\n", self._find_from, self._max_head_bytes)
-        if end < 0:
-            self._check_partial_head()
-            return None
-        received = bytes(buffer)
-        match = _HEAD.fullmatch(received, 0, end + 2)  # the status line and each header line, with its CRLF
-        if match is None:
-            raise HandOff
-        # Taken apart in one findall, names lowered in C: no Python step per header.
-        pairs = _HEADER_LINE.findall(received, match.start(2), end + 2)
-        headers = list(zip(map(bytes.lower, map(_NAME_OF, pairs)), map(_VALUE_OF, pairs), strict=True))
+        if self._head is None and (end := more.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES)) >= 0:
+            received = more  # the usual head: all of it in one read
+        else:
+            buffer = self._pieces()
+            buffer += more
+            end = buffer.find(b"\r\n\r\n", self._find_from, MAX_HEAD_BYTES)
+            if end < 0:
+                self._check_partial_head()
+                return None
+            received, self._head = bytes(buffer), None  # not held for the rest
+        parts = _HEADER_LINE.split(received[: end + 2])
+        status = _STATUS_LINE.fullmatch(parts[0])
+        if status is None or any(parts[_BETWEEN]):
+            raise self._handing_off(received)
+        headers = list(zip(map(bytes.lower, parts[_NAMES]), parts[_VALUES], strict=True))  # lowered in C
         # How the body is delimited: one plain content-length, or chunked alone; and
         # whether the connection may be reused. Anything else goes to h11 (HandOff).
         fields = dict(headers)
@@ -162,27 +169,38 @@ class Answer:
         if len(fields) != len(headers):  # a name given twice: one framing header at most, every `connection` value
             names = list(map(_NAME_OF, headers))
             if names.count(b"content-length") > 1 or names.count(b"transfer-encoding") > 1:
-                raise HandOff
+                raise self._handing_off(received)
             connection = b",".join(compress(map(_VALUE_OF, headers), map(b"connection".__eq__, names)))  # in C
         if connection != b"keep-alive":
             self.keep_alive = _CLOSE.search(connection) is None
         if b"transfer-encoding" in fields:
             if b"content-length" in fields or fields[b"transfer-encoding"] != b"chunked":
-                raise HandOff
+                raise self._handing_off(received)
             self._chunked = True
         elif _LENGTH.fullmatch(length := fields.get(b"content-length", b"")):
             self._remaining = int(length)
         else:
-            raise HandOff  # no framing (read until close), odd values
+            raise self._handing_off(received)  # no framing (read until close), odd values
         self._buffer, self._in_head = received[end + 4 :], False
-        del self._head  # not held for the rest of the answer
-        return int(match[1]), headers
+        return int(status[1]), headers
+
+    def _handing_off(self, received: bytes) -> HandOff:
+        """The HandOff for a head that came whole: its bytes are kept for raw() (h11 reads them)."""
+        self._head = received
+        return HandOff()
+
+    def _pieces(self) -> bytearray:
+        """The head's bytes so far, for a head that comes in pieces, to be joined in place."""
+        if isinstance(self._head, bytearray):
+            return self._head
+        self._head = pieces = bytearray(self._head or b"")
+        return pieces
 
     def _check_partial_head(self) -> None:
         """The head has not ended yet. HandOff on a bare LF or CR in the bytes fed since
         the last call (h11 has rules of its own for those: it may see a head's end there)
         or a head over the bound."""
-        buffer = self._head
+        buffer = self._pieces()
         scanned = self._scanned
         # Counted from the CR before the new bytes, if any.
         region = buffer[scanned - 1 if scanned and buffer[scanned - 1] == 13 else scanned :]
@@ -192,7 +210,7 @@ class Answer:
             raise HandOff
         self._scanned = scanned = len(buffer) - 1 if tail_cr else len(buffer)
         self._find_from = max(scanned - 3, 0)
-        if len(buffer) > self._max_head_bytes:
+        if len(buffer) > MAX_HEAD_BYTES:
             raise HandOff
 
     def body(self) -> bytes | None:
@@ -213,13 +231,14 @@ class Answer:
         """The whole body, which ends the answer, when it is a content-length body of at
         most `limit` bytes that has all arrived; else None, and nothing is taken."""
         buffer, remaining = self._buffer, self._remaining
-        if self._chunked or self.done or remaining > limit or len(buffer) < remaining:
+        if self._chunked or self.done or remaining > limit:
             return None
+        if len(buffer) != remaining:  # not the usual answer, all of `buffer` and nothing past it
+            if len(buffer) < remaining:  # not all of it came yet
+                return None
+            buffer, self.leftover = buffer[:remaining], buffer[remaining:]
         self.done, self._buffer = True, b""  # _finish, inline
-        if len(buffer) == remaining:  # the usual answer: all of `buffer`, nothing past it
-            return buffer
-        self.leftover = buffer[remaining:]
-        return buffer[:remaining]
+        return buffer
 
     def _chunked_body(self) -> bytes | None:
         buffer = self._buffer
@@ -253,7 +272,7 @@ class Answer:
             if state == _SIZE:
                 line_end = find(b"\r\n", pos)
                 if line_end < 0:
-                    if len(buffer) - pos > self._max_head_bytes:  # h11's bound on a line
+                    if len(buffer) - pos > MAX_HEAD_BYTES:  # h11's bound on a line
                         raise Malformed("a chunk-size line over the limit")
                     break
                 if (match := size_line(buffer, pos, line_end)) is None:

@@ -1,15 +1,17 @@
 """The network backend of the upstream client: a byte stream on asyncio's transports.
 
 Granian runs the app on an asyncio loop, so the stream is a plain asyncio Protocol.
-Every wait ends at an absolute deadline on the loop's monotonic clock, enforced with
-one timer per wait (`loop.call_at`); anyio's cancel scopes, which the first version
-used, cost about a third of the gateway's CPU per request (see the closing note of
-issue 2). Foreign exceptions are translated here into tinygw.errors.
+Every wait ends at an absolute deadline on the loop's monotonic clock, enforced with a
+timer (`loop.call_at`): a read's by the stream's one alarm, which outlives the read
+(`Stream._set_alarm`), a drain's by one timer per wait. anyio's cancel scopes, which the
+first version used, cost about a third of the gateway's CPU per request (see the closing
+note of issue 2). Foreign exceptions are translated here into tinygw.errors.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import ssl
 from collections import deque
@@ -31,15 +33,25 @@ def _expire(waiter: asyncio.Future) -> None:
 
 
 class Stream(asyncio.Protocol):
+    # Set by connection_made, which create_connection calls before it returns the stream:
+    # a stream is read, written and closed only once connected (open_stream).
+    _transport: asyncio.Transport
+
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._transport: asyncio.Transport | None = None
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
         self._eof = False
         self._lost: BaseException | None = None
-        self._read_waiter: asyncio.Future[bytes | None] | None = None  # a read's, or None when it woke for an end
-        self._write_waiter: asyncio.Future | None = None
+        # The last read's, done once it woke (with its data, None for an end, or an exception);
+        # a done one before the first read: a read waits while its waiter is not done.
+        self._read_waiter: asyncio.Future[bytes | None] = self._loop.create_future()
+        self._read_waiter.set_result(None)
+        self._read_deadline = 0.0  # the last read's
+        self._alarm: asyncio.TimerHandle | None = None  # rings at _alarm_at (_set_alarm)
+        self._alarm_at = math.inf
+        self._write_waiter: asyncio.Future | None = None  # set when the transport's buffer first filled
+        self._writing_paused = False  # the transport's buffer is full: a writer must drain
         self._reading_paused = False
 
     # ---- asyncio.Protocol --------------------------------------------------------------
@@ -49,15 +61,14 @@ class Stream(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         waiter = self._read_waiter
-        if waiter is not None and not waiter.done():  # the usual read: a reader waits, and takes it as it is
+        if not waiter.done():  # the usual read: a reader waits, and takes it as it is
             waiter.set_result(data)
             return
         self._chunks.append(data)
         self._buffered += len(data)
         if self._buffered > HIGH_WATER_BYTES and not self._reading_paused:
             self._reading_paused = True
-            if self._transport is not None:  # data comes only once connected
-                self._transport.pause_reading()
+            self._transport.pause_reading()
 
     def eof_received(self) -> bool:
         self._eof = True
@@ -68,19 +79,46 @@ class Stream(asyncio.Protocol):
         self._eof = True
         self._lost = exc
         self._wake_reader()
-        if self._write_waiter is not None and not self._write_waiter.done():
-            self._write_waiter.set_result(None)
+        if self._alarm is not None:  # no read waits on a lost connection: the stream is not kept for it
+            self._alarm.cancel()
+            self._alarm, self._alarm_at = None, math.inf
+        self.resume_writing()  # a writer waiting to drain wakes (drain then says why)
 
     def pause_writing(self) -> None:
         self._write_waiter = self._loop.create_future()
+        self._writing_paused = True
 
     def resume_writing(self) -> None:
+        self._writing_paused = False
         if self._write_waiter is not None and not self._write_waiter.done():
             self._write_waiter.set_result(None)
 
     def _wake_reader(self) -> None:
-        if self._read_waiter is not None and not self._read_waiter.done():
+        if not self._read_waiter.done():
             self._read_waiter.set_result(None)
+
+    # ---- a read's deadline -------------------------------------------------------------------
+
+    def _set_alarm(self, when: float) -> None:
+        """Ring at `when`. A read's deadline is kept by one alarm per connection, not by a
+        timer per read (setting and cancelling one costs about 1.7 µs, a read or two a
+        request): a read sets it only when it would ring too late for it (or none is set),
+        and it is not cancelled when the read ends. When it rings (_ring), the read waiting
+        then, if any, ends if its deadline has come, else the alarm is set for it."""
+        if self._alarm is not None:
+            self._alarm.cancel()
+        self._alarm, self._alarm_at = self._loop.call_at(when, self._ring), when
+
+    def _ring(self) -> None:
+        rang_at = self._alarm_at
+        self._alarm, self._alarm_at = None, math.inf
+        waiter = self._read_waiter
+        if waiter.done():  # no read waits: the next one sets the alarm again
+            return
+        if self._read_deadline <= rang_at:
+            waiter.set_exception(Deadline())
+        else:  # a read that began after the alarm was set, with a later deadline
+            self._set_alarm(self._read_deadline)
 
     # ---- the stream ------------------------------------------------------------------------
 
@@ -97,14 +135,11 @@ class Stream(asyncio.Protocol):
         Raises Deadline, or errors.ReadError when the connection broke."""
         chunks = self._chunks
         if not chunks and not self._eof:
-            loop = self._loop
-            self._read_waiter = waiter = loop.create_future()
-            timer = loop.call_at(deadline, _expire, waiter)
-            try:
-                data: bytes | None = await waiter
-            finally:
-                timer.cancel()
-                self._read_waiter = None
+            self._read_waiter = waiter = self._loop.create_future()
+            self._read_deadline = deadline
+            if deadline < self._alarm_at:  # the alarm would ring too late for this read, or none is set
+                self._set_alarm(deadline)
+            data: bytes | None = await waiter  # done when it returns or raises: no read waits then
             if data is not None:  # handed over by data_received (never counted as buffered)
                 if not chunks:
                     return data
@@ -115,8 +150,7 @@ class Stream(asyncio.Protocol):
             self._buffered = 0
             if self._reading_paused:
                 self._reading_paused = False
-                if self._transport is not None:
-                    self._transport.resume_reading()
+                self._transport.resume_reading()
             return data
         if self._lost is not None:
             raise errors.ReadError(describe(self._lost))
@@ -126,10 +160,10 @@ class Stream(asyncio.Protocol):
         """Hand `data` to the transport; True when the caller must then `drain` (the
         transport's buffer is full). Raises errors.WriteError when the connection is closed."""
         transport = self._transport
-        if transport is None or transport.is_closing():  # closing once lost, too
+        if transport.is_closing():  # closing once lost, too
             raise errors.WriteError("the connection is closed")
         transport.write(data)
-        return self._write_waiter is not None and not self._write_waiter.done()
+        return self._writing_paused
 
     async def drain(self, deadline: float) -> None:
         """Wait until the transport's buffer has room again, until `deadline` (Deadline then)."""
@@ -140,14 +174,13 @@ class Stream(asyncio.Protocol):
 
     def has_news(self) -> bool:
         """True when an idle connection got data or was closed: it must not be reused."""
-        transport = self._transport
         # The provider's end (eof) is news at once: a TLS transport is not closing until its
         # shutdown is done, a turn or two later. A plain one is closing from the end on.
-        return self._eof or transport is None or transport.is_closing() or bool(self._chunks)
+        return self._eof or bool(self._chunks) or self._transport.is_closing()
 
     def close(self) -> None:
         """Close at once, dropping anything unsent. Safe to call twice."""
-        if self._transport is not None and not self._transport.is_closing():
+        if not self._transport.is_closing():
             self._transport.abort()
 
 
