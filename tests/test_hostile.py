@@ -118,6 +118,37 @@ def test_a_response_head_over_64_KiB_in_one_read_is_refused(gateway, fake):
     assert "64" in error["message"] or "head" in error["message"]
 
 
+# A run of spaces that a pattern could split between two of its parts, before a byte
+# that ends the match: a backtracking regex tries every split (60,000 spaces: ~4 s of the
+# worker's loop, every other request waiting). Taken whole, it costs one pass.
+RUN = 60_000
+NOT_SECONDS = 2.0
+
+
+def test_a_head_with_a_long_run_of_spaces_is_read_in_one_pass_not_seconds(gateway, fake):
+    spaces = " " * RUN
+    # obs-text after the spaces: h11 takes the line, the fast path hands the head to it
+    head = raw_response("HTTP/1.1 200 OK", ["content-type: application/json", "content-length: 2"], b"{}")
+    head = head.replace(b"\r\n\r\n", f"\r\nx-trace:{spaces}".encode() + b"\x80\r\n\r\n", 1)
+    fake.script = lambda r: Reply(action="raw", body=head)
+    started = time.monotonic()
+    status, _, body = chat(gateway, model="one/long-spaces")
+    took = time.monotonic() - started
+    assert (status, body) == (200, b"{}")
+    assert took < NOT_SECONDS, f"the head took {took:.1f} s"
+
+
+def test_a_chunk_size_line_with_a_long_run_of_spaces_is_refused_in_one_pass(gateway, fake):
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    line = b"2;" + b" " * RUN + b"\n{}\r\n0\r\n\r\n"  # a bare LF ends it: malformed
+    fake.script = lambda r: Reply(action="raw", body=head + line)
+    started = time.monotonic()
+    status, _, body = chat(gateway, model="one/long-chunk-line")
+    took = time.monotonic() - started
+    assert status == 502 and json.loads(body)["error"]["cause"] == "protocol_error"
+    assert took < NOT_SECONDS, f"the chunk line took {took:.1f} s"
+
+
 # ---- only a fixed set of the provider's headers reaches the client -----------------
 
 HOSTILE_HEADERS = [
