@@ -233,6 +233,34 @@ async def test_the_stream_gives_every_byte_once_in_order_however_reads_and_reade
     assert await stream.receive(deadline) == b""
 
 
+async def test_an_idle_stream_keeps_nothing_of_its_last_read():
+    """A read handed over to a waiting reader is not held by the stream after: an idle
+    pooled connection would otherwise keep its last answer's bytes (up to 256 KiB each,
+    plaintext of a provider's answer in the worker's memory) until its next read."""
+    import gc
+    from collections.abc import Iterator
+
+    class Transport:
+        def is_closing(self) -> bool:
+            return False
+
+    def reachable(root: object, depth: int = 4) -> Iterator[object]:
+        seen, level = {id(root)}, [root]
+        for _ in range(depth):
+            level = [o for o in gc.get_referents(*level) if id(o) not in seen and not isinstance(o, type)]
+            seen.update(map(id, level))
+            yield from level
+
+    stream = Stream()
+    stream.connection_made(Transport())
+    answer = bytes(200_000)
+    reader = asyncio.ensure_future(stream.receive(asyncio.get_running_loop().time() + 5.0))
+    await asyncio.sleep(0)
+    stream.data_received(answer)  # handed to the waiting reader
+    assert await reader is answer
+    assert not any(o is answer for o in reachable(stream))
+
+
 async def test_a_read_ends_at_its_own_deadline_though_the_stream_keeps_one_alarm_for_its_reads():
     """A stream keeps one alarm for its reads' deadlines, set again only when a read's
     deadline is earlier than the alarm's (or none is set), and not cancelled when a

@@ -43,10 +43,12 @@ class Stream(asyncio.Protocol):
         self._buffered = 0
         self._eof = False
         self._lost: BaseException | None = None
-        # The last read's, done once it woke (with its data, None for an end, or an exception);
-        # a done one before the first read: a read waits while its waiter is not done.
-        self._read_waiter: asyncio.Future[bytes | None] = self._loop.create_future()
-        self._read_waiter.set_result(None)
+        # A waiting read's, done when it wakes (with its data, None for an end, or an
+        # exception); between reads a done one (`_no_read`) that holds nothing: a read
+        # waits while its waiter is not done, and what it was given is not kept after.
+        self._no_read: asyncio.Future[bytes | None] = self._loop.create_future()
+        self._no_read.set_result(None)
+        self._read_waiter = self._no_read
         self._read_deadline = 0.0  # the last read's
         self._alarm: asyncio.TimerHandle | None = None  # rings at _alarm_at (_set_alarm)
         self._alarm_at = math.inf
@@ -139,7 +141,10 @@ class Stream(asyncio.Protocol):
             self._read_deadline = deadline
             if deadline < self._alarm_at:  # the alarm would ring too late for this read, or none is set
                 self._set_alarm(deadline)
-            data: bytes | None = await waiter  # done when it returns or raises: no read waits then
+            try:
+                data: bytes | None = await waiter  # done when it returns or raises: no read waits then
+            finally:  # an idle connection holds neither its last read's bytes nor its error
+                self._read_waiter = self._no_read
             if data is not None:  # handed over by data_received (never counted as buffered)
                 if not chunks:
                     return data
