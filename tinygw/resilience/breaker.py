@@ -251,7 +251,8 @@ class ByTarget(dict[Target, Circuit]):
     """The circuit of a target, `by_target[target]`: `circuit(target.provider,
     target.upstream_model)`. A configured target's is an entry, found by the subscript
     alone (no Python call); any other's (a name as sent, or a provider-qualified one) is
-    asked of `circuit` each time and not kept here: clients cannot grow this dict."""
+    asked of `circuit` each time and not kept here: clients cannot grow this dict. Only
+    the subscript asks (`get` and `in` see the configured targets alone)."""
 
     def __init__(self, circuit: Callable[[str, str], Circuit]) -> None:
         super().__init__()
