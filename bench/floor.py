@@ -4,7 +4,7 @@ Side by side in one run, each one process on loopback, the same wrk as bench/lib
 (plain chat against bench/instant_upstream.py, c=1 and c=32, medians):
 
   direct        the instant upstream itself
-  granian-hello Granian (ASGI, uvloop, single-threaded runtime, as tinygw sets it) answering a fixed body
+  granian-hello Granian (ASGI, uvloop, as tinygw sets it) answering a fixed body
   granian-pool  Granian + tinygw's upstream pool forwarding each request, nothing else
   uvloop-pool   the same forwarding on one thread, a uvloop server without Granian
   tinygw        the gateway at its defaults
@@ -43,8 +43,6 @@ def start_granian(app: str, upstream_port: int) -> tuple[lib.Proc, int]:
         "--http",
         "1",
         "--no-ws",
-        "--runtime-mode",
-        "st",
         "--workers",
         "1",
         "--host",

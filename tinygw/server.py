@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from granian import Granian
 from granian._internal import load_target
-from granian.constants import HTTPModes, Interfaces, Loops, RuntimeModes
+from granian.constants import HTTPModes, Interfaces, Loops
 from granian.http import HTTP1Settings
 from granian.log import LogLevels
 from granian.server import MPServer, MTServer
@@ -226,11 +226,6 @@ def _granian(settings: Settings, open_files: int, served: Served | None) -> MPSe
         # Explicit: Granian's `auto` takes rloop whenever it is installed. uvloop
         # nearly halves the gateway's CPU per request (see the README's Performance).
         loop=Loops.uvloop,
-        # Explicit: Granian's `auto` takes the multi-threaded Tokio runtime for any
-        # interface but RSGI. A worker's one runtime thread is single-threaded here:
-        # it costs a request about a quarter less CPU, with a third more requests a
-        # second at 32 connections (docs/performance.md).
-        runtime_mode=RuntimeModes.st,
         workers=settings.workers,
         http=HTTPModes.http1,
         websockets=False,
