@@ -24,7 +24,8 @@ class Reply(Struct):
     cut (send the head and `chunks`, then close without ending the body) |
     answer_close (answer in full, keep-alive, then close the idle connection) |
     raw (write `body` as the whole response, in one write, and keep the connection:
-    for answers that break HTTP on purpose, such as bytes past their content-length)."""
+    for answers that break HTTP on purpose, such as bytes past their content-length;
+    `chunks`, if any, are then written as they are, raw pieces of the same response)."""
 
     status: int = 200
     headers: list[tuple[str, str]] = field(default_factory=list)

@@ -160,6 +160,13 @@ async def _write(reader, writer: asyncio.StreamWriter, reply: Reply, upstream: F
         return False
     if reply.action == "raw":
         writer.write(reply.body)
+        for wait, data in reply.chunks or ():  # raw pieces after it, each after its wait
+            if wait:
+                await writer.drain()
+                if not await _wait(reader, wait):
+                    upstream.peer_closed += 1
+                    return False
+            writer.write(data)
         await writer.drain()
         return True
     head = [f"HTTP/1.1 {reply.status} {REASONS.get(reply.status, 'Status')}"]

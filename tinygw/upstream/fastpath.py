@@ -112,7 +112,8 @@ class Answer:
     fed so far, for h11) or Malformed. After the end, `leftover` holds bytes that came
     past the answer's end, and `keep_alive` says whether the provider may reuse the
     connection. Every byte is looked at a bounded number of times, however the
-    provider splits its answer (a head sent a byte at a time, a read of tiny chunks),
+    provider splits its answer (a head or a chunk-size line sent a byte at a time, a
+    read of tiny chunks),
     and nothing is held beyond h11's own bounds (a head or a chunk-size line of at
     most `MAX_HEAD_BYTES`)."""
 
@@ -130,6 +131,9 @@ class Answer:
     _chunked = False
     _chunk_left = 0  # bytes of the current chunk still to come
     _state = _SIZE  # chunked: where the body's reading is
+    # An unfinished chunk-size line at the buffer's start: how many of its bytes are known
+    # to hold no CRLF (a line trickled a byte a read is searched once, not once a read).
+    _line_checked = 0
     _trailer: _TrailerReader | None = None
     keep_alive = True
     leftover = b""
@@ -263,8 +267,8 @@ class Answer:
         state is _TRAILER) or to where more must be fed; returns the position reached.
         A whole chunk, the usual read of a stream, is one short step."""
         find, size_line, crlf_at, append = buffer.find, _CHUNK_HEADER.fullmatch, buffer.startswith, out.append
-        pos, state = 0, self._state
-        if state == _SIZE:  # the usual read: whole chunks, each taken in one short step
+        pos, state, checked = 0, self._state, self._line_checked
+        if state == _SIZE and not checked:  # the usual read: whole chunks, each taken in one short step
             while (match := _WHOLE_CHUNK_LINE.match(buffer, pos)) is not None:
                 start = match.end()
                 end = start + int(match[1], 16)
@@ -274,11 +278,13 @@ class Answer:
                 pos = end + 2
         while True:
             if state == _SIZE:
-                line_end = find(b"\r\n", pos)
+                line_end = find(b"\r\n", pos + checked)
                 if line_end < 0:
                     if len(buffer) - pos > MAX_HEAD_BYTES:  # h11's bound on a line
                         raise Malformed("a chunk-size line over the limit")
+                    self._line_checked = max(len(buffer) - pos - 1, 0)  # its last byte may be a CRLF's CR
                     break
+                checked = self._line_checked = 0
                 if (match := size_line(buffer, pos, line_end)) is None:
                     raise Malformed("illegal chunk header")
                 pos = line_end + 2
