@@ -165,13 +165,9 @@ def _redacted(query: str) -> str:
 def flush() -> None:
     """Write the access lines waiting for the loop's turn (tinygw.api.app calls it at
     shutdown too; log() before its own line, to keep the order)."""
-    if len(_batch) == 1:  # a quiet loop's turn: _write(), inline
-        try:
-            os.write(2, _batch.pop())
-        except OSError:
-            pass
-        return
-    if not _batch:
+    if len(_batch) < 2:  # one line (a quiet loop's turn), or none
+        if _batch:
+            _write(_batch.pop())
         return
     lines = _batch[:]
     _batch.clear()
