@@ -147,10 +147,7 @@ class Pool:
             self._idle.append(connection)
         else:
             connection.close()
-        if self._waiting:
-            self._release_slot()
-        else:  # no one waits for a slot, the usual case
-            self._free_slots += 1
+        self._release_slot()
 
     async def _wait_for_slot(self, deadline: float, loop: asyncio.AbstractEventLoop) -> None:
         """Wait in line for a slot until `deadline` (PoolTimeout then). A slot given back
