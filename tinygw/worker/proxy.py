@@ -257,9 +257,9 @@ async def _attempt(
             return Attempt(outcome.ERROR_IN_BODY, "200+error", answer=answer, first_byte_seconds=first_byte)
         if reported is not None:  # its answer is sent, and its tokens count
             record.counted(reported)
-        await _send_held(send, record, answer, "200")  # final: sent as any success held whole (below)
-        return Attempt(outcome.SUCCESS, "200", True, answer, first_byte_seconds=first_byte)  # of_status's 200
-    attempt = Attempt(outcome.of_status(status, elapsed), str(status), answer=answer, first_byte_seconds=first_byte)
+        attempt = Attempt(outcome.SUCCESS, "200", answer=answer, first_byte_seconds=first_byte)  # of_status's 200
+    else:
+        attempt = Attempt(outcome.of_status(status, elapsed), str(status), answer=answer, first_byte_seconds=first_byte)
     if attempt.verdict.outcome is Outcome.SUCCESS:  # final: the client gets it
         attempt.committed = True
         if answer.rest is None:  # held whole: nothing left to read
