@@ -160,13 +160,8 @@ async def _write(reader, writer: asyncio.StreamWriter, reply: Reply, upstream: F
         return False
     if reply.action == "raw":
         writer.write(reply.body)
-        for wait, data in reply.chunks or ():  # raw pieces after it, each after its wait
-            if wait:
-                await writer.drain()
-                if not await _wait(reader, wait):
-                    upstream.peer_closed += 1
-                    return False
-            writer.write(data)
+        if not await _write_paced(reader, writer, upstream, reply.chunks or ()):  # raw pieces after it
+            return False
         await writer.drain()
         return True
     head = [f"HTTP/1.1 {reply.status} {REASONS.get(reply.status, 'Status')}"]
@@ -178,18 +173,27 @@ async def _write(reader, writer: asyncio.StreamWriter, reply: Reply, upstream: F
         return True
     head.append("transfer-encoding: chunked")
     writer.write(("\r\n".join(head) + "\r\n\r\n").encode())
-    for wait, data in reply.chunks:
-        if wait:
-            await writer.drain()
-            if not await _wait(reader, wait):
-                upstream.peer_closed += 1
-                return False
-        writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+    chunks = ((wait, b"%x\r\n%s\r\n" % (len(data), data)) for wait, data in reply.chunks)
+    if not await _write_paced(reader, writer, upstream, chunks):
+        return False
     await writer.drain()
     if reply.action == "cut":
         return False
     writer.write(b"0\r\n\r\n")
     await writer.drain()
+    return True
+
+
+async def _write_paced(reader, writer: asyncio.StreamWriter, upstream: FakeUpstream, pieces) -> bool:
+    """Write each (wait, bytes) piece after its wait (seconds, or a test's gate); False
+    when the client left during a wait."""
+    for wait, data in pieces:
+        if wait:
+            await writer.drain()
+            if not await _wait(reader, wait):
+                upstream.peer_closed += 1
+                return False
+        writer.write(data)
     return True
 
 
