@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 
 import pytest
@@ -167,3 +168,24 @@ def test_a_provider_header_may_not_set_the_request_id():
     }
     with pytest.raises(ConfigError, match=r"headers\.X-Request-Id"):
         environment.from_environ({"TINYGW_CONFIG": json.dumps(document)})
+
+
+def test_new_request_ids_do_not_repeat_across_draws():
+    ids = [wire.request_id_from(None) for _ in range(3 * wire.IDS_PER_DRAW + 1)]
+    assert len(set(ids)) == len(ids)
+    assert all(NEW_ID.fullmatch(i.decode()) for i in ids)
+
+
+def test_a_forked_process_draws_its_own_request_ids():
+    wire.request_id_from(None)  # this process now holds ids it has not used
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe and leaves at once
+        os.write(write_end, wire.request_id_from(None))
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(child, 0)
+    childs = os.read(read_end, 64)
+    os.close(read_end)
+    assert NEW_ID.fullmatch(childs.decode())
+    assert wire.request_id_from(None) != childs  # the parent's next one: the child's too, were they shared
