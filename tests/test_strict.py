@@ -270,3 +270,25 @@ def test_no_object_of_a_running_gateway_shows_a_key_in_its_repr_or_str(tmp_path)
             assert not [s for s in secrets if s in shown], f"{type(value).__name__} shows a key: {shown[:200]}"
             checked += 1
     assert checked > 10
+
+
+@pytest.mark.parametrize(
+    "given,typo,meant",
+    [
+        ({}, "TINYGW_CONFIG_FIEL", "TINYGW_CONFIG_FILE"),  # no configuration at all: the typo is why
+        ({"TINYGW_CONFIG": "{not json"}, "TINYGW_CONFG", "TINYGW_CONFIG"),
+    ],
+)
+def test_a_misspelled_variable_is_named_when_the_configuration_cannot_be_read(tmp_path, given, typo, meant):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(GOOD))
+    done = run_tinygw(["check"], {**given, typo: str(config)})
+    assert f"did you mean {meant}?" in refused(done, f"{typo}: ")
+
+
+def test_a_broken_configuration_is_still_named_before_variables_it_may_name_for_keys():
+    # PROVIDER_A_KEY is no misspelling of a variable tinygw reads: the configuration, which
+    # cannot be read, may name it for a key. Its own error is the one said.
+    done = run_tinygw(["check"], {"TINYGW_CONFIG": "{not json", "PROVIDER_A_KEY": "secret-a"})
+    line = refused(done, "TINYGW_CONFIG")
+    assert "PROVIDER_A_KEY" not in line and "secret-a" not in line

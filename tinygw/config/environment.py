@@ -283,8 +283,12 @@ def _is_loopback(host: str) -> bool:
 def from_environ(env: Mapping[str, str] | None = None) -> Settings:
     """Build the effective Settings from an environment, or raise ConfigError."""
     env = os.environ if env is None else env
-    where, raw = _config_document(env)
-    doc = _decode(where, raw, _CONFIG_DECODER)
+    try:
+        where, raw = _config_document(env)
+        doc = _decode(where, raw, _CONFIG_DECODER)
+    except ConfigError:
+        strict.refuse_misspelled_variables(env)  # TINYGW_CONFIG_FIEL is why, not "TINYGW_CONFIG: unset"
+        raise
     strict.refuse_duplicate_keys(where, raw)
     provider_docs = {
         name: _decode(where, p, _PROVIDER_DECODER, f"$.providers.{name}") for name, p in doc.providers.items()
