@@ -292,3 +292,22 @@ def test_a_broken_configuration_is_still_named_before_variables_it_may_name_for_
     done = run_tinygw(["check"], {"TINYGW_CONFIG": "{not json", "PROVIDER_A_KEY": "secret-a"})
     line = refused(done, "TINYGW_CONFIG")
     assert "PROVIDER_A_KEY" not in line and "secret-a" not in line
+
+
+def test_a_requests_inbound_shows_neither_the_gateway_key_nor_the_prompt():
+    from tinygw.protocol.routing import api_endpoint
+    from tinygw.worker.proxy import Inbound
+
+    route = api_endpoint("/v1/chat/completions", "openai", "/chat/completions")[1].route
+    inbound = Inbound(
+        route=route,
+        model="m",
+        stream=False,
+        body=b'{"model":"m","messages":[{"role":"user","content":"the-prompt"}]}',
+        headers=[(b"authorization", f"Bearer {GATEWAY_KEY}".encode())],
+        query=b"key=" + QUERY_KEY.encode(),
+        request_id=b"r-1",
+    )
+    shown = repr(inbound) + str(inbound)
+    assert "r-1" in shown and "/v1/chat/completions" in shown
+    assert GATEWAY_KEY not in shown and QUERY_KEY not in shown and "the-prompt" not in shown

@@ -64,6 +64,11 @@ class Inbound(Struct, frozen=True):
     query: bytes
     request_id: bytes  # the request's id (tinygw.worker.record), sent upstream as x-request-id
 
+    def __repr__(self) -> str:  # its headers hold the gateway key, its body the prompt
+        return f"Inbound({self.route.path!r}, model={self.model!r}, request_id={self.request_id.decode()!r})"
+
+    __str__ = __repr__
+
 
 class Retry(enum.Enum):
     """Why another attempt is made; the value is tinygw_provider_retries_total's `reason`."""
