@@ -22,6 +22,9 @@ def parser():
     )
     _snp_options(p)
     p.add_argument("--url", help="the gateway, e.g. https://127.0.0.1:8080")
+    p.add_argument(
+        "gateway", nargs="?", metavar="URL", help="the gateway, as --url: attest/verify https://HOST:PORT/ ..."
+    )
     p.add_argument("--config-sha256", help="the configuration hash to expect (tinygw check prints it)")
     p.add_argument(
         "--policy",

@@ -205,3 +205,13 @@ def test_a_run_that_checks_no_configuration_says_so(measured):
     assert code == UNVERIFIED and "note: no --config-sha256: the configuration (config_sha256 " in output, output
     code, verdicts, output = verify(*base, "--config-sha256", measured.config_sha256)
     assert verdicts["config"] == "PASS" and "no --config-sha256" not in output, output
+
+
+def test_the_gateway_may_be_given_as_the_url_alone(measured):
+    """`attest/verify https://HOST:PORT/ ...`, as docs/design.md writes it, is --url's run."""
+    code, verdicts, output = verify("--release", str(measured.release_path), measured.gateway.url)
+    assert code == UNVERIFIED and verdicts["nonce echoed"] == verdicts["artifact measured"] == "PASS", output
+    code, verdicts, output = verify(
+        "--release", str(measured.release_path), "--url", measured.gateway.url, "https://127.0.0.1:1/"
+    )
+    assert code == 2 and verdicts == {} and "two gateways" in output.splitlines()[-1], output
