@@ -176,6 +176,7 @@ def test_verify_fails_behind_a_relay_that_terminates_tls(attested, tmp_path):
     assert verdicts["nonce echoed"] == "PASS" and verdicts["report_data"] == "PASS", output
     assert "terminates TLS" in output
     assert not (tmp_path / "never.pem").exists()
+    assert "not writing the certificate" in output and "a check FAILed" in output, output
 
 
 def test_verify_fails_a_replayed_answer(attested, tmp_path):
