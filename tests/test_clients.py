@@ -26,6 +26,7 @@ ANTHROPIC_TYPES = {
     "rate_limit_error",
     "api_error",
     "overloaded_error",
+    "timeout_error",
 }
 
 fake, fresh_fake = module_fake()
@@ -39,6 +40,7 @@ def gateway(fake, tmp_path_factory):
             "an": {"base_url": fake.url, "api": "anthropic", "api_key_env": "AN_KEY", "listing": False},
             "oa": {"base_url": f"{fake.url}/v1", "api": "openai", "listing": False},
             "down": {"base_url": f"http://127.0.0.1:{closed_port()}", "api": "anthropic", "listing": False},
+            "slow": {"base_url": fake.url, "api": "anthropic", "listing": False, "first_byte_timeout_s": 0.5},
         },
         "models": {
             "claude-*": {"targets": ["an:*"]},
@@ -46,6 +48,7 @@ def gateway(fake, tmp_path_factory):
             "claude-exact": {"targets": ["an:exact-upstream"]},
             "gpt-*": {"targets": ["oa:*"]},
             "claude-down": {"targets": ["down:x"]},
+            "claude-slow": {"targets": ["slow:x"]},
         },
     }
     log = tmp_path_factory.mktemp("gw") / "gateway.log"
@@ -180,6 +183,14 @@ def test_provider_failures_keep_the_gateway_fields_in_anthropic_shape(gateway):
     assert status == 503 and int(headers["Retry-After"]) >= 1
     error = anthropic_error(body)
     assert (error["type"], error["cause"], error["provider"]) == ("overloaded_error", "circuit_open", "down")
+
+
+def test_the_gateways_timeout_is_anthropics_timeout_error(gateway, fake):
+    fake.script = lambda r: Reply(action="hang")
+    status, _, body = call("POST", f"{gateway.url}/v1/messages", message("claude-slow"), headers=auth())
+    assert status == 504
+    error = anthropic_error(body)
+    assert (error["type"], error["cause"], error["provider"]) == ("timeout_error", "timeout", "slow")
 
 
 def test_the_anthropic_sdk_reads_the_gateway_errors(gateway):

@@ -237,12 +237,15 @@ JSON_HEADERS = [(b"content-type", b"application/json")]
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    402: "billing_error",
     403: "permission_error",
     404: "not_found_error",
+    409: "conflict_error",
     413: "request_too_large",
     429: "rate_limit_error",
     500: "api_error",
     503: "overloaded_error",
+    504: "timeout_error",
     529: "overloaded_error",
 }
 _SSE_ERROR = b"event: error\ndata: "
