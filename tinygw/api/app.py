@@ -233,14 +233,21 @@ async def _proxy(gateway: Gateway, route: Route, scope, receive, send, first: di
 async def _answer_error(send, record: Record, status: int, message: str, type_: str, code: str) -> None:
     """Answer the client with an error of the gateway's own, whose head the record
     makes, as a proxied answer's (x-request-id, and the debug headers once forwarding
-    began)."""
+    began). A send that fails is a client that left while it was answered: recorded
+    so, and not raised (the request is still counted and logged once, by _proxy)."""
 
     async def send_with_head(message) -> None:
         if message["type"] == "http.response.start":
             message = record.head(message["status"], message["headers"])
         await send(message)
 
-    await send_error(send_with_head, status, message, type_, code)
+    try:
+        await send_error(send_with_head, status, message, type_, code)
+    except Exception:  # a server whose send raises once its client is gone (Granian's does not)
+        record.client_left()
+    except BaseException:  # cancelled from elsewhere (the watch is stopped): the server is stopping
+        record.failed()
+        raise
 
 
 def _account(gateway: Gateway, route, scope, first: dict, record: Record, loop: asyncio.AbstractEventLoop) -> None:

@@ -1,0 +1,159 @@
+"""A client that leaves while the gateway answers it: the request is still counted and
+logged once, as a client that left, and the provider exchange it caused is still
+counted and observed once (docs/design.md sections 4 and 7).
+
+Granian (2.8.9) neither fails nor waits in `send` once a client is gone: a whole answer's
+send returns an awaitable that is done at once, even after a reset, so no client of a
+real gateway can make these sends raise or be cancelled. An ASGI server whose send
+raises when its client is gone, or waits while the client does not read (and is
+cancelled there when the client leaves), can: these tests play that server, in process
+(`tinygw.api.app._proxy`), against a fake provider on loopback. The black-box test at
+the end holds the part a real gateway shows: a client that leaves while its body is
+read is logged once as 499, with no error line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import pytest
+
+from conftest import provider, wait_until
+
+MODEL_BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+def _config(fake) -> dict:
+    return {"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:up"]}}}
+
+
+def _metric(gateway, name: str, **labels: str) -> float:
+    """The sum of the samples of `name` with `labels` in the worker's metrics, 0 if none."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = gateway.metrics.render().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def _proxied(fake, receive, send, content_length: bytes | None = None, env: dict | None = None):
+    """Run one request to /v1/chat/completions through the app's `_proxy` on a gateway of
+    its own; returns (the gateway, the access lines' fields) once it is over."""
+    from tinygw import logs
+    from tinygw.api import app
+    from tinygw.config import environment
+    from tinygw.worker.gateway import Gateway
+
+    lines: list[dict] = []
+
+    async def run():
+        settings = environment.from_environ({"TINYGW_CONFIG": json.dumps(_config(fake)), **(env or {})})
+        gateway = Gateway(settings)
+        headers = [(b"content-type", b"application/json")]
+        if content_length is not None:
+            headers.append((b"content-length", content_length))
+        scope = {
+            "type": "http",
+            "path": "/v1/chat/completions",
+            "method": "POST",
+            "headers": headers,
+            "query_string": b"",
+        }
+        route = app.ROUTES["/v1/chat/completions"].route
+        first = dict(reversed(headers))
+        try:
+            await asyncio.wait_for(app._proxy(gateway, route, scope, receive, send, first, b"request-1"), 10)
+        finally:
+            await gateway.aclose()
+        return gateway
+
+    original = logs.access
+    logs.access = lambda loop, path, query, agent, **fields: lines.append(fields)
+    try:
+        return asyncio.run(run()), lines
+    finally:
+        logs.access = original
+
+
+def _body_then_wait(body: bytes):
+    """`receive`: the whole body, then nothing (the client stays)."""
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive():
+        if messages:
+            return messages.pop()
+        await asyncio.sleep(3600)
+
+    return receive
+
+
+async def _send_fails(message) -> None:
+    raise OSError("the client left")
+
+
+# ---- an error answer to a client that is gone --------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body, content_length, answered",
+    [
+        (json.dumps({"model": "nope", "messages": []}).encode(), None, "404: no such model"),
+        (b"not json", None, "400: BadBody"),
+        (MODEL_BODY, b"99999999", "413: over the body limit"),
+    ],
+    ids=["404", "400", "413"],
+)
+def test_an_error_answer_whose_send_fails_is_a_client_that_left_counted_once(fake, body, content_length, answered):
+    gateway, lines = _proxied(fake, _body_then_wait(body), _send_fails, content_length)
+    assert [line["status"] for line in lines] == [499], answered
+    assert _metric(gateway, "tinygw_requests_total", status="499") == 1
+    assert _metric(gateway, "tinygw_requests_total") == 1
+
+
+def test_a_client_that_left_during_its_body_is_499_even_when_its_400_cannot_be_sent(fake):
+    messages = [{"type": "http.disconnect"}, {"type": "http.request", "body": b"{", "more_body": True}]
+
+    async def receive():
+        return messages.pop()
+
+    gateway, lines = _proxied(fake, receive, _send_fails)
+    assert [line["status"] for line in lines] == [499]
+    assert _metric(gateway, "tinygw_requests_total", status="499") == 1
+
+
+def test_an_internal_error_whose_500_cannot_be_sent_is_logged_500_once_and_not_raised(fake, monkeypatch):
+    from tinygw.worker import proxy
+
+    async def broken(*args) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(proxy, "forward", broken)
+    gateway, lines = _proxied(fake, _body_then_wait(MODEL_BODY), _send_fails)
+    assert [line["status"] for line in lines] == [500]
+    assert _metric(gateway, "tinygw_requests_total") == 1
+
+
+# ---- black-box: what a real gateway shows -------------------------------------------
+
+
+def test_a_client_that_leaves_while_its_body_is_read_is_logged_once_as_499_without_an_error(fake, start_gateway):
+    gateway = start_gateway(_config(fake))
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as client:
+            client.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 100\r\n\r\n{"
+            )
+
+    def requests() -> list[dict]:
+        return [r for r in gateway.log_records() if r.get("msg") == "request"]
+
+    wait_until(lambda: len(requests()) >= 3, seconds=5, what="three access lines")
+    assert [r["status"] for r in requests()] == [499, 499, 499]
+    assert [r for r in gateway.log_records() if r.get("level") in ("error", "critical")] == []
+    assert fake.requests == []
