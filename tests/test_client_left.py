@@ -138,6 +138,48 @@ def test_an_internal_error_whose_500_cannot_be_sent_is_logged_500_once_and_not_r
     assert _metric(gateway, "tinygw_requests_total") == 1
 
 
+# ---- a held answer whose client leaves while it is sent -----------------------------
+
+
+def test_a_held_answer_s_exchange_is_observed_once_when_its_client_leaves_as_it_is_sent(fake):
+    """The provider answered (a small answer, held whole and judged); the client leaves
+    while its answer goes out (the server's send waits: the client reads nothing). The
+    request's watch cancels it there: the attempt is counted once, as the client's
+    closing, and its first byte is observed once."""
+    sending = asyncio.Event()
+    messages = [{"type": "http.request", "body": MODEL_BODY, "more_body": False}]
+
+    async def receive():
+        if messages:
+            return messages.pop()
+        await sending.wait()  # the watch's receive: the client leaves once its answer is being sent
+        return {"type": "http.disconnect"}
+
+    async def send(message) -> None:
+        sending.set()
+        await asyncio.sleep(3600)  # the client reads nothing
+
+    gateway, lines = _proxied(fake, receive, send)
+    assert [line["status"] for line in lines] == [499]
+    assert _metric(gateway, "tinygw_upstream_attempts_total", provider="p") == 1
+    assert _metric(gateway, "tinygw_upstream_attempts_total", provider="p", outcome="client_closed") == 1
+    assert _metric(gateway, "tinygw_upstream_first_byte_seconds_count", provider="p") == 1
+    assert len(fake.requests) == 1
+
+
+def test_a_held_answer_s_exchange_is_observed_once_when_it_reaches_its_client(fake):
+    """The usual end, for contrast: one attempt, one first byte."""
+    sent: list[dict] = []
+
+    async def send(message) -> None:
+        sent.append(message)
+
+    gateway, lines = _proxied(fake, _body_then_wait(MODEL_BODY), send)
+    assert [line["status"] for line in lines] == [200]
+    assert _metric(gateway, "tinygw_upstream_attempts_total", provider="p", outcome="200") == 1
+    assert _metric(gateway, "tinygw_upstream_first_byte_seconds_count", provider="p") == 1
+
+
 # ---- black-box: what a real gateway shows -------------------------------------------
 
 

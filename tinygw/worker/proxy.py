@@ -263,7 +263,12 @@ async def _attempt(
     if attempt.verdict.outcome is Outcome.SUCCESS:  # final: the client gets it
         attempt.committed = True
         if answer.rest is None:  # held whole: nothing left to read
-            await _send_held(send, record, answer, attempt.label)
+            try:
+                await _send_held(send, record, answer, attempt.label)
+            except BaseException:  # the client left as it was sent: its exchange happened all the same
+                if first_byte is not None:  # else observed already; _make_attempt counts the attempt
+                    gateway.metrics.observe_first_byte(target.provider, first_byte)
+                raise
         else:
             await _commit(send, record, attempt, answer, attempt.label)
     elif status == 429:
