@@ -1,15 +1,17 @@
 """A client that leaves while the gateway answers it: the request is still counted and
-logged once, as a client that left, and the provider exchange it caused is still
-counted and observed once (docs/design.md sections 4 and 7).
+logged once, as a client that left (499, no error line), and the provider exchange it
+caused is still counted and observed once (docs/design.md sections 4 and 7).
 
 Granian (2.8.9) neither fails nor waits in `send` once a client is gone: a whole answer's
-send returns an awaitable that is done at once, even after a reset, so no client of a
-real gateway can make these sends raise or be cancelled. An ASGI server whose send
-raises when its client is gone, or waits while the client does not read (and is
-cancelled there when the client leaves), can: these tests play that server, in process
+send returns an awaitable that is done at once, even after a reset, and a chunk sent to
+a closed connection is dropped with an info line ("ASGI transport error"). So no client
+of a real gateway can make these sends raise or be cancelled. An ASGI server can: the
+ASGI spec (since 2024) has `send` raise an OSError once the client is gone (uvicorn's does), and
+a send that waits while the client reads nothing is cancelled there by the request's
+watch when the client leaves. These tests play that server, in process
 (`tinygw.api.app._proxy`), against a fake provider on loopback. The black-box test at
-the end holds the part a real gateway shows: a client that leaves while its body is
-read is logged once as 499, with no error line."""
+the end holds what a real gateway shows: a client that leaves while its body is read is
+logged once as 499, with no error line."""
 
 from __future__ import annotations
 
@@ -178,6 +180,43 @@ def test_a_held_answer_s_exchange_is_observed_once_when_it_reaches_its_client(fa
     assert [line["status"] for line in lines] == [200]
     assert _metric(gateway, "tinygw_upstream_attempts_total", provider="p", outcome="200") == 1
     assert _metric(gateway, "tinygw_upstream_first_byte_seconds_count", provider="p") == 1
+
+
+def test_a_held_answer_whose_send_fails_is_a_client_that_left_and_its_exchange_counts_once(fake, caplog):
+    """The server's send raises (ASGI: an OSError once the client is gone) as a held
+    answer goes out: 499, not the gateway's own failure; the attempt and its first byte
+    counted once."""
+    gateway, lines = _proxied(fake, _body_then_wait(MODEL_BODY), _send_fails)
+    assert [line["status"] for line in lines] == [499]
+    assert _metric(gateway, "tinygw_upstream_attempts_total", provider="p", outcome="client_closed") == 1
+    assert _metric(gateway, "tinygw_upstream_attempts_total", provider="p") == 1
+    assert _metric(gateway, "tinygw_upstream_first_byte_seconds_count", provider="p") == 1
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
+
+
+def test_a_large_answer_whose_send_fails_midway_is_a_client_that_left_and_its_exchange_counts_once(fake, caplog):
+    """An answer too large to hold is sent as it is read; the client is gone after its
+    first MiB (the server's send raises): 499, one attempt, one first byte, and the
+    provider's connection slot back."""
+    from tinygw.fake.upstream import Reply
+
+    fake.script = lambda r: Reply(
+        headers=[("content-type", "application/json")], chunks=[(0, b'{"data": "' + b"a" * 3 * 1024 * 1024 + b'"}')]
+    )
+    sent: list[dict] = []
+
+    async def send(message) -> None:
+        sent.append(message)
+        if len(sent) == 3:  # the head and the first MiB went out; the client is gone
+            raise OSError("the client left")
+
+    gateway, lines = _proxied(fake, _body_then_wait(MODEL_BODY), send)
+    assert [line["status"] for line in lines] == [499]
+    assert _metric(gateway, "tinygw_upstream_attempts_total", provider="p", outcome="client_closed") == 1
+    assert _metric(gateway, "tinygw_upstream_attempts_total", provider="p") == 1
+    assert _metric(gateway, "tinygw_upstream_first_byte_seconds_count", provider="p") == 1
+    assert gateway.upstreams["p"].pool._free_slots == gateway.upstreams["p"].pool.max_connections
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
 
 
 # ---- black-box: what a real gateway shows -------------------------------------------
