@@ -140,6 +140,22 @@ def test_an_internal_error_whose_500_cannot_be_sent_is_logged_500_once_and_not_r
     assert _metric(gateway, "tinygw_requests_total") == 1
 
 
+def test_a_bug_while_an_error_is_answered_is_logged_by_the_gateway_not_raised_to_the_server(fake, monkeypatch, caplog):
+    """Granian logs an exception that leaves the app at error, with its traceback and every
+    message in its chain (a refusal's quotes the client's model): none must leave it."""
+    from tinygw.api import app
+
+    async def broken(*args) -> int:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(app, "send_error", broken)
+    body = json.dumps({"model": "nope", "messages": []}).encode()
+    gateway, lines = _proxied(fake, _body_then_wait(body), _send_fails)
+    assert [line["status"] for line in lines] == [500]
+    assert _metric(gateway, "tinygw_requests_total") == 1
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == ["request failed inside the gateway"]
+
+
 # ---- a held answer whose client leaves while it is sent -----------------------------
 
 

@@ -235,8 +235,9 @@ async def _proxy(gateway: Gateway, route: Route, scope, receive, send, first: di
 async def _answer_error(send, record: Record, status: int, message: str, type_: str, code: str) -> None:
     """Answer the client with an error of the gateway's own, whose head the record
     makes, as a proxied answer's (x-request-id, and the debug headers once forwarding
-    began). A send that fails with an OSError is a client that left while it was answered:
-    recorded so, and not raised (the request is still counted and logged once, by _proxy)."""
+    began). A send that fails with an OSError is a client that left while it was answered;
+    any other failure is the gateway's, logged here. Neither is raised (a cancellation
+    is): the request is still counted and logged once, by _proxy."""
 
     async def send_with_head(message) -> None:
         if message["type"] == "http.response.start":
@@ -247,7 +248,10 @@ async def _answer_error(send, record: Record, status: int, message: str, type_: 
         await send_error(send_with_head, status, message, type_, code)
     except OSError:  # the client is gone: ASGI's send raises one then (Granian's does not raise)
         record.client_left()
-    except BaseException:  # a bug, or a cancellation (the server's, once the watch is stopped): the gateway failed it
+    except Exception:  # not raised: the server would log its traceback, messages (the client's text) and all
+        logs.log_exception("request failed inside the gateway", model=record.model)
+        record.failed()
+    except BaseException:  # a cancellation (the server's: the watch is stopped): the gateway failed it
         record.failed()
         raise
 
