@@ -7,6 +7,9 @@ import fcntl
 import os
 import sys
 import time
+from pathlib import Path
+
+import pytest
 
 from conftest import ROOT, call, wait_until
 
@@ -132,3 +135,26 @@ def test_a_measured_gateway_removes_dead_launch_directories_beside_its_own(start
     os.utime(dead, (old, old))
     start_gateway(CONFIG, TMPDIR=str(own))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tinygw-launch.own", "tinygw-launch.x"]
+
+
+def metrics_directories() -> set[str]:
+    return {str(path) for path in Path("/dev/shm").glob("tinygw-metrics-*")}  # noqa: S108 -- where serve makes them
+
+
+def test_the_directories_of_a_gateway_killed_a_moment_ago_are_removed_by_the_next(start_gateway):
+    # Its own directories are locked before they bear their names: the next gateway needs
+    # no wait to tell that they are dead (docs/design.md section 13).
+    if not os.path.isdir("/dev/shm"):  # noqa: S108
+        pytest.skip("no /dev/shm: the metrics directory is in TMPDIR")
+    before = metrics_directories()
+    gateway = start_gateway(CONFIG, TINYGW_WORKERS="2")
+    workers = wait_until(lambda: at_least(2, descendants(gateway.process.pid)), 10, "both workers")
+    (its_own,) = metrics_directories() - before
+    gateway.process.kill()
+    gateway.process.wait()
+    assert_all_die_within_a_second(workers)
+    again = start_gateway(CONFIG, port=gateway.port, TINYGW_WORKERS="2")
+    assert call("GET", f"{again.url}/healthz")[0] == 200
+    assert not os.path.exists(its_own)
+    removed = [r["path"] for r in again.log_records() if r.get("msg") == "removed what a dead gateway left"]
+    assert its_own in removed

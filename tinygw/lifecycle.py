@@ -16,9 +16,10 @@ its workers share it (a fork keeps the open file); the unpack directory is the
 bootloader's and the launch directory the launcher's, which take no lock, but every
 process of the gateway maps its Python library from the one and its executable from the
 other, and workers map their metrics files. So a directory that no live
-process holds a lock on or maps a file from belongs to nobody alive. One modified
-within the last `GRACE_SECONDS` is left alone: a starting gateway may not have locked
-or mapped it yet.
+process holds a lock on or maps a file from belongs to nobody alive. The gateway's own
+directories are locked before they bear their names (`make_held`), so one found
+unlocked is dead however young; a borrowed one modified within the last
+`GRACE_SECONDS` is left alone: a starting gateway may not have mapped it yet.
 """
 
 from __future__ import annotations
@@ -30,13 +31,17 @@ import shutil
 import signal
 import stat
 import sys
+import tempfile
 import time
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
-# A directory younger than this may belong to a gateway that is starting right now.
+# A borrowed directory (an unpack or launch one) younger than this may belong to a
+# gateway that is starting right now.
 GRACE_SECONDS = 60.0
+# A directory of the gateway's own is made under this name, locked, then renamed.
+STAGING_PREFIX = ".staging-"
 
 UNPACK_PREFIX = "_MEI"
 LAUNCH_PREFIX = "tinygw-launch."  # attest/launch's directory: the artifact's measured copy, and TMPDIR
@@ -84,9 +89,36 @@ def _exe(pid: int) -> str | None:
 def hold(directory: str) -> int:
     """Lock `directory` for the life of this process (and its workers): the file
     descriptor that holds the lock, to close when the directory is removed."""
+    if directory in _made_held:
+        return _made_held.pop(directory)
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     return fd
+
+
+_made_held: dict[str, int] = {}  # make_held's directories, whose locks `hold` hands over
+
+
+def make_held(parent: str, prefix: str) -> str:
+    """A new private directory `prefix`XXXXXXXX in `parent` (tempfile.mkdtemp's), locked
+    by this process before it bears that name: a gateway starting beside this one
+    never sees it unlocked. Its lock is `hold`'s. Raises OSError."""
+    staging = tempfile.mkdtemp(prefix=STAGING_PREFIX + prefix, dir=parent)
+    try:
+        fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        os.rmdir(staging)
+        raise
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        path = os.path.join(parent, os.path.basename(staging).removeprefix(STAGING_PREFIX))
+        _rename_new(staging, path)
+    except BaseException:
+        os.close(fd)
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    _made_held[path] = fd
+    return path
 
 
 def release(fd: int | None) -> None:
@@ -127,12 +159,28 @@ def remove_leftovers(parents: list[str], keep: str, now: float | None = None) ->
     return removed
 
 
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+
+
+def _rename_new(source: str, target: str) -> None:
+    """Rename `source` to `target`, which must not exist (renameat2's RENAME_NOREPLACE:
+    os.rename would put a directory in place of an empty one of that name)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.renameat2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), _RENAME_NOREPLACE) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, os.strerror(error), target)
+
+
 def _ours_and_settled(path: str, now: float) -> bool:
     try:
         info = os.lstat(path)
     except OSError:
         return False
-    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and now - info.st_mtime > GRACE_SECONDS
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        return False
+    borrowed = os.path.basename(path).startswith(tuple(_MARKS))  # not made locked (make_held)
+    return not borrowed or now - info.st_mtime > GRACE_SECONDS
 
 
 def _held(path: str) -> bool:

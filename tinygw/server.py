@@ -199,7 +199,7 @@ def _metrics_dir(workers: int) -> str | None:
         if parent is not None and not os.path.isdir(parent):
             continue
         try:
-            path = tempfile.mkdtemp(prefix="tinygw-metrics-", dir=parent)
+            path = lifecycle.make_held(parent or tempfile.gettempdir(), "tinygw-metrics-")
         except OSError as e:
             logs.log(
                 logging.WARNING,

@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.x509.oid import NameOID
 from msgspec import Struct
 
+from tinygw import lifecycle
 from tinygw.errors import ConfigError
 
 # A certificate made at start lives as long as the process; a gateway restarted once a
@@ -120,7 +121,8 @@ def write_attested(names: tuple[str, ...], candidates: list[str], now: datetime.
     """Make the key and certificate and write them for Granian (see the module's doc)."""
     cert_pem, key = make_attested(names, now)
     try:
-        directory = tempfile.mkdtemp(prefix="tinygw-tls-", dir=memory_directory(candidates))  # 0700
+        # 0700, locked before it bears its name: serve holds it (tinygw.lifecycle tells dead gateways' by it)
+        directory = lifecycle.make_held(memory_directory(candidates), "tinygw-tls-")
     except OSError as e:
         raise ConfigError("TINYGW_TLS", f"attested: cannot make the key's directory: {e.strerror}") from None
     try:
