@@ -91,7 +91,7 @@ def test_leftovers_of_dead_gateways_are_removed_at_start(start_gateway, tmp_path
         "tinygw-tls-alive",
         "tinygw-metrics-dead",
         "_MEIdead",
-        "_MEIyoung",
+        "_MEIunpacking",
         "_MEIsomeone-else",
         "unrelated",
     ):
@@ -99,24 +99,39 @@ def test_leftovers_of_dead_gateways_are_removed_at_start(start_gateway, tmp_path
         made[name].mkdir()
         (made[name] / "key.pem").write_text("x")
     (made["_MEIdead"] / "granian").mkdir()
-    (made["_MEIyoung"] / "granian").mkdir()
-    for name, path in made.items():
-        if name != "_MEIyoung":
-            os.utime(path, (old, old))
-    # A live gateway holds a lock on its directory (here, this test does).
+    (made["_MEIunpacking"] / "granian").mkdir()
+    for path in made.values():
+        os.utime(path, (old, old))
+    # A live gateway holds a lock on its directory, and a bootloader that unpacks has a
+    # file open in its own (here, this test does both).
     held = os.open(made["tinygw-tls-alive"], os.O_RDONLY | os.O_DIRECTORY)
     fcntl.flock(held, fcntl.LOCK_EX)
+    unpacking = open(made["_MEIunpacking"] / "granian" / "lib.so", "wb")  # noqa: SIM115 -- open across the start
     try:
         gateway = start_gateway(CONFIG, TMPDIR=str(temporary))
     finally:
         os.close(held)
+        unpacking.close()
     left = {path.name for path in temporary.iterdir()}
     if os.environ.get("TINYGW_BINARY"):  # the frozen gateway unpacks itself into its TMPDIR: that one lives
         (own,) = {name for name in left - set(made) if name.startswith("_MEI")}
         left.discard(own)
-    assert left == {"tinygw-tls-alive", "_MEIyoung", "_MEIsomeone-else", "unrelated"}
+    assert left == {"tinygw-tls-alive", "_MEIunpacking", "_MEIsomeone-else", "unrelated"}
     removed = {r["path"] for r in gateway.log_records() if r.get("msg") == "removed what a dead gateway left"}
     assert {str(made[n]) for n in ("tinygw-tls-dead", "tinygw-metrics-dead", "_MEIdead")} <= removed
+
+
+def test_a_borrowed_directory_is_left_alone_while_it_is_young_and_its_own_never_is(tmp_path):
+    from tinygw import lifecycle
+
+    for name in ("_MEIyoung", "tinygw-metrics-young"):
+        (tmp_path / name / "granian").mkdir(parents=True)
+    now = time.time()
+    os.utime(tmp_path / "_MEIyoung", (now, now))
+    removed = lifecycle.remove_leftovers([str(tmp_path)], keep="/nonexistent", now=now + lifecycle.GRACE_SECONDS / 2)
+    assert removed == [str(tmp_path / "tinygw-metrics-young")]  # unlocked: dead, however young
+    removed = lifecycle.remove_leftovers([str(tmp_path)], keep="/nonexistent", now=now + lifecycle.GRACE_SECONDS + 1)
+    assert removed == [str(tmp_path / "_MEIyoung")]
 
 
 def test_a_measured_gateway_removes_dead_launch_directories_beside_its_own(start_gateway, tmp_path):
@@ -141,20 +156,27 @@ def metrics_directories() -> set[str]:
     return {str(path) for path in Path("/dev/shm").glob("tinygw-metrics-*")}  # noqa: S108 -- where serve makes them
 
 
-def test_the_directories_of_a_gateway_killed_a_moment_ago_are_removed_by_the_next(start_gateway):
+def test_the_directories_of_a_gateway_killed_a_moment_ago_are_removed_by_the_next(start_gateway, tmp_path):
     # Its own directories are locked before they bear their names: the next gateway needs
     # no wait to tell that they are dead (docs/design.md section 13).
     if not os.path.isdir("/dev/shm"):  # noqa: S108
         pytest.skip("no /dev/shm: the metrics directory is in TMPDIR")
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
     before = metrics_directories()
-    gateway = start_gateway(CONFIG, TINYGW_WORKERS="2")
+    gateway = start_gateway(CONFIG, TINYGW_WORKERS="2", TMPDIR=str(temporary))
     workers = wait_until(lambda: at_least(2, descendants(gateway.process.pid)), 10, "both workers")
     (its_own,) = metrics_directories() - before
+    unpacked = list(temporary.glob("_MEI*"))  # frozen: the bootloader's (none from source)
+    assert len(unpacked) == (1 if os.environ.get("TINYGW_BINARY") else 0)
     gateway.process.kill()
     gateway.process.wait()
     assert_all_die_within_a_second(workers)
-    again = start_gateway(CONFIG, port=gateway.port, TINYGW_WORKERS="2")
+    for path in unpacked:  # the bootloader's takes no lock: a young one is left alone (GRACE_SECONDS)
+        old = time.time() - 3600
+        os.utime(path, (old, old))
+    again = start_gateway(CONFIG, port=gateway.port, TINYGW_WORKERS="2", TMPDIR=str(temporary))
     assert call("GET", f"{again.url}/healthz")[0] == 200
-    assert not os.path.exists(its_own)
+    assert not os.path.exists(its_own) and not [p for p in unpacked if p.exists()]
     removed = [r["path"] for r in again.log_records() if r.get("msg") == "removed what a dead gateway left"]
-    assert its_own in removed
+    assert its_own in removed and all(str(p) in removed for p in unpacked)

@@ -16,10 +16,11 @@ its workers share it (a fork keeps the open file); the unpack directory is the
 bootloader's and the launch directory the launcher's, which take no lock, but every
 process of the gateway maps its Python library from the one and its executable from the
 other, and workers map their metrics files. So a directory that no live
-process holds a lock on or maps a file from belongs to nobody alive. The gateway's own
-directories are locked before they bear their names (`make_held`), so one found
-unlocked is dead however young; a borrowed one modified within the last
-`GRACE_SECONDS` is left alone: a starting gateway may not have mapped it yet.
+process holds a lock on, maps a file from or has a file open in belongs to nobody
+alive. The gateway's own directories are locked before they bear their names
+(`make_held`), so one found unlocked is dead however young; a borrowed one modified
+within the last `GRACE_SECONDS` is left alone: a starting gateway may be between two
+of its files.
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ import time
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
-# A borrowed directory (an unpack or launch one) younger than this may belong to a
-# gateway that is starting right now.
-GRACE_SECONDS = 60.0
+# A borrowed directory (an unpack or launch one) modified more recently than this may
+# belong to a gateway that is starting right now, between two of its files or before it
+# maps any (an unpack writes 51 MB in about 0.3 s, each file held open as it is written).
+GRACE_SECONDS = 2.0
 # A directory of the gateway's own is made under this name, locked, then renamed.
 STAGING_PREFIX = ".staging-"
 
@@ -199,7 +201,8 @@ def _held(path: str) -> bool:
 
 
 def _mapped_directories() -> set[str]:
-    """The directories of ours (by their prefixes) that live processes map files from."""
+    """The directories of ours (by their prefixes) that live processes map files from,
+    or have a file open in (a bootloader that unpacks, a launcher that copies)."""
     directories: set[str] = set()
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -207,6 +210,7 @@ def _mapped_directories() -> set[str]:
         try:
             with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
                 paths = {line.partition("/")[2].rstrip("\n") for line in f if "/" in line}
+            paths.update(_open_files(pid))
         except OSError:
             continue  # gone, or another user's
         for path in paths:
@@ -215,3 +219,17 @@ def _mapped_directories() -> set[str]:
                 "/" + "/".join(parts[: i + 1]) for i, part in enumerate(parts) if part.startswith(PREFIXES)
             )
     return directories
+
+
+def _open_files(pid: str) -> set[str]:
+    """The paths (without the leading /) of the files process `pid` has open; raises
+    OSError when it is gone or another user's."""
+    paths = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("/"):
+            paths.add(target[1:])
+    return paths
