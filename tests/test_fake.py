@@ -160,8 +160,10 @@ def test_beta_messages_stream_with_a_query_string(ant):
         assert stream.get_final_text() == TEXT
 
 
-def test_the_demo_tells_its_story_from_any_folder(tmp_path):
-    """`tinygw demo` starts its gateway with the package on PYTHONPATH, wherever it is run from."""
+@pytest.mark.parametrize("folder", ["any", "the repository's"])
+def test_the_demo_tells_its_story_from_any_folder(tmp_path, folder):
+    """`tinygw demo` starts its gateway with the package on PYTHONPATH, wherever it is run
+    from (`make demo` runs it from the repository), and ends without a traceback."""
     import os
     import subprocess
 
@@ -169,7 +171,7 @@ def test_the_demo_tells_its_story_from_any_folder(tmp_path):
 
     done = subprocess.run(
         [*gateway_command(), "demo"],
-        cwd=tmp_path,
+        cwd=tmp_path if folder == "any" else ROOT,
         capture_output=True,
         text=True,
         env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)},
@@ -178,3 +180,15 @@ def test_the_demo_tells_its_story_from_any_folder(tmp_path):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "every step happened" in done.stdout
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+
+
+def test_a_fake_stopped_in_its_thread_closes_its_loop():
+    """Left to the collector at exit, an unclosed loop's self-pipe may be closed before it:
+    `make demo` then ended with an 'Exception ignored' traceback."""
+    from tinygw.fake.upstream import FakeUpstream, well_behaved
+
+    fake = FakeUpstream(well_behaved("f")).start_in_thread()
+    loop = fake._loop
+    fake.stop_thread()
+    assert loop is not None and loop.is_closed()

@@ -37,6 +37,7 @@ class FakeUpstream:
         self.peer_closed = 0  # streams the peer closed while this fake was still sending
         self._server: asyncio.AbstractServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -55,12 +56,16 @@ class FakeUpstream:
         ready = threading.Event()
 
         def run() -> None:
-            self._loop = asyncio.new_event_loop()
-            self._loop.run_until_complete(self.start())
-            ready.set()
-            self._loop.run_forever()
+            self._loop = loop = asyncio.new_event_loop()
+            try:
+                loop.run_until_complete(self.start())
+                ready.set()
+                loop.run_forever()
+            finally:
+                loop.close()  # here, not by the collector at exit: its self-pipe may be closed by then
 
-        threading.Thread(target=run, daemon=True, name=f"fake-upstream-{id(self)}").start()
+        self._thread = threading.Thread(target=run, daemon=True, name=f"fake-upstream-{id(self)}")
+        self._thread.start()
         if not ready.wait(10):
             raise RuntimeError("the fake upstream did not start")
         return self
@@ -81,6 +86,8 @@ class FakeUpstream:
             asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(5)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
+            if self._thread is not None:
+                self._thread.join(5)  # its loop closed
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.open_connections += 1
