@@ -213,9 +213,7 @@ async def _proxy(gateway: Gateway, route: Route, scope, receive, send, first: di
             record.client_left()
     except BadBody as e:  # read_head, or wire.rewrite_model for an attempt
         await _answer_error(send, record, 400, str(e), "invalid_request_error", "invalid_body")
-    except OSError:  # the client is gone as its answer went out (the provider's errors are UpstreamErrors)
-        record.client_left()
-    except Exception:
+    except Exception:  # an OSError too: Granian's send never raises one, so it is the gateway's own
         logs.log_exception("request failed inside the gateway", route=route.path)
         if not record.status:  # else the client sees its response end early
             await _answer_error(send, record, 500, "internal gateway error", "internal_error", "internal_error")
@@ -235,9 +233,9 @@ async def _proxy(gateway: Gateway, route: Route, scope, receive, send, first: di
 async def _answer_error(send, record: Record, status: int, message: str, type_: str, code: str) -> None:
     """Answer the client with an error of the gateway's own, whose head the record
     makes, as a proxied answer's (x-request-id, and the debug headers once forwarding
-    began). A send that fails with an OSError is a client that left while it was answered;
-    any other failure is the gateway's, logged here. Neither is raised (a cancellation
-    is): the request is still counted and logged once, by _proxy."""
+    began). A failure while it is answered is the gateway's, logged here (the type only)
+    and not raised (a cancellation is): the request is still counted and logged once, by
+    _proxy."""
 
     async def send_with_head(message) -> None:
         if message["type"] == "http.response.start":
@@ -246,10 +244,8 @@ async def _answer_error(send, record: Record, status: int, message: str, type_: 
 
     try:
         await send_error(send_with_head, status, message, type_, code)
-    except OSError:  # the client is gone: ASGI's send raises one then (Granian's does not raise)
-        record.client_left()
     except Exception:  # not raised: the server would log its traceback, messages (the client's text) and all
-        logs.log_exception("request failed inside the gateway", model=record.model)
+        logs.log_exception("error answer failed inside the gateway", model=record.model)
         record.failed()
     except BaseException:  # a cancellation (the server's: the watch is stopped): the gateway failed it
         record.failed()

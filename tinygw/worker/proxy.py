@@ -206,9 +206,9 @@ async def _make_attempt(
             await _send_held(send, record, attempt.answer, attempt.label)  # type: ignore[arg-type]  # held: it has one
     except BaseException as e:
         ticket.done(Outcome.NEUTRAL)
-        # The client left: its request was cancelled, or a send raised (ASGI's OSError). An answer held whole
-        # (`attempt`) had its first byte still to observe.
-        if isinstance(e, (asyncio.CancelledError, OSError)):
+        # The client left: its request was cancelled (an answer held whole, `attempt`, may have been
+        # going out: its first byte is still to observe).
+        if isinstance(e, asyncio.CancelledError):
             first_byte = attempt.first_byte_seconds if attempt is not None else None
             gateway.metrics.count_attempt(circuit.provider, circuit.provider_model, "client_closed", first_byte)
         raise
