@@ -180,3 +180,28 @@ def test_the_directories_of_a_gateway_killed_a_moment_ago_are_removed_by_the_nex
     assert not os.path.exists(its_own) and not [p for p in unpacked if p.exists()]
     removed = [r["path"] for r in again.log_records() if r.get("msg") == "removed what a dead gateway left"]
     assert its_own in removed and all(str(p) in removed for p in unpacked)
+
+
+def test_a_directory_s_name_cannot_be_taken_before_it_is_given(tmp_path, monkeypatch):
+    """Another user can read the staging directory's name in /dev/shm or /tmp, and make the
+    name it would become: the name given is drawn apart from it, and again when taken."""
+    import tempfile
+
+    from tinygw import lifecycle
+
+    mkdtemp = tempfile.mkdtemp
+
+    def watched(prefix: str, dir: str) -> str:  # noqa: A002 -- mkdtemp's own parameter name
+        staging = mkdtemp(prefix=prefix, dir=dir)
+        squatted = os.path.join(dir, os.path.basename(staging).removeprefix(lifecycle.STAGING_PREFIX))
+        os.mkdir(squatted)  # the squatter, as soon as it sees the staging name
+        return staging
+
+    monkeypatch.setattr(tempfile, "mkdtemp", watched)
+    drawn = iter(["taken", "free"])
+    (tmp_path / "tinygw-metrics-taken").mkdir()
+    monkeypatch.setattr(lifecycle.secrets, "token_hex", lambda n: next(drawn))
+    path = lifecycle.make_held(str(tmp_path), "tinygw-metrics-")
+    assert path == str(tmp_path / "tinygw-metrics-free")
+    assert lifecycle._held(path)  # locked by this process, as it was before it bore the name
+    lifecycle.release(lifecycle.hold(path))

@@ -189,3 +189,17 @@ def test_a_forked_process_draws_its_own_request_ids():
     os.close(read_end)
     assert NEW_ID.fullmatch(childs.decode())
     assert wire.request_id_from(None) != childs  # the parent's next one: the child's too, were they shared
+
+
+def test_a_request_id_is_drawn_even_when_another_thread_took_the_new_ones(monkeypatch):
+    # Free-threaded workers share the drawn ids: between this draw and its pop, another
+    # thread may take them all.
+    drawn = wire._draw_ids
+
+    def drawn_and_taken() -> None:
+        drawn()
+        wire._unused_ids.clear()
+
+    monkeypatch.setattr(wire, "_unused_ids", [])
+    monkeypatch.setattr(wire, "_draw_ids", drawn_and_taken)
+    assert NEW_ID.fullmatch(wire.request_id_from(None).decode())

@@ -286,12 +286,14 @@ def test_a_misspelled_variable_is_named_when_the_configuration_cannot_be_read(tm
     assert f"did you mean {meant}?" in refused(done, f"{typo}: ")
 
 
-def test_a_broken_configuration_is_still_named_before_variables_it_may_name_for_keys():
-    # PROVIDER_A_KEY is no misspelling of a variable tinygw reads: the configuration, which
-    # cannot be read, may name it for a key. Its own error is the one said.
-    done = run_tinygw(["check"], {"TINYGW_CONFIG": "{not json", "PROVIDER_A_KEY": "secret-a"})
+@pytest.mark.parametrize("key_variable", ["PROVIDER_A_KEY", "TINYGW_OPENAI_KEY", "TINYGW_TLS_KEY"])
+def test_a_broken_configuration_is_still_named_before_variables_it_may_name_for_keys(key_variable):
+    # The configuration, which cannot be read, may name these for its keys: its own error
+    # is the one said, and no other variable is offered for them (TINYGW_API_KEYS would
+    # be a provider key given as the gateway's).
+    done = run_tinygw(["check"], {"TINYGW_CONFIG": "{not json", key_variable: "secret-a"})
     line = refused(done, "TINYGW_CONFIG")
-    assert "PROVIDER_A_KEY" not in line and "secret-a" not in line
+    assert key_variable not in line and "secret-a" not in line
 
 
 def test_a_requests_inbound_shows_neither_the_gateway_key_nor_the_prompt():

@@ -26,8 +26,10 @@ of its files.
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import os
+import secrets
 import shutil
 import signal
 import stat
@@ -102,9 +104,11 @@ _made_held: dict[str, int] = {}  # make_held's directories, whose locks `hold` h
 
 
 def make_held(parent: str, prefix: str) -> str:
-    """A new private directory `prefix`XXXXXXXX in `parent` (tempfile.mkdtemp's), locked
-    by this process before it bears that name: a gateway starting beside this one
-    never sees it unlocked. Its lock is `hold`'s. Raises OSError."""
+    """A new private (0700) directory `prefix` + 16 random hex digits in `parent`, locked
+    by this process before it bears that name: a gateway starting beside this one never
+    sees it unlocked. Its name is drawn apart from the staging one, which others can
+    read in `parent`, and drawn again when taken (as mkdtemp does). Its lock is `hold`'s.
+    Raises OSError."""
     staging = tempfile.mkdtemp(prefix=STAGING_PREFIX + prefix, dir=parent)
     try:
         fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -113,14 +117,24 @@ def make_held(parent: str, prefix: str) -> str:
         raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        path = os.path.join(parent, os.path.basename(staging).removeprefix(STAGING_PREFIX))
-        _rename_new(staging, path)
+        path = _rename_to_new_name(staging, parent, prefix)
     except BaseException:
         os.close(fd)
         shutil.rmtree(staging, ignore_errors=True)
         raise
     _made_held[path] = fd
     return path
+
+
+def _rename_to_new_name(staging: str, parent: str, prefix: str) -> str:
+    for _ in range(100):
+        path = os.path.join(parent, prefix + secrets.token_hex(8))
+        try:
+            _rename_new(staging, path)
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(errno.EEXIST, f"no free name for a new {prefix}* directory", parent)
 
 
 def release(fd: int | None) -> None:
@@ -171,7 +185,7 @@ def _rename_new(source: str, target: str) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.renameat2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), _RENAME_NOREPLACE) != 0:
         error = ctypes.get_errno()
-        raise OSError(error, os.strerror(error), target)
+        raise (FileExistsError if error == errno.EEXIST else OSError)(error, os.strerror(error), target)
 
 
 def _ours_and_settled(path: str, now: float) -> bool:

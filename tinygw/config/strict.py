@@ -44,26 +44,32 @@ def refuse_unknown_variables(env: Mapping[str, str], key_variables: set[str]) ->
     """ConfigError for the first variable with our prefixes that the gateway does not
     read; the variables the configuration names for its keys (and their `_FILE`) are read."""
     named = key_variables | {f"{name}_FILE" for name in key_variables}
-    _refuse_unread(env, named, cutoff=0)
+    _refuse_unread(env, named, OPERATOR_VARIABLES | named, cutoff=0)
 
 
-# How like a variable tinygw reads an unread one must be to be called its misspelling
-# before the configuration is read (difflib's ratio: TINYGW_CONFIG_FIEL is 0.94 like
-# TINYGW_CONFIG_FILE).
+# How like TINYGW_CONFIG or TINYGW_CONFIG_FILE an unread variable must be to be called its
+# misspelling when the configuration cannot be read (difflib's ratio: TINYGW_CONFIG_FIEL
+# is 0.94 like TINYGW_CONFIG_FILE).
 MISSPELLING_RATIO = 0.8
+
+
+# The variables that say where the configuration is: a near miss of one of them is why a
+# configuration cannot be found.
+CONFIGURATION_VARIABLES = ("TINYGW_CONFIG", "TINYGW_CONFIG_FILE")
 
 
 def refuse_misspelled_variables(env: Mapping[str, str]) -> None:
     """For a configuration that cannot be read: ConfigError for an unread variable with
-    our prefixes that is a near miss of one tinygw reads (`TINYGW_CONFIG_FIEL`), the
-    likelier cause. Others wait: the configuration may name them for its keys."""
-    _refuse_unread(env, set(), cutoff=MISSPELLING_RATIO)
+    our prefixes that is a near miss of TINYGW_CONFIG or TINYGW_CONFIG_FILE
+    (`TINYGW_CONFIG_FIEL`), the likelier cause. Others wait: the configuration may name
+    them for its keys, and no other name is offered for them meanwhile."""
+    _refuse_unread(env, set(), CONFIGURATION_VARIABLES, cutoff=MISSPELLING_RATIO)
 
 
-def _refuse_unread(env: Mapping[str, str], named: set[str], cutoff: float) -> None:
+def _refuse_unread(env: Mapping[str, str], named: set[str], known, cutoff: float) -> None:
     for name in sorted(env):
         if name.startswith(PREFIXES) and name not in OPERATOR_VARIABLES | SET_BY_SERVE | named:
-            closest = difflib.get_close_matches(name, sorted(OPERATOR_VARIABLES | named), n=1, cutoff=cutoff)
+            closest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=cutoff)
             if closest or not cutoff:
                 hint = f"; did you mean {closest[0]}?" if closest else ""
                 raise ConfigError(name, f"not a variable tinygw reads{hint}")

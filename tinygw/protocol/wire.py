@@ -171,9 +171,11 @@ def request_id_from(given: bytes | None) -> bytes:
     answer, on the access-log line and upstream."""
     if given is not None and _SANE_REQUEST_ID.fullmatch(given):
         return given
-    if not _unused_ids:
+    try:
+        return _unused_ids.pop()
+    except IndexError:  # none left (another thread may take the ones drawn now: free-threaded workers)
         _draw_ids()
-    return _unused_ids.pop()
+        return hexlify(urandom(8))
 
 
 # New ids are drawn from the kernel IDS_PER_DRAW at a time: one getrandom call for them,
