@@ -201,7 +201,8 @@ def test_a_directory_s_name_cannot_be_taken_before_it_is_given(tmp_path, monkeyp
     drawn = iter(["taken", "free"])
     (tmp_path / "tinygw-metrics-taken").mkdir()
     monkeypatch.setattr(lifecycle.secrets, "token_hex", lambda n: next(drawn))
-    path = lifecycle.make_held(str(tmp_path), "tinygw-metrics-")
+    path, lock = lifecycle.make_held(str(tmp_path), "tinygw-metrics-")
     assert path == str(tmp_path / "tinygw-metrics-free")
     assert lifecycle._held(path)  # locked by this process, as it was before it bore the name
-    lifecycle.release(lifecycle.hold(path))
+    lifecycle.release(lock)
+    assert not lifecycle._held(path)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import re
 
 import pytest
@@ -155,11 +154,12 @@ def test_every_answer_carries_a_request_id(gateway, method, path, body, authoriz
 
 
 def test_request_id_rule():
-    assert wire.request_id_from(b"a.b:c-d_9") == b"a.b:c-d_9"
-    assert wire.request_id_from(b"a" * 128) == b"a" * 128
+    ids = wire.RequestIds()
+    assert ids.of(b"a.b:c-d_9") == b"a.b:c-d_9"
+    assert ids.of(b"a" * 128) == b"a" * 128
     for bad in (b"", b"a" * 129, b"a b", b"a\tb", b"a/b", b"\xc3\xa9", b"a\r\nb"):
-        assert NEW_ID.fullmatch(wire.request_id_from(bad).decode())
-    assert NEW_ID.fullmatch(wire.request_id_from(None).decode())
+        assert NEW_ID.fullmatch(ids.of(bad).decode())
+    assert NEW_ID.fullmatch(ids.of(None).decode())
 
 
 def test_a_provider_header_may_not_set_the_request_id():
@@ -170,36 +170,21 @@ def test_a_provider_header_may_not_set_the_request_id():
         environment.from_environ({"TINYGW_CONFIG": json.dumps(document)})
 
 
-def test_new_request_ids_do_not_repeat_across_draws():
-    ids = [wire.request_id_from(None) for _ in range(3 * wire.IDS_PER_DRAW + 1)]
+def test_new_request_ids_do_not_repeat_across_draws_or_workers():
+    first, second = wire.RequestIds(), wire.RequestIds()  # two workers' gateways
+    ids = [ids.of(None) for ids in (first, second) for _ in range(3 * wire.IDS_PER_DRAW + 1)]
     assert len(set(ids)) == len(ids)
     assert all(NEW_ID.fullmatch(i.decode()) for i in ids)
 
 
-def test_a_forked_process_draws_its_own_request_ids():
-    wire.request_id_from(None)  # this process now holds ids it has not used
-    read_end, write_end = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover - the child reports through the pipe and leaves at once
-        os.write(write_end, wire.request_id_from(None))
-        os._exit(0)
-    os.close(write_end)
-    os.waitpid(child, 0)
-    childs = os.read(read_end, 64)
-    os.close(read_end)
-    assert NEW_ID.fullmatch(childs.decode())
-    assert wire.request_id_from(None) != childs  # the parent's next one: the child's too, were they shared
-
-
 def test_a_request_id_is_drawn_even_when_another_thread_took_the_new_ones(monkeypatch):
-    # Free-threaded workers share the drawn ids: between this draw and its pop, another
-    # thread may take them all.
-    drawn = wire._draw_ids
+    # Free-threaded workers share their gateway's ids: between this draw and its pop,
+    # another thread may take them all.
+    drawn = wire.RequestIds._draw
 
-    def drawn_and_taken() -> None:
-        drawn()
-        wire._unused_ids.clear()
+    def drawn_and_taken(self) -> None:
+        drawn(self)
+        self._unused.clear()
 
-    monkeypatch.setattr(wire, "_unused_ids", [])
-    monkeypatch.setattr(wire, "_draw_ids", drawn_and_taken)
-    assert NEW_ID.fullmatch(wire.request_id_from(None).decode())
+    monkeypatch.setattr(wire.RequestIds, "_draw", drawn_and_taken)
+    assert NEW_ID.fullmatch(wire.RequestIds().of(None).decode())

@@ -93,22 +93,17 @@ def _exe(pid: int) -> str | None:
 def hold(directory: str) -> int:
     """Lock `directory` for the life of this process (and its workers): the file
     descriptor that holds the lock, to close when the directory is removed."""
-    if directory in _made_held:
-        return _made_held.pop(directory)
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     return fd
 
 
-_made_held: dict[str, int] = {}  # make_held's directories, whose locks `hold` hands over
-
-
-def make_held(parent: str, prefix: str) -> str:
+def make_held(parent: str, prefix: str) -> tuple[str, int]:
     """A new private (0700) directory `prefix` + 16 random hex digits in `parent`, locked
     by this process before it bears that name: a gateway starting beside this one never
     sees it unlocked. Its name is drawn apart from the staging one, which others can
-    read in `parent`, and drawn again when taken (as mkdtemp does). Its lock is `hold`'s.
-    Raises OSError."""
+    read in `parent`, and drawn again when taken (as mkdtemp does). Its path, and the
+    file descriptor that holds its lock (as `hold`'s). Raises OSError."""
     staging = tempfile.mkdtemp(prefix=STAGING_PREFIX + prefix, dir=parent)
     try:
         fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -122,8 +117,7 @@ def make_held(parent: str, prefix: str) -> str:
         os.close(fd)
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    _made_held[path] = fd
-    return path
+    return path, fd
 
 
 def _rename_to_new_name(staging: str, parent: str, prefix: str) -> str:
@@ -224,9 +218,9 @@ def _mapped_directories() -> set[str]:
         try:
             with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
                 paths = {line.partition("/")[2].rstrip("\n") for line in f if "/" in line}
-            paths.update(_open_files(pid))
         except OSError:
             continue  # gone, or another user's
+        paths.update(_open_files(pid))
         for path in paths:
             parts = path.split("/")
             directories.update(
@@ -236,10 +230,14 @@ def _mapped_directories() -> set[str]:
 
 
 def _open_files(pid: str) -> set[str]:
-    """The paths (without the leading /) of the files process `pid` has open; raises
-    OSError when it is gone or another user's."""
-    paths = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
+    """The paths (without the leading /) of the files process `pid` has open (none when
+    it is gone meanwhile)."""
+    paths: set[str] = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return paths
+    for fd in fds:
         try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:

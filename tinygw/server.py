@@ -61,11 +61,12 @@ def serve(settings: Settings) -> None:
     metrics_dir = None
     locks: list[int] = []  # held for this process's life: tinygw.lifecycle tells dead gateways' directories by them
     try:
-        if served is not None and served.directory:
-            locks.append(lifecycle.hold(served.directory))
-        metrics_dir = _metrics_dir(settings.workers)
-        if metrics_dir:
-            locks.append(lifecycle.hold(metrics_dir))
+        if served is not None and served.lock is not None:
+            locks.append(served.lock)
+        metrics = _metrics_dir(settings.workers)
+        if metrics is not None:
+            metrics_dir, lock = metrics
+            locks.append(lock)
             environment.share_metrics_dir(metrics_dir)
         if served is not None:
             environment.share_served_cert(served.cert_path, served.spki_sha256, served.not_after)
@@ -191,15 +192,16 @@ def client_connections(settings: Settings, open_files: int) -> int:
     return max(64, min(MAX_CLIENT_CONNECTIONS, open_files - upstream - RESERVED_FILES))
 
 
-def _metrics_dir(workers: int) -> str | None:
-    """This run's directory for the workers' counts: in memory (/dev/shm) where it can
-    be made, else in the temporary directory; said in the log when it is not in
-    memory, and when there is none (each worker then counts its own traffic only)."""
+def _metrics_dir(workers: int) -> tuple[str, int] | None:
+    """This run's directory for the workers' counts, and the file descriptor that holds
+    its lock: in memory (/dev/shm) where it can be made, else in the temporary
+    directory; said in the log when it is not in memory, and when there is none (each
+    worker then counts its own traffic only)."""
     for parent in ("/dev/shm", None):  # noqa: S108 -- a parent for mkdtemp's private directory
         if parent is not None and not os.path.isdir(parent):
             continue
         try:
-            path = lifecycle.make_held(parent or tempfile.gettempdir(), "tinygw-metrics-")
+            made = lifecycle.make_held(parent or tempfile.gettempdir(), "tinygw-metrics-")
         except OSError as e:
             logs.log(
                 logging.WARNING,
@@ -209,8 +211,8 @@ def _metrics_dir(workers: int) -> str | None:
             )
             continue
         if parent is None:
-            logs.log(logging.WARNING, "metrics directory is not in /dev/shm", path=path)
-        return path
+            logs.log(logging.WARNING, "metrics directory is not in /dev/shm", path=made[0])
+        return made
     if workers > 1:
         logs.log(logging.WARNING, "metrics kept per worker: a scrape counts one worker's traffic", workers=workers)
     return None

@@ -57,7 +57,7 @@ def app(scope, receive, send) -> Awaitable[None]:
         return lifespan(scope, receive, send) if scope["type"] == "lifespan" else _ignore()
     gateway: Gateway = scope["state"]["gateway"]
     first = dict(reversed(scope["headers"]))  # each header's first value, for the few read by name
-    request_id = wire.request_id_from(first.get(b"x-request-id"))
+    request_id = gateway.request_ids.of(first.get(b"x-request-id"))
     endpoint = ROUTES.get(scope["path"]) or (ROUTES[MODEL_ROUTE] if scope["path"].startswith(MODEL_PREFIX) else None)
     if endpoint is None:
         not_found = 404, f"no route {scope['path']}; the routes are: {ROUTE_LIST}", "invalid_request_error", "not_found"

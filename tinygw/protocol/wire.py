@@ -15,7 +15,7 @@ from datetime import UTC
 from email.utils import parsedate_to_datetime
 from itertools import compress
 from operator import itemgetter, not_
-from os import register_at_fork, urandom
+from os import urandom
 
 import msgspec
 
@@ -165,32 +165,34 @@ def relay_headers(upstream_headers: list[tuple[bytes, bytes]]) -> list[tuple[byt
 _SANE_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 
 
-def request_id_from(given: bytes | None) -> bytes:
-    """The id of a request whose first `x-request-id` is `given` (None without one): the
-    client's if it is sane, else a new random one (16 hex digits). It goes back in the
-    answer, on the access-log line and upstream."""
-    if given is not None and _SANE_REQUEST_ID.fullmatch(given):
-        return given
-    try:
-        return _unused_ids.pop()
-    except IndexError:  # none left (another thread may take the ones drawn now: free-threaded workers)
-        _draw_ids()
-        return hexlify(urandom(8))
-
-
-# New ids are drawn from the kernel IDS_PER_DRAW at a time: one getrandom call for them,
-# not one per request. Each id is still 8 bytes of its own from the kernel, used once; a
-# process forked from this one starts with none of them.
+# New ids are drawn from the kernel this many at a time: one getrandom call for them, not
+# one per request. Each id is still 8 bytes of its own from the kernel, used once.
 IDS_PER_DRAW = 256
-_unused_ids: list[bytes] = []
 
 
-def _draw_ids() -> None:
-    digits = hexlify(urandom(8 * IDS_PER_DRAW))
-    _unused_ids.extend([digits[i : i + 16] for i in range(0, len(digits), 16)])
+class RequestIds:
+    """A worker's request ids (its Gateway's: each worker draws its own)."""
 
+    __slots__ = ("_unused",)
 
-register_at_fork(after_in_child=_unused_ids.clear)
+    def __init__(self) -> None:
+        self._unused: list[bytes] = []
+
+    def of(self, given: bytes | None) -> bytes:
+        """The id of a request whose first `x-request-id` is `given` (None without one):
+        the client's if it is sane, else a new random one (16 hex digits). It goes back in
+        the answer, on the access-log line and upstream."""
+        if given is not None and _SANE_REQUEST_ID.fullmatch(given):
+            return given
+        try:
+            return self._unused.pop()
+        except IndexError:  # none left (another thread may take the ones drawn now: free-threaded workers)
+            self._draw()
+            return hexlify(urandom(8))
+
+    def _draw(self) -> None:
+        digits = hexlify(urandom(8 * IDS_PER_DRAW))
+        self._unused.extend([digits[i : i + 16] for i in range(0, len(digits), 16)])
 
 
 def header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
@@ -242,7 +244,6 @@ _ANTHROPIC_TYPES = {
     402: "billing_error",
     403: "permission_error",
     404: "not_found_error",
-    409: "conflict_error",
     413: "request_too_large",
     429: "rate_limit_error",
     500: "api_error",

@@ -51,6 +51,7 @@ class Served(Struct, frozen=True):
     spki_sha256: str
     directory: str | None  # made for the attested key: removed at exit
     not_after: float  # when the certificate expires, Unix time
+    lock: int | None = None  # the file descriptor that holds `directory`'s lock (tinygw.lifecycle)
 
 
 def not_after(cert_pem: bytes) -> float:
@@ -122,7 +123,7 @@ def write_attested(names: tuple[str, ...], candidates: list[str], now: datetime.
     cert_pem, key = make_attested(names, now)
     try:
         # 0700, locked before it bears its name: serve holds it (tinygw.lifecycle tells dead gateways' by it)
-        directory = lifecycle.make_held(memory_directory(candidates), "tinygw-tls-")
+        directory, lock = lifecycle.make_held(memory_directory(candidates), "tinygw-tls-")
     except OSError as e:
         raise ConfigError("TINYGW_TLS", f"attested: cannot make the key's directory: {e.strerror}") from None
     try:
@@ -138,11 +139,13 @@ def write_attested(names: tuple[str, ...], candidates: list[str], now: datetime.
         _write_new(cert_path, cert_pem, 0o644)
     except OSError as e:
         shutil.rmtree(directory, ignore_errors=True)
+        lifecycle.release(lock)
         raise ConfigError("TINYGW_TLS", f"attested: cannot write the key in {directory!r}: {e.strerror}") from None
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
+        lifecycle.release(lock)
         raise
-    return Served(cert_path, key_path, spki_sha256(cert_pem), directory, not_after(cert_pem))
+    return Served(cert_path, key_path, spki_sha256(cert_pem), directory, not_after(cert_pem), lock)
 
 
 def served_files(cert_path: str, key_path: str) -> Served:

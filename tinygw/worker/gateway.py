@@ -22,7 +22,7 @@ from tinygw.config.settings import Provider, Settings, plain
 from tinygw.observe.board import Board
 from tinygw.observe.metrics import Metrics
 from tinygw.protocol.routing import WILDCARD, Resolver
-from tinygw.protocol.wire import NOT_FORWARDED
+from tinygw.protocol.wire import NOT_FORWARDED, RequestIds
 from tinygw.resilience.breaker import Breakers, Circuit, Clock, State
 from tinygw.resilience.keys import KeyRing
 from tinygw.resilience.strategy import Strategies
@@ -144,6 +144,7 @@ class Gateway:
         self.settings = settings
         self.clock = clock
         self.auth = InboundAuth(settings.api_keys)
+        self.request_ids = RequestIds()
         self.metrics = Metrics(__version__, artifact_sha256, settings.metrics_dir)
         configured = _configured_circuits(settings)
         # What the status page shows of this worker, in the shared store; wall clock for display only.
