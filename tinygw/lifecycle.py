@@ -177,9 +177,13 @@ def _rename_new(source: str, target: str) -> None:
     """Rename `source` to `target`, which must not exist (renameat2's RENAME_NOREPLACE:
     os.rename would put a directory in place of an empty one of that name)."""
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.renameat2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), _RENAME_NOREPLACE) != 0:
-        error = ctypes.get_errno()
-        raise (FileExistsError if error == errno.EEXIST else OSError)(error, os.strerror(error), target)
+    if libc.renameat2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), _RENAME_NOREPLACE) == 0:
+        return
+    error = ctypes.get_errno()
+    if error in (errno.EINVAL, errno.ENOSYS) and not os.path.lexists(target):  # a file system without the flag
+        os.rename(source, target)  # the name is 16 random hex digits: none can take it meanwhile
+        return
+    raise (FileExistsError if error == errno.EEXIST else OSError)(error, os.strerror(error), target)
 
 
 def _ours_and_settled(path: str, now: float) -> bool:
