@@ -286,7 +286,7 @@ def test_a_misspelled_variable_is_named_when_the_configuration_cannot_be_read(tm
     assert f"did you mean {meant}?" in refused(done, f"{typo}: ")
 
 
-@pytest.mark.parametrize("key_variable", ["PROVIDER_A_KEY", "TINYGW_OPENAI_KEY", "TINYGW_TLS_KEY"])
+@pytest.mark.parametrize("key_variable", ["PROVIDER_A_KEY", "TINYGW_OPENAI_KEY", "TINYGW_TLS_KEY", "TINYGW_CONFIG_KEY"])
 def test_a_broken_configuration_is_still_named_before_variables_it_may_name_for_keys(key_variable):
     # The configuration, which cannot be read, may name these for its keys: its own error
     # is the one said, and no other variable is offered for them (TINYGW_API_KEYS would

@@ -11,8 +11,8 @@ A gateway killed without a chance to clean up leaves directories behind: its att
 key's (`tinygw-tls-*`), its metrics' (`tinygw-metrics-*`), frozen, the bootloader's
 unpack directory (`_MEI*`) and, measured, attest/launch's (`tinygw-launch.*`: the copy
 of the artifact, and TMPDIR). `serve` removes those of dead gateways at start. Who is
-dead: serve holds a lock (flock) on each directory it makes for its whole life, and
-its workers share it (a fork keeps the open file); the unpack directory is the
+dead: serve holds a lock (flock) on each directory it makes for its whole life (its
+forked workers share it; spawned ones die with it all the same); the unpack directory is the
 bootloader's and the launch directory the launcher's, which take no lock, but every
 process of the gateway maps its Python library from the one and its executable from the
 other, and workers map their metrics files. So a directory that no live
@@ -49,7 +49,10 @@ STAGING_PREFIX = ".staging-"
 
 UNPACK_PREFIX = "_MEI"
 LAUNCH_PREFIX = "tinygw-launch."  # attest/launch's directory: the artifact's measured copy, and TMPDIR
-PREFIXES = ("tinygw-tls-", "tinygw-metrics-", UNPACK_PREFIX, LAUNCH_PREFIX)
+OWN_PREFIXES = ("tinygw-tls-", "tinygw-metrics-")
+# A killed gateway may leave a staging directory (empty: it is renamed as soon as locked).
+STAGING_PREFIXES = tuple(STAGING_PREFIX + p for p in OWN_PREFIXES)
+PREFIXES = (*OWN_PREFIXES, UNPACK_PREFIX, LAUNCH_PREFIX, *STAGING_PREFIXES)
 # What a directory of each borrowed kind holds when it is ours: the unpacked Granian, the copy.
 _MARKS = {UNPACK_PREFIX: "granian", LAUNCH_PREFIX: "tinygw"}
 
@@ -88,14 +91,6 @@ def _exe(pid: int) -> str | None:
         return os.readlink(f"/proc/{pid}/exe")
     except OSError:
         return None
-
-
-def hold(directory: str) -> int:
-    """Lock `directory` for the life of this process (and its workers): the file
-    descriptor that holds the lock, to close when the directory is removed."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    return fd
 
 
 def make_held(parent: str, prefix: str) -> tuple[str, int]:
@@ -176,10 +171,13 @@ _RENAME_NOREPLACE = 1
 def _rename_new(source: str, target: str) -> None:
     """Rename `source` to `target`, which must not exist (renameat2's RENAME_NOREPLACE:
     os.rename would put a directory in place of an empty one of that name)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.renameat2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), _RENAME_NOREPLACE) == 0:
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)  # glibc 2.28 on
+    if renameat2 is None:
+        error = errno.ENOSYS
+    elif renameat2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), _RENAME_NOREPLACE) == 0:
         return
-    error = ctypes.get_errno()
+    else:
+        error = ctypes.get_errno()
     if error in (errno.EINVAL, errno.ENOSYS) and not os.path.lexists(target):  # a file system without the flag
         os.rename(source, target)  # the name is 16 random hex digits: none can take it meanwhile
         return
@@ -193,8 +191,9 @@ def _ours_and_settled(path: str, now: float) -> bool:
         return False
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
         return False
-    borrowed = os.path.basename(path).startswith(tuple(_MARKS))  # not made locked (make_held)
-    return not borrowed or now - info.st_mtime > GRACE_SECONDS
+    # not made locked: borrowed, or a staging directory between its making and its lock
+    unlocked_at_birth = os.path.basename(path).startswith((*_MARKS, *STAGING_PREFIXES))
+    return not unlocked_at_birth or now - info.st_mtime > GRACE_SECONDS
 
 
 def _held(path: str) -> bool:

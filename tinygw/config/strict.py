@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from tinygw.config.settings import (
     METRICS_DIR_VARIABLE,
@@ -49,8 +49,8 @@ def refuse_unknown_variables(env: Mapping[str, str], key_variables: set[str]) ->
 
 # How like TINYGW_CONFIG or TINYGW_CONFIG_FILE an unread variable must be to be called its
 # misspelling when the configuration cannot be read (difflib's ratio: TINYGW_CONFIG_FIEL
-# is 0.94 like TINYGW_CONFIG_FILE).
-MISSPELLING_RATIO = 0.8
+# is 0.94 like TINYGW_CONFIG_FILE; a key variable TINYGW_CONFIG_KEY, 0.87, is not one).
+MISSPELLING_RATIO = 0.9
 
 
 # The variables that say where the configuration is: a near miss of one of them is why a
@@ -66,7 +66,7 @@ def refuse_misspelled_variables(env: Mapping[str, str]) -> None:
     _refuse_unread(env, set(), CONFIGURATION_VARIABLES, cutoff=MISSPELLING_RATIO)
 
 
-def _refuse_unread(env: Mapping[str, str], named: set[str], known, cutoff: float) -> None:
+def _refuse_unread(env: Mapping[str, str], named: set[str], known: Iterable[str], cutoff: float) -> None:
     for name in sorted(env):
         if name.startswith(PREFIXES) and name not in OPERATOR_VARIABLES | SET_BY_SERVE | named:
             closest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=cutoff)
