@@ -57,10 +57,10 @@ def serve(settings: Settings) -> None:
     refuse_taken_port(settings.host, settings.port)
     remove_leftovers(settings)
     open_files = raise_open_file_limit()
-    served = _tls(settings)  # before the workers start: they all serve this one key
-    metrics_dir = None
+    served = metrics_dir = None
     locks: list[int] = []  # held for this process's life: tinygw.lifecycle tells dead gateways' directories by them
     try:
+        served = _tls(settings)  # before the workers start: they all serve this one key
         if served is not None and served.lock is not None:
             locks.append(served.lock)
         metrics = _metrics_dir(settings.workers)
