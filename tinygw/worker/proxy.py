@@ -194,20 +194,25 @@ async def _make_attempt(
 ) -> Attempt:
     """One attempt at `target`, admitted by `ticket`; its verdict goes to the circuit,
     the record and the metrics, once, when it ends, whatever the client does. A success
-    held whole is sent here: when its client leaves as it goes out, the exchange that
-    came is still counted, and its first byte observed."""
+    is sent here (a stream's, relayed as it came, was sent already): when its client
+    leaves as it goes out, the exchange that came is still counted, and its first byte
+    observed."""
     circuit = ticket.circuit
     record.aimed_at(target)
     attempt = None  # until the provider's answer came
     try:
         attempt = await _attempt(gateway, gateway.upstreams[target.provider], inbound, target, send, record)
-        if not attempt.committed and attempt.verdict is outcome.SUCCESS:  # held whole: final, the client gets it
+        if not attempt.committed and attempt.verdict.outcome is Outcome.SUCCESS:  # final: the client gets it
             attempt.committed = True
-            await _send_held(send, record, attempt.answer, attempt.label)  # type: ignore[arg-type]  # held: it has one
+            answer: Answer = attempt.answer  # type: ignore[assignment]  # a held success has one
+            if answer.rest is None:  # held whole: nothing left to read
+                await _send_held(send, record, answer, attempt.label)
+            else:  # too large to hold: sent as it is read
+                await _commit(send, record, attempt, answer, attempt.label)
     except BaseException as e:
         ticket.done(Outcome.NEUTRAL)
         # The client left: its request was cancelled (an answer held whole, `attempt`, may have been
-        # going out: its first byte is still to observe).
+        # going out: its first byte is still to observe; a larger one's was observed as it came).
         if isinstance(e, asyncio.CancelledError):
             first_byte = attempt.first_byte_seconds if attempt is not None else None
             gateway.metrics.count_attempt(circuit.provider, circuit.provider_model, "client_closed", first_byte)
@@ -227,8 +232,8 @@ async def _attempt(
     gateway: Gateway, upstream: Upstream, inbound: Inbound, target: Target, send: Send, record: Record
 ) -> Attempt:
     """Send the request (the client's, with the provider's parts: tinygw.worker.gateway) and take the answer: a
-    stream is relayed (tinygw.worker.relay), any other is held and judged; a success is sent by _make_attempt
-    when it was held whole, here when it was too large to hold (it is sent as it is read)."""
+    stream is relayed (tinygw.worker.relay), any other is held and judged (and sent by _make_attempt when it is
+    a success)."""
     started = gateway.clock()
     key_index = upstream.keys.pick(started) if upstream.rotates_keys else 0  # one key: nothing to pick
     if inbound.query:  # the client's own, after the provider's
@@ -275,10 +280,7 @@ async def _attempt(
         attempt = Attempt(outcome.SUCCESS, "200", answer=answer, first_byte_seconds=first_byte)  # of_status's 200
     else:
         attempt = Attempt(outcome.of_status(status, elapsed), str(status), answer=answer, first_byte_seconds=first_byte)
-    if rest is not None and attempt.verdict.outcome is Outcome.SUCCESS:  # final, too large to hold: sent as it is read
-        attempt.committed = True
-        await _commit(send, record, attempt, answer, attempt.label)
-    elif status == 429:
+    if status == 429:
         _rest_key(gateway, upstream, key_index, attempt, response)
     return attempt
 
