@@ -98,32 +98,22 @@ def make_held(parent: str, prefix: str) -> tuple[str, int]:
     by this process before it bears that name: a gateway starting beside this one never
     sees it unlocked. Its name is drawn apart from the staging one, which others can
     read in `parent`, and drawn again when taken (as mkdtemp does). Its path, and the
-    file descriptor that holds its lock (as `hold`'s). Raises OSError."""
+    file descriptor that holds its lock. Raises OSError."""
     staging = tempfile.mkdtemp(prefix=STAGING_PREFIX + prefix, dir=parent)
+    fd = None
     try:
         fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        os.rmdir(staging)
-        raise
-    try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        path = _rename_to_new_name(staging, parent, prefix)
+        for _ in range(100):
+            path = os.path.join(parent, prefix + secrets.token_hex(8))
+            if not os.path.lexists(path):  # 64 random bits: nobody can make it between this look and the rename
+                os.rename(staging, path)
+                return path, fd
+        raise FileExistsError(errno.EEXIST, f"no free name for a new {prefix}* directory", parent)
     except BaseException:
-        os.close(fd)
+        release(fd)
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return path, fd
-
-
-def _rename_to_new_name(staging: str, parent: str, prefix: str) -> str:
-    for _ in range(100):
-        path = os.path.join(parent, prefix + secrets.token_hex(8))
-        try:
-            _rename_new(staging, path)
-        except FileExistsError:
-            continue
-        return path
-    raise FileExistsError(errno.EEXIST, f"no free name for a new {prefix}* directory", parent)
 
 
 def release(fd: int | None) -> None:
@@ -162,26 +152,6 @@ def remove_leftovers(parents: list[str], keep: str, now: float | None = None) ->
         if not os.path.lexists(path):
             removed.append(path)
     return removed
-
-
-_AT_FDCWD = -100
-_RENAME_NOREPLACE = 1
-
-
-def _rename_new(source: str, target: str) -> None:
-    """Rename `source` to `target`, which must not exist (renameat2's RENAME_NOREPLACE:
-    os.rename would put a directory in place of an empty one of that name)."""
-    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)  # glibc 2.28 on
-    if renameat2 is None:
-        error = errno.ENOSYS
-    elif renameat2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), _RENAME_NOREPLACE) == 0:
-        return
-    else:
-        error = ctypes.get_errno()
-    if error in (errno.EINVAL, errno.ENOSYS) and not os.path.lexists(target):  # a file system without the flag
-        os.rename(source, target)  # the name is 16 random hex digits: none can take it meanwhile
-        return
-    raise (FileExistsError if error == errno.EEXIST else OSError)(error, os.strerror(error), target)
 
 
 def _ours_and_settled(path: str, now: float) -> bool:
