@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from tinygw.config.settings import (
     METRICS_DIR_VARIABLE,
@@ -44,18 +44,18 @@ def refuse_unknown_variables(env: Mapping[str, str], key_variables: set[str]) ->
     """ConfigError for the first variable with our prefixes that the gateway does not
     read; the variables the configuration names for its keys (and their `_FILE`) are read."""
     named = key_variables | {f"{name}_FILE" for name in key_variables}
-    _refuse_unread(env, named, OPERATOR_VARIABLES | named, cutoff=0)
-
-
-# How like TINYGW_CONFIG or TINYGW_CONFIG_FILE an unread variable must be to be called its
-# misspelling when the configuration cannot be read (difflib's ratio: TINYGW_CONFIG_FIEL
-# is 0.94 like TINYGW_CONFIG_FILE; a key variable TINYGW_CONFIG_KEY, 0.87, is not one).
-MISSPELLING_RATIO = 0.9
+    for name in _unread(env, named):
+        closest = difflib.get_close_matches(name, sorted(OPERATOR_VARIABLES | named), n=1, cutoff=0)
+        raise ConfigError(name, _not_read(closest))
 
 
 # The variables that say where the configuration is: a near miss of one of them is why a
 # configuration cannot be found.
 CONFIGURATION_VARIABLES = ("TINYGW_CONFIG", "TINYGW_CONFIG_FILE")
+# How like one of them an unread variable must be to be called its misspelling (difflib's
+# ratio: TINYGW_CONFIG_FIEL is 0.94 like TINYGW_CONFIG_FILE; a key variable
+# TINYGW_CONFIG_KEY, 0.87, is not one).
+MISSPELLING_RATIO = 0.9
 
 
 def refuse_misspelled_variables(env: Mapping[str, str]) -> None:
@@ -63,16 +63,18 @@ def refuse_misspelled_variables(env: Mapping[str, str]) -> None:
     our prefixes that is a near miss of TINYGW_CONFIG or TINYGW_CONFIG_FILE
     (`TINYGW_CONFIG_FIEL`), the likelier cause. Others wait: the configuration may name
     them for its keys, and no other name is offered for them meanwhile."""
-    _refuse_unread(env, set(), CONFIGURATION_VARIABLES, cutoff=MISSPELLING_RATIO)
+    for name in _unread(env, set()):
+        if closest := difflib.get_close_matches(name, CONFIGURATION_VARIABLES, n=1, cutoff=MISSPELLING_RATIO):
+            raise ConfigError(name, _not_read(closest))
 
 
-def _refuse_unread(env: Mapping[str, str], named: set[str], known: Iterable[str], cutoff: float) -> None:
-    for name in sorted(env):
-        if name.startswith(PREFIXES) and name not in OPERATOR_VARIABLES | SET_BY_SERVE | named:
-            closest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=cutoff)
-            if closest or not cutoff:
-                hint = f"; did you mean {closest[0]}?" if closest else ""
-                raise ConfigError(name, f"not a variable tinygw reads{hint}")
+def _unread(env: Mapping[str, str], named: set[str]) -> list[str]:
+    """The variables with our prefixes, in order, that the gateway does not read."""
+    return [n for n in sorted(env) if n.startswith(PREFIXES) and n not in OPERATOR_VARIABLES | SET_BY_SERVE | named]
+
+
+def _not_read(closest: list[str]) -> str:
+    return "not a variable tinygw reads" + (f"; did you mean {closest[0]}?" if closest else "")
 
 
 class _Pairs(list):
