@@ -267,9 +267,13 @@ def call(method: str, url: str, body=None, headers: dict | None = None, timeout:
 def metric_value(gateway: Gateway, name: str, **labels: str) -> float | None:
     """The sum of the samples of `name` whose labels include `labels` (other labels,
     such as `worker`, are summed over), parsed by Prometheus' own parser; None if none."""
+    return metric_in(call("GET", f"{gateway.url}/metrics")[2].decode(), name, **labels)
+
+
+def metric_in(text: str, name: str, **labels: str) -> float | None:
+    """metric_value's sum, of a scrape's `text`."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = call("GET", f"{gateway.url}/metrics")[2].decode()
     values = [
         sample.value
         for family in text_string_to_metric_families(text)

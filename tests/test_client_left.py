@@ -19,7 +19,7 @@ import asyncio
 import json
 import socket
 
-from conftest import provider, wait_until
+from conftest import metric_in, provider, wait_until
 
 MODEL_BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 
@@ -30,15 +30,7 @@ def _config(fake) -> dict:
 
 def _metric(gateway, name: str, **labels: str) -> float:
     """The sum of the samples of `name` with `labels` in the worker's metrics, 0 if none."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = gateway.metrics.render().decode()
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-    )
+    return metric_in(gateway.metrics.render().decode(), name, **labels) or 0.0
 
 
 def _proxied(fake, receive, send, content_length: bytes | None = None, env: dict | None = None):
