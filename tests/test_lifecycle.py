@@ -9,8 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from conftest import ROOT, call, wait_until
 
 CONFIG = {
@@ -53,14 +51,34 @@ def assert_all_die_within_a_second(pids: set[int]) -> None:
     wait_until(lambda: not any(alive(pid) for pid in pids), 1.0, f"all of {sorted(pids)} to die")
 
 
-def test_workers_die_with_a_killed_gateway_and_the_port_serves_again(start_gateway):
-    gateway = start_gateway(CONFIG, TINYGW_WORKERS="2")
+def metrics_directories(temporary: Path) -> set[str]:
+    """Where serve makes them: /dev/shm, else the temporary directory."""
+    return {str(path) for parent in (Path("/dev/shm"), temporary) for path in parent.glob("tinygw-metrics-*")}  # noqa: S108
+
+
+def test_workers_die_with_a_killed_gateway_and_the_port_serves_again(start_gateway, tmp_path):
+    """...and the next start, at once, removes the killed one's directories: its own are
+    locked before they bear their names, so no wait tells they are dead (docs/design.md
+    section 13)."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    before = metrics_directories(temporary)
+    gateway = start_gateway(CONFIG, TINYGW_WORKERS="2", TMPDIR=str(temporary))
     workers = wait_until(lambda: at_least(2, descendants(gateway.process.pid)), 10, "both workers")
+    (its_own,) = metrics_directories(temporary) - before
+    unpacked = list(temporary.glob("_MEI*"))  # frozen: the bootloader's (none from source)
+    assert len(unpacked) == (1 if os.environ.get("TINYGW_BINARY") else 0)
     gateway.process.kill()
     gateway.process.wait()
     assert_all_die_within_a_second(workers)
-    again = start_gateway(CONFIG, port=gateway.port, TINYGW_WORKERS="2")
+    for path in unpacked:  # the bootloader's takes no lock: a young one is left alone (GRACE_SECONDS)
+        old = time.time() - 3600
+        os.utime(path, (old, old))
+    again = start_gateway(CONFIG, port=gateway.port, TINYGW_WORKERS="2", TMPDIR=str(temporary))
     assert call("GET", f"{again.url}/healthz")[0] == 200
+    assert not os.path.exists(its_own) and not [p for p in unpacked if p.exists()]
+    removed = [r["path"] for r in again.log_records() if r.get("msg") == "removed what a dead gateway left"]
+    assert its_own in removed and all(str(p) in removed for p in unpacked)
 
 
 # Stands in for the frozen binary's bootloader: a parent that runs the Python process
@@ -153,36 +171,6 @@ def test_a_measured_gateway_removes_dead_launch_directories_beside_its_own(start
     os.utime(dead, (old, old))
     start_gateway(CONFIG, TMPDIR=str(own))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tinygw-launch.own", "tinygw-launch.x"]
-
-
-def metrics_directories() -> set[str]:
-    return {str(path) for path in Path("/dev/shm").glob("tinygw-metrics-*")}  # noqa: S108 -- where serve makes them
-
-
-def test_the_directories_of_a_gateway_killed_a_moment_ago_are_removed_by_the_next(start_gateway, tmp_path):
-    # Its own directories are locked before they bear their names: the next gateway needs
-    # no wait to tell that they are dead (docs/design.md section 13).
-    if not os.path.isdir("/dev/shm"):  # noqa: S108
-        pytest.skip("no /dev/shm: the metrics directory is in TMPDIR")
-    temporary = tmp_path / "tmp"
-    temporary.mkdir()
-    before = metrics_directories()
-    gateway = start_gateway(CONFIG, TINYGW_WORKERS="2", TMPDIR=str(temporary))
-    workers = wait_until(lambda: at_least(2, descendants(gateway.process.pid)), 10, "both workers")
-    (its_own,) = metrics_directories() - before
-    unpacked = list(temporary.glob("_MEI*"))  # frozen: the bootloader's (none from source)
-    assert len(unpacked) == (1 if os.environ.get("TINYGW_BINARY") else 0)
-    gateway.process.kill()
-    gateway.process.wait()
-    assert_all_die_within_a_second(workers)
-    for path in unpacked:  # the bootloader's takes no lock: a young one is left alone (GRACE_SECONDS)
-        old = time.time() - 3600
-        os.utime(path, (old, old))
-    again = start_gateway(CONFIG, port=gateway.port, TINYGW_WORKERS="2", TMPDIR=str(temporary))
-    assert call("GET", f"{again.url}/healthz")[0] == 200
-    assert not os.path.exists(its_own) and not [p for p in unpacked if p.exists()]
-    removed = [r["path"] for r in again.log_records() if r.get("msg") == "removed what a dead gateway left"]
-    assert its_own in removed and all(str(p) in removed for p in unpacked)
 
 
 def test_a_directory_s_name_cannot_be_taken_before_it_is_given(tmp_path, monkeypatch):
