@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tinygw.api.body import ClientWatch
+from tinygw.worker.record import Record
 
 TIMEOUT = 30.0
 EVERY = 0.05
@@ -24,7 +25,10 @@ class Clock:
         return self.now
 
     def call_later(self, delay: float, callback, *args):
-        timer = [self.now + delay, callback, args, False]
+        return self.call_at(self.now + delay, callback, *args)
+
+    def call_at(self, when: float, callback, *args):
+        timer = [when, callback, args, False]
         self.timers.append(timer)
         clock = self
 
@@ -62,6 +66,9 @@ class Task:
         self.cancelled -= 1
         return self.cancelled
 
+    def cancelling(self) -> int:
+        return self.cancelled
+
 
 async def _receive():
     return {"type": "http.disconnect"}
@@ -70,7 +77,7 @@ async def _receive():
 @pytest.fixture
 def watched():
     clock, task = Clock(), Task()
-    return clock, task, ClientWatch(_receive, task, clock, 0.0, TIMEOUT, EVERY)  # type: ignore[arg-type]
+    return clock, task, ClientWatch(_receive, task, clock, Record(b"id", 0.0), TIMEOUT, EVERY)  # type: ignore[arg-type]
 
 
 def test_a_body_that_comes_slowly_costs_a_wake_up_per_timeout_not_twenty_a_second(watched):
@@ -105,7 +112,36 @@ def test_the_watch_for_leaving_starts_when_a_slow_body_ends_not_at_its_deadline(
     clock.advance(2.0)  # past the first look: the timer waits for the body's deadline
     watch.waiting_since = clock.now
     watch.body_read(_receive)
-    assert len(clock.tasks) == 1 and clock.timers == []
+    assert len(clock.tasks) == 1
+    assert [when for when, *_ in clock.timers] == [2.0 + TIMEOUT]  # the look at the answer's sends, only
+
+
+def test_a_send_the_client_does_not_take_within_the_timeout_cuts_the_request(watched):
+    clock, task, watch = watched
+    record = watch._record
+    watch.body_read(_receive)
+    clock.advance(EVERY)  # the first look: the watch over the answer starts
+    record.sending_since = clock.now  # a send begins, and the client takes none of it
+    clock.advance(TIMEOUT - 0.01)
+    assert task.cancelled == 0 and not watch.stalled
+    clock.advance(0.02)
+    assert task.cancelled == 1 and watch.stalled
+    assert watch.took_back() and task.cancelled == 0  # the watch's own cancellation: a client that stalled
+
+
+def test_a_stream_whose_client_takes_every_send_is_looked_at_once_a_timeout(watched):
+    """A long stream read as it comes is never cut, and costs a wake-up per client timeout."""
+    clock, task, watch = watched
+    record = watch._record
+    watch.body_read(_receive)
+    clock.advance(EVERY)
+    wake_ups = clock.wake_ups
+    for _ in range(10 * 100):  # 10 timeouts of events every TIMEOUT / 100, each taken at once
+        record.sending_since = clock.now
+        record.sending_since = None
+        clock.advance(TIMEOUT / 100)
+    assert task.cancelled == 0 and not watch.stalled
+    assert clock.wake_ups - wake_ups <= 11
 
 
 def test_a_timeout_that_meets_the_server_s_cancellation_never_takes_that_back(watched):

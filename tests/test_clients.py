@@ -187,7 +187,7 @@ def test_provider_failures_keep_the_gateway_fields_in_anthropic_shape(gateway):
 
 def test_the_gateways_timeout_is_anthropics_timeout_error(gateway, fake):
     fake.script = lambda r: Reply(action="hang")
-    status, _, body = call("POST", f"{gateway.url}/v1/messages", message("claude-slow"), headers=auth())
+    status, _, body = call("POST", f"{gateway.url}/v1/messages", message("claude-slow", stream=True), headers=auth())
     assert status == 504
     error = anthropic_error(body)
     assert (error["type"], error["cause"], error["provider"]) == ("timeout_error", "timeout", "slow")

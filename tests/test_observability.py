@@ -243,7 +243,7 @@ def test_no_configured_key_appears_anywhere(fake, start_gateway):
     fake.script = script
     config = {
         "providers": {
-            "p": provider(fake, api_key_env=["K_ONE", "K_TWO"], first_byte_timeout_s=0.3, listing=True),
+            "p": provider(fake, api_key_env=["K_ONE", "K_TWO"], timeout_s=0.5, listing=True),
             "a": {"base_url": fake.url, "api": "anthropic", "api_key_env": "K_ANTH"},
             "dead": {"base_url": f"http://127.0.0.1:{closed_port()}/v1", "api": "openai", "api_key_env": "K_ONE"},
         },

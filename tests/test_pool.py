@@ -14,7 +14,7 @@ from tinygw import errors
 from tinygw.config.settings import Origin
 from tinygw.fake.upstream import Reply, json_reply, sse_reply
 from tinygw.upstream.network import Deadline, Stream
-from tinygw.upstream.pool import Pool, Timeouts
+from tinygw.upstream.pool import Pool, Timeouts, UpstreamRequest
 
 pytestmark = pytest.mark.anyio
 
@@ -157,12 +157,33 @@ async def test_refused_is_a_connect_error():
         await post(pool)
 
 
-async def test_no_head_in_time_is_a_first_byte_timeout(fake):
+async def test_no_head_of_a_stream_in_time_is_a_first_byte_timeout(fake):
     fake.script = lambda r: Reply(action="hang")
     pool = pool_for(fake.port, first_byte_seconds=0.2)
     with pytest.raises(errors.FirstByteTimeout):
-        await post(pool)
+        await pool.send(UpstreamRequest(b"POST", b"/", [], b"{}", pool.timeouts, stream=True))
     await wait_until(lambda: fake.peer_closed == 1, what="the hung connection to be closed")
+
+
+async def test_the_head_of_a_non_streamed_answer_waits_for_the_total_bound_only(fake):
+    """Providers send a non-streamed answer's head when generation is done: past the
+    first-byte bound, within the total one, it is an answer."""
+    fake.script = lambda r: Reply(body=b"{}", delay_seconds=0.5)
+    assert await post(pool_for(fake.port, first_byte_seconds=0.1, total_seconds=5.0)) == (200, b"{}")
+    fake.script = lambda r: Reply(action="hang")
+    with pytest.raises(errors.TotalTimeout):
+        await post(pool_for(fake.port, first_byte_seconds=0.1, total_seconds=0.3))
+
+
+async def test_a_stream_that_pauses_past_its_stall_bound_is_a_stall_timeout(fake):
+    fake.script = lambda r: Reply(chunks=[(0, b"data: 1\n\n"), (0.1, b"data: 2\n\n"), (2, b"data: 3\n\n")])
+    pool = pool_for(fake.port, stall_seconds=0.5)
+    response = await pool.send(UpstreamRequest(b"POST", b"/", [], b"{}", pool.timeouts, stream=True))
+    assert await response.next_chunk() == b"data: 1\n\n"
+    assert await response.next_chunk() == b"data: 2\n\n"  # a pause within the bound
+    with pytest.raises(errors.StallTimeout):
+        await response.next_chunk()
+    await wait_until(lambda: fake.peer_closed == 1, what="the stalled connection to be closed")
 
 
 async def test_a_request_the_provider_does_not_read_is_a_total_timeout_while_sending():

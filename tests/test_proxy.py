@@ -335,10 +335,12 @@ def test_refused_connection_is_502_connect_error(gateway):
     assert b"127.0.0.1" not in body  # no upstream address reaches clients
 
 
-def test_no_first_byte_in_time_is_504_timeout(gateway, fake):
+def test_no_first_byte_of_a_stream_in_time_is_504_timeout(gateway, fake):
     fake.script = lambda r: Reply(action="hang")
     started = time.monotonic()
-    status, _, body = call("POST", f"{gateway.url}/v1/chat/completions", {"model": "slow-model"}, headers=auth())
+    status, _, body = call(
+        "POST", f"{gateway.url}/v1/chat/completions", {"model": "slow-model", "stream": True}, headers=auth()
+    )
     assert status == 504
     error = json.loads(body)["error"]
     assert (error["type"], error["cause"]) == ("provider_unavailable", "timeout")

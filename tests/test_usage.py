@@ -83,12 +83,13 @@ def test_a_streams_tokens_are_the_largest_running_totals():
     [
         ({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}}, (False, (3, 4))),
         ({"content": [], "usage": {"input_tokens": 3, "output_tokens": 4}}, (False, (3, 4))),
-        ({"error": {"message": "no"}, "usage": {"prompt_tokens": 3}}, (True, (3, 0))),
+        ({"error": {"message": "no"}, "usage": {"prompt_tokens": 3}}, (True, None)),  # a failure: not sent, not counted
         ({"error": {"message": "no"}, "usage": "a string"}, (True, None)),  # judged without the usage
         ({"error": None, "usage": None}, (False, None)),
         ({"choices": []}, (False, None)),
     ],
 )
 def test_one_decode_judges_the_error_and_reads_the_usage(body, expected):
-    failed, found = outcome.judge(json.dumps(body).encode())
+    judged = outcome.of_answer(200, 0.1, json.dumps(body).encode())
+    failed, found = judged.label == "200+error", judged.usage
     assert (failed, None if found is None else (found.tokens().prompt, found.tokens().completion)) == expected

@@ -19,6 +19,12 @@ class ConfigError(Exception):
         self.reason = reason
 
 
+class UnsendableRequest(Exception):
+    """The client's request cannot be forwarded as it was sent (a header that HTTP/1.1
+    cannot carry): the client's error, a 400 before any attempt. The message says which
+    part (the query, a header), never the provider."""
+
+
 class UpstreamError(Exception):
     """An attempt at a provider failed before a complete answer arrived."""
 
@@ -46,6 +52,19 @@ class TotalTimeout(UpstreamError):
     """The whole exchange outlived the provider's `timeout_s`."""
 
     cause = "timeout"
+
+
+class StallTimeout(UpstreamError):
+    """A streamed answer that had begun paused longer than `stall_timeout_s` between two reads."""
+
+    cause = "timeout"
+
+
+class UnusableAnswer(UpstreamError):
+    """The provider answered, but not with anything a client can use: a redirect (a
+    misconfigured `base_url`), or a 200 on a JSON route whose body is not JSON."""
+
+    cause = "bad_response"
 
 
 class WriteError(UpstreamError):

@@ -26,3 +26,8 @@ GATEWAY_SET = frozenset({"host", "content-length", "accept-encoding", "expect", 
 
 # Never from a client, never in a provider's static `headers`.
 GATEWAY_HEADERS = HOP_BY_HOP | CREDENTIALS | GATEWAY_SET
+
+# The headers that choose which account (organization, project) a provider key acts
+# for: the operator's to set, dropped from clients unless the provider lets them
+# through (`client_account_headers`, docs/design.md section 15).
+ACCOUNT = frozenset({"openai-organization", "openai-project"})

@@ -25,7 +25,7 @@ from tinygw.api.models import MODEL_PREFIX
 from tinygw.api.pages import healthz, metrics, root
 from tinygw.api.status import status_json, status_page
 from tinygw.config import environment
-from tinygw.errors import ConfigError, EvidenceUnavailable
+from tinygw.errors import ConfigError, EvidenceUnavailable, UnsendableRequest
 from tinygw.protocol import wire
 from tinygw.protocol.routing import Endpoint, Route, api_endpoint, page_endpoint
 from tinygw.protocol.wire import BadBody, read_head, send_error
@@ -63,8 +63,7 @@ def app(scope, receive, send) -> Awaitable[None]:
         not_found = 404, f"no route {scope['path']}; the routes are: {ROUTE_LIST}", "invalid_request_error", "not_found"
         return _refuse(gateway, None, scope, _with_request_id(send, request_id), first, request_id, not_found)
     route = endpoint.route
-    # an API route's errors take its API's shape: Endpoint.anthropic_shaped, without the call
-    if route.api == "anthropic" if route is not None else endpoint.anthropic_shaped(first):
+    if endpoint.anthropic_shaped(first):
         send = wire.anthropic_errors(send)
     if scope["method"] not in endpoint.methods:
         refusal = 405, f"{scope['path']} takes {endpoint.methods[0]}", "invalid_request_error", "method_not_allowed"
@@ -182,7 +181,7 @@ async def _proxy(gateway: Gateway, route: Route, scope, receive, send, first: di
     settings = gateway.settings
     # _current_task(loop): the request's task (_proxy runs in it), which the watch cancels when its client leaves
     watch = ClientWatch(
-        receive, _current_task(loop), loop, record.started_at, settings.client_timeout_seconds, WATCH_AFTER_SECONDS
+        receive, _current_task(loop), loop, record, settings.client_timeout_seconds, WATCH_AFTER_SECONDS
     )
     try:
         try:
@@ -213,6 +212,8 @@ async def _proxy(gateway: Gateway, route: Route, scope, receive, send, first: di
             record.client_left()
     except BadBody as e:  # read_head, or wire.rewrite_model for an attempt
         await _answer_error(send, record, 400, str(e), "invalid_request_error", "invalid_body")
+    except UnsendableRequest as e:  # the client's head cannot be forwarded: found before any byte went out
+        await _answer_error(send, record, 400, str(e), "invalid_request_error", "invalid_request")
     except Exception:  # an OSError too: Granian's send never raises one, so it is the gateway's own
         logs.log_exception("request failed inside the gateway", route=route.path)
         if not record.status:  # else the client sees its response end early
@@ -223,6 +224,15 @@ async def _proxy(gateway: Gateway, route: Route, scope, receive, send, first: di
             record.failed()
             raise
         record.client_left()
+        if watch.stalled:  # it did not take its answer: cut, its upstream connection closed with the attempt
+            logs.log(
+                logging.WARNING,
+                "client stalled",
+                route=route.path,
+                model=record.model,
+                request_id=request_id.decode(),
+                timeout_seconds=settings.client_timeout_seconds,
+            )
     except BaseException:
         record.failed()
         raise

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+from tinygw.worker.record import Record
+
 
 class Refused(Exception):
     """A request the gateway answers itself, before forwarding it: `status`, an error
@@ -44,7 +46,9 @@ class ClientWatch:
     waiting_since: float | None  # None once the body is read
     expired_after: float | None = None  # the client timeout, once it passed during the body
     looked = False  # the first look came while the body was still being read
+    stalled = False  # a send to the client waited longer than the client timeout
     _loop: asyncio.AbstractEventLoop  # set by that look
+    _timeout_seconds: float  # the client timeout, set by the first look
     _watcher: asyncio.Task | None = None
     _left = False
 
@@ -53,20 +57,22 @@ class ClientWatch:
         receive,
         task: asyncio.Task,
         loop: asyncio.AbstractEventLoop,
-        now: float,
+        record: Record,
         timeout_seconds: float,
         every_seconds: float,
     ) -> None:
         self._task = task
-        self.waiting_since = now
+        self._record = record  # from its start; its `sending_since`: a send to the client waits since then
+        self.waiting_since = record.started_at
         self._timer = loop.call_later(every_seconds, self._look, loop, receive, timeout_seconds)
 
     def _look(self, loop: asyncio.AbstractEventLoop, receive, timeout_seconds: float) -> None:
         if self.waiting_since is None:  # the body was read before the first look
-            self._watcher = loop.create_task(self._watch(receive))
+            self._watch_answer(loop, receive, timeout_seconds)
             return
         self.looked = True
-        self._loop = loop  # for body_read's watcher: kept by the look, which a quick request never has
+        # for body_read's watch: kept by the look, which a quick request never has
+        self._loop, self._timeout_seconds = loop, timeout_seconds
         left = self.waiting_since + timeout_seconds - loop.time()
         if left > 0:  # not over yet: looked at again when it could be
             self._timer = loop.call_later(left, self._look, loop, receive, timeout_seconds)
@@ -76,11 +82,29 @@ class ClientWatch:
 
     def body_read(self, receive) -> None:
         """The body is read. After the first look the timer waits for the body's
-        deadline: the watch for the client leaving starts now instead."""
+        deadline: the watch over the answer starts now instead."""
         self.waiting_since = None
         if self.looked:
             self._timer.cancel()
-            self._watcher = self._loop.create_task(self._watch(receive))
+            self._watch_answer(self._loop, receive, self._timeout_seconds)
+
+    def _watch_answer(self, loop: asyncio.AbstractEventLoop, receive, timeout_seconds: float) -> None:
+        """While the request is answered: a task waits for the client to leave, and the
+        timer looks at the sends to it (_look_at_send)."""
+        self._timeout_seconds = timeout_seconds
+        self._watcher = loop.create_task(self._watch(receive))
+        self._timer = loop.call_later(timeout_seconds, self._look_at_send, loop)
+
+    def _look_at_send(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A client that has not taken a send within the client timeout is cut: the
+        request's task is cancelled at that send (docs/design.md section 15). Else the
+        timer looks again when the send now waiting could time out, or a timeout on."""
+        since, now = self._record.sending_since, loop.time()
+        if since is not None and now - since >= self._timeout_seconds:
+            self.stalled = True
+            self._task.cancel()
+            return
+        self._timer = loop.call_at((now if since is None else since) + self._timeout_seconds, self._look_at_send, loop)
 
     async def _watch(self, receive) -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -99,9 +123,9 @@ class ClientWatch:
 
     def took_back(self) -> bool:
         """Called with the task cancelled after the body was read: True when the client's
-        leaving did it (the cancellation is then taken back), False when it came (also)
-        from elsewhere."""
-        if not self._left or self._task.cancelling() > 1:
+        leaving (or its stalling: `stalled`) did it (the cancellation is then taken back),
+        False when it came (also) from elsewhere."""
+        if not (self._left or self.stalled) or self._task.cancelling() > 1:
             return False
         self._task.uncancel()
         return True

@@ -268,7 +268,8 @@ def _model(where: str, name: str, doc: ModelDoc, providers: Mapping[str, Provide
         if "*" in upstream and upstream != "*":
             raise ConfigError(f"{path}.targets[{i}]", f"the upstream model is a name or '*', got {upstream!r}")
         targets.append(Target(provider, upstream))
-    return Model(name=name, targets=tuple(targets), strategy=doc.strategy)
+    timeouts = (doc.timeout_s, doc.first_byte_timeout_s, doc.stall_timeout_s)
+    return Model(name=name, targets=tuple(targets), strategy=doc.strategy, timeouts=timeouts)
 
 
 def _is_loopback(host: str) -> bool:

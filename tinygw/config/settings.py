@@ -65,12 +65,18 @@ class ProviderDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     connect_timeout_s: Seconds = 10.0
     first_byte_timeout_s: Seconds = 120.0
     timeout_s: Seconds = 600.0
+    # The longest pause between two reads of a streamed answer once it began.
+    stall_timeout_s: Seconds = 120.0
     max_connections: Annotated[int, Meta(ge=1, le=65536)] = 64
     listing: bool = True
     health_path: str | None = None
     # http:// to an address that is not loopback: the host of a confidential VM reads
     # every byte of it, so it must be asked for (docs/design.md section 13).
     plaintext: bool = False
+    # A client's own OpenAI-Organization and OpenAI-Project headers are forwarded (else
+    # dropped): the operator lets clients pick the account their key acts for, and a
+    # 401/403 to a request that carried one is then the client's (docs/design.md section 15).
+    client_account_headers: bool = False
 
     def key_variables(self) -> set[str]:
         """Every variable this provider reads a credential from."""
@@ -82,6 +88,10 @@ class ProviderDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
 class ModelDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     targets: Annotated[list[str], Meta(min_length=1)]
     strategy: Literal["failover", "round_robin", "weighted", "shuffle"] = "failover"
+    # The model's own timeouts, over its providers' for this alias (None: the provider's).
+    timeout_s: Seconds | None = None
+    first_byte_timeout_s: Seconds | None = None
+    stall_timeout_s: Seconds | None = None
 
 
 class RoutingDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -140,10 +150,17 @@ def plain(value: str | Secret) -> str:
     return value.reveal() if isinstance(value, Secret) else value
 
 
+# The timeouts a model may set over its providers', in Model.timeouts' order.
+MODEL_TIMEOUTS = ("timeout_s", "first_byte_timeout_s", "stall_timeout_s")
+
+
 class Model(Struct, frozen=True, kw_only=True):
     name: str
     targets: tuple[Target, ...]
     strategy: str
+    # The alias's timeouts over its providers' (ModelDoc): timeout_s, first_byte_timeout_s,
+    # stall_timeout_s, each None when the provider's hold.
+    timeouts: tuple[float | None, float | None, float | None] = (None, None, None)
 
     def order_is_fixed(self) -> bool:
         """Whether every request tries the targets in their configured order (one target,
@@ -209,7 +226,15 @@ class Settings(Struct, frozen=True, kw_only=True):
                 for name, p in sorted(self.providers.items())
             },
             "models": {
-                name: {"targets": [str(t) for t in m.targets], "strategy": m.strategy}
+                name: {
+                    "targets": [str(t) for t in m.targets],
+                    "strategy": m.strategy,
+                    **{
+                        field: seconds
+                        for field, seconds in zip(MODEL_TIMEOUTS, m.timeouts, strict=True)
+                        if seconds is not None
+                    },
+                }
                 for name, m in sorted(self.models.items())
             },
             "routing": msgspec.to_builtins(self.routing),

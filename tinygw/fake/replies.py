@@ -14,6 +14,8 @@ class FakeRequest(Struct):
     headers: dict[str, str]
     body: bytes
     connection: int = 0  # which connection it came on: the fake's count of accepted ones
+    # Every header line as it came, in order, names lowered (`headers` keeps the last of each name).
+    header_lines: list[tuple[str, str]] = field(default_factory=list)
 
     def json(self):
         return json.loads(self.body) if self.body else None
@@ -34,6 +36,7 @@ class Reply(Struct):
     # threading.Event to wait for (a test's gate) before sending data.
     chunks: list[tuple[object, bytes]] | None = None
     action: str = "answer"
+    delay_seconds: float = 0.0  # how long to wait before the head (a generation's time)
 
 
 REASONS = {

@@ -35,6 +35,7 @@ class FakeUpstream:
         self.open_connections = 0
         self.accepted = 0  # connections accepted, ever
         self.peer_closed = 0  # streams the peer closed while this fake was still sending
+        self.ended: list[int] = []  # the connections (numbered as FakeRequest.connection) that are over
         self._server: asyncio.AbstractServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -113,6 +114,7 @@ class FakeUpstream:
             except (ConnectionError, OSError):
                 pass
             self.open_connections -= 1
+            self.ended.append(connection)
 
 
 async def _read_request(reader: asyncio.StreamReader) -> FakeRequest | None:
@@ -122,14 +124,15 @@ async def _read_request(reader: asyncio.StreamReader) -> FakeRequest | None:
         return None
     lines = head.decode("latin-1").split("\r\n")
     method, path, _ = lines[0].split(" ", 2)
-    headers = {}
+    header_lines = []
     for line in lines[1:]:
         if line:
             name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
+            header_lines.append((name.strip().lower(), value.strip()))
+    headers = dict(header_lines)
     length = int(headers.get("content-length", "0"))
     body = await reader.readexactly(length) if length else b""
-    return FakeRequest(method, path, headers, body)
+    return FakeRequest(method, path, headers, body, header_lines=header_lines)
 
 
 async def _wait(reader: asyncio.StreamReader, wait) -> bool:
@@ -159,6 +162,9 @@ async def _write_reply(reader, writer: asyncio.StreamWriter, reply: Reply, upstr
 
 
 async def _write(reader, writer: asyncio.StreamWriter, reply: Reply, upstream: FakeUpstream) -> bool:
+    if reply.delay_seconds and not await _wait(reader, reply.delay_seconds):
+        upstream.peer_closed += 1
+        return False
     if reply.action == "hang":
         if not await _wait(reader, 3600):
             upstream.peer_closed += 1

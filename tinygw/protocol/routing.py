@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+import msgspec
 from msgspec import Struct
 
 from tinygw.config.settings import Model, Settings, Target
@@ -86,7 +87,7 @@ def resolve(settings: Settings, route: Route, model: str) -> Resolution | None:
         if alias is None:
             return None
     if any(t.upstream_model == WILDCARD for t in alias.targets):
-        alias = Model(name=alias.name, targets=tuple(as_sent(t, model) for t in alias.targets), strategy=alias.strategy)
+        alias = msgspec.structs.replace(alias, targets=tuple(as_sent(t, model) for t in alias.targets))
     targets = tuple(t for t in alias.targets if settings.providers[t.provider].doc.api == route.api)
     if not targets:
         return None

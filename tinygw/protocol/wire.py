@@ -19,7 +19,7 @@ from os import urandom
 
 import msgspec
 
-from tinygw.headers import GATEWAY_HEADERS
+from tinygw.headers import ACCOUNT, GATEWAY_HEADERS
 from tinygw.headers import HOP_BY_HOP as _HOP_BY_HOP_NAMES
 
 
@@ -149,6 +149,15 @@ def forward_headers(
         drop = _and_named_by_connection(client_headers, names, not_forwarded)
     # Each header kept unless its name is in `drop`, in C (no Python step per header).
     return list(compress(client_headers, map(not_, map(drop.__contains__, names))))
+
+
+_ACCOUNT = frozenset(name.encode() for name in ACCOUNT)
+
+
+def carries_account_headers(client_headers: list[tuple[bytes, bytes]]) -> bool:
+    """Does a client's request choose the account its provider key acts for
+    (tinygw.headers.ACCOUNT)?"""
+    return not _ACCOUNT.isdisjoint(map(_NAME_OF, client_headers))
 
 
 def relay_headers(upstream_headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

@@ -94,16 +94,9 @@ class Ticket(Struct, gc=False):
     spent: bool = False
 
     def done(self, outcome: Outcome, error: str | None = None) -> None:
-        if self.spent:
-            return
-        self.spent = True
-        circuit = self.circuit
-        # The usual verdict first: it changes nothing, whatever the generation it was admitted in.
-        if outcome is _SUCCESS and circuit._state is _CLOSED and not circuit.failures:
-            return
-        if self.generation != circuit.generation:
-            return  # admitted before the last transition: it cannot move the new state
-        circuit._done(self, outcome, error)
+        if not self.spent:
+            self.spent = True
+            self.circuit._done(self, outcome, error)
 
 
 class Circuit:
@@ -183,9 +176,12 @@ class Circuit:
         return None
 
     def _done(self, ticket: Ticket, outcome: Outcome, error: str | None) -> None:
-        """The verdict of an attempt admitted in this generation, unless it is the usual
-        one that changes nothing (Ticket.done sorts both out)."""
-        if outcome is Outcome.SUCCESS and self._state is State.CLOSED:  # after failures: the count resets
+        """The verdict of an attempt (Ticket.done, once per ticket)."""
+        if outcome is _SUCCESS and self._state is _CLOSED and not self.failures:
+            return  # the usual verdict: it changes nothing, whatever the generation it was admitted in
+        if ticket.generation != self.generation:
+            return  # admitted before the last transition: it cannot move the new state
+        if outcome is _SUCCESS and self._state is _CLOSED:  # after failures: the count resets, which is news
             self.failures = 0
             self._changed()
             return
@@ -200,10 +196,8 @@ class Circuit:
             self._changed()
 
     def _count(self, ticket: Ticket, outcome: Outcome) -> None:
-        if self._state is State.CLOSED:
-            if outcome is Outcome.SUCCESS:
-                self.failures = 0
-            elif outcome is Outcome.FAILURE:
+        if self._state is State.CLOSED:  # a success there was told by _done
+            if outcome is Outcome.FAILURE:
                 self.failures += 1
                 if self.failures >= self.settings.failures:
                     self._move(Event.TRIP)

@@ -1,8 +1,10 @@
 """What an attempt's ending means: docs/design.md section 4's failure table, in one place.
 
-Each outcome of an attempt maps to a `Verdict`: whether it counts for the breaker
+Each ending of an attempt maps to a `Verdict`: whether it counts for the breaker
 (failure, success, or no verdict), whether the request may go on to another target,
-and whether it is a quick failure that the one quick retry may repeat.
+and whether it is a quick failure that the one quick retry may repeat. An answer is
+judged whole here (`of_answer`): its status, and for a 200 held whole its body.
+Nothing else in the gateway decides what an ending means.
 """
 
 from __future__ import annotations
@@ -25,8 +27,23 @@ class Verdict(Struct, frozen=True):
 
 
 SUCCESS = Verdict(Outcome.SUCCESS, may_fall_back=False)
-ERROR_IN_BODY = Verdict(Outcome.FAILURE, may_fall_back=True)  # a 200 carrying an error
-ERROR_EVENT = Verdict(Outcome.FAILURE, may_fall_back=True)  # an error event, or no output, before output
+FAILURE = Verdict(Outcome.FAILURE, may_fall_back=True)  # not quick: a timeout, a 401/403, a bad answer
+ERROR_EVENT = FAILURE  # a stream's error event, or its end without output, before output
+CUT = Verdict(Outcome.FAILURE, may_fall_back=False)  # a failure after the client had part of the answer
+NO_VERDICT = Verdict(Outcome.NEUTRAL, may_fall_back=False)  # the client's own doing: returned to it
+RATE_LIMITED = Verdict(Outcome.NEUTRAL, may_fall_back=True)  # no verdict on the provider's health
+
+
+class Judgement(Struct, frozen=True):
+    """An answer, judged. `status` is what the client gets with the provider's body
+    should this attempt be the last (502 for a 200 carrying an error); `error`, when
+    set, replaces the answer: the client then gets the gateway's own 502 saying it."""
+
+    verdict: Verdict
+    label: str  # for x-tinygw-attempts, the access log and the attempts metric
+    status: int
+    usage: Usage | None = None
+    error: errors.UnusableAnswer | None = None
 
 
 def of_error(e: errors.UpstreamError) -> Verdict:
@@ -35,23 +52,58 @@ def of_error(e: errors.UpstreamError) -> Verdict:
     verdict on the provider: all its connections busy (another target may serve), or
     an answer over the size the gateway reads whole (no other would do better)."""
     if isinstance(e, errors.PoolTimeout):
-        return Verdict(Outcome.NEUTRAL, may_fall_back=True)
+        return RATE_LIMITED
     if isinstance(e, errors.ResponseTooLarge):
-        return Verdict(Outcome.NEUTRAL, may_fall_back=False)
+        return NO_VERDICT
     return Verdict(Outcome.FAILURE, may_fall_back=True, quick=e.cause == "connect_error")
 
 
-def of_status(status: int, elapsed_seconds: float) -> Verdict:
-    if status < 400:
+def of_status(status: int, elapsed_seconds: float, account_chosen: bool = False) -> Verdict:
+    """An answer by its status alone. `account_chosen`: the request carried the client's
+    own account headers (the provider lets clients choose them), so a 401/403 is the
+    client's."""
+    if status < 300:
         return SUCCESS
-    if status == 429:  # rate limited: no verdict on the provider's health
-        return Verdict(Outcome.NEUTRAL, may_fall_back=True)
+    if status < 400:  # a redirect: a base_url that is wrong, never the client's to follow
+        return FAILURE
+    if status == 429:
+        return RATE_LIMITED
     if status in (401, 402, 403):  # our key or account: a provider configuration error
-        return Verdict(Outcome.FAILURE, may_fall_back=True)
+        return NO_VERDICT if account_chosen and status != 402 else FAILURE
     if status >= 500:  # 529 (overloaded) included
         quick = status in (502, 503) and elapsed_seconds <= QUICK_SECONDS
         return Verdict(Outcome.FAILURE, may_fall_back=True, quick=quick)
-    return Verdict(Outcome.NEUTRAL, may_fall_back=False)  # the client's own mistake
+    return NO_VERDICT  # the client's own mistake
+
+
+def of_answer(status: int, elapsed_seconds: float, body: bytes | None, account_chosen: bool = False) -> Judgement:
+    """An answer whose head came after `elapsed_seconds`; `body` is all of it when it
+    was held whole, else None (too large to hold: judged by its status)."""
+    if status == 200 and body is not None:  # the usual answer: judged by its body too
+        try:  # one decode, of `error` and `usage` only (tinygw.protocol.usage.decode_body)
+            if b'"usage"' not in body:
+                if _decode_error_field.decode(body).error is None:
+                    return _SUCCEEDED
+            elif (value := decode_body(body)).error is None:
+                return Judgement(SUCCESS, "200", 200, value.usage)
+        except msgspec.ValidationError:  # JSON, of another shape: the error alone is judged
+            if not carries_error(body):
+                return _SUCCEEDED
+        except msgspec.DecodeError:
+            return Judgement(FAILURE, "200+not_json", 502, error=_NOT_JSON)
+        except RecursionError:  # JSON nested deeper than can be looked into: passed through as it is
+            return _SUCCEEDED
+        return _CARRIES_ERROR
+    verdict = of_status(status, elapsed_seconds, account_chosen)
+    if 300 <= status < 400:
+        redirect = errors.UnusableAnswer(f"its answer was a redirect ({status}); check its base_url")
+        return Judgement(verdict, str(status), 502, error=redirect)
+    return Judgement(verdict, str(status), status)
+
+
+_NOT_JSON = errors.UnusableAnswer("its answer was a 200 whose body is not JSON")
+_SUCCEEDED = Judgement(SUCCESS, "200", 200)
+_CARRIES_ERROR = Judgement(FAILURE, "200+error", 502)  # a failure; the client gets 502 if it is the last
 
 
 class _ErrorField(Struct):
@@ -59,18 +111,6 @@ class _ErrorField(Struct):
 
 
 _decode_error_field = msgspec.json.Decoder(_ErrorField)
-
-
-def judge(body: bytes) -> tuple[bool, Usage | None]:
-    """Does a JSON object body carry a non-null top-level `error`, and what `usage`
-    does it report? One decode for both, of these two fields only (tinygw.protocol.usage.decode_body)."""
-    if b'"usage"' not in body:
-        return carries_error(body), None
-    try:
-        value = decode_body(body)
-    except (msgspec.MsgspecError, RecursionError):  # a `usage` of another shape: the error alone is judged
-        return carries_error(body), None
-    return value.error is not None, value.usage
 
 
 def carries_error(body: bytes) -> bool:

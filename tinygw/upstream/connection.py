@@ -9,10 +9,13 @@ closed and never reused.
 
 from __future__ import annotations
 
+import re
 import ssl
 from typing import cast
 
 import h11
+import msgspec
+from msgspec import Struct
 
 from tinygw import errors
 from tinygw.upstream import fastpath
@@ -39,7 +42,7 @@ class Connection:
         self._stream = stream
         self._h11: h11.Connection | None = None  # the exchange's, when h11 reads it
         self._answer: fastpath.Answer | None = None  # the exchange's, when the fast path reads it (kept after its end)
-        self._request: tuple = ()  # what was sent, to replay into h11 at a hand-off
+        self._request: Encoded | None = None  # what was sent, to replay into h11 at a hand-off
         self._heard = False  # a byte of the exchange's answer has arrived (h11's reads, or a hand-off)
         self.idle_since = 0.0
         self.closed = False
@@ -73,23 +76,18 @@ class Connection:
 
     # ---- the exchange --------------------------------------------------------------
 
-    def send_request(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
-        """Hand the request to the transport; True when its buffer is full and the caller
-        must then `drain` (a usual request fits: no wait, no coroutine)."""
-        self._request = (method, target, headers, body)
-        data = fastpath.encode_request(method, target, headers, body)
-        if data is not None:
+    def send_request(self, request: Encoded) -> bool:
+        """Hand the request's bytes to the transport; True when its buffer is full and the
+        caller must then `drain` (a usual request fits: no wait, no coroutine)."""
+        self._request, self._heard = request, False
+        if request.fast:
             self._h11, self._answer = None, fastpath.Answer()
         else:
-            self._answer, self._heard = None, False
-            self._h11 = parser = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
-            try:
-                data = self._h11_request_bytes(parser)
-            except h11.LocalProtocolError:  # h11's message quotes the header, which may be a key
-                self.close()
-                raise errors.WriteError("could not encode the request's headers") from None
+            self._answer = None
+            self._h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
+            _h11_request_bytes(self._h11, request)  # the bytes of `request`: h11 learns what it sent
         try:
-            return self._stream.write(data)
+            return self._stream.write(request.data)
         except errors.WriteError:
             self.close()
             raise
@@ -105,17 +103,11 @@ class Connection:
             self.close()
             raise
 
-    def _h11_request_bytes(self, parser: h11.Connection) -> bytes:
-        method, target, headers, body = self._request
-        data = parser.send(h11.Request(method=method, target=target, headers=headers)) or b""
-        data += (parser.send(h11.Data(data=body)) or b"") if body else b""
-        return data + (parser.send(h11.EndOfMessage()) or b"")
-
     def _hand_off(self, eof: bool) -> None:
         """h11 takes over the answer the fast path could not read: it is told what was
         sent, and given every byte received so far."""
         self._h11 = parser = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
-        self._h11_request_bytes(parser)  # the bytes went out already; h11 learns what they were
+        _h11_request_bytes(parser, cast(Encoded, self._request))  # the bytes went out: h11 learns what they were
         self._heard = True  # a hand-off comes after some bytes of the answer (receive_head)
         try:
             parser.receive_data(self._answer.raw() if self._answer is not None else b"")
@@ -129,13 +121,8 @@ class Connection:
     async def receive_head(self, deadline: float, timeout: Timeout) -> tuple[int, list[tuple[bytes, bytes]]]:
         """Wait for the response head; informational (1xx) responses are skipped."""
         while (answer := self._answer) is not None:
-            try:  # _read, without a frame of its own: every exchange waits here for its answer
-                data = await self._stream.receive(deadline)
-            except BaseException as e:
-                self._read_failed(e, timeout)
-                raise
+            data = await self._read(deadline, timeout)
             if not data:
-                self._heard = bool(answer.raw())  # the fast path's reads count bytes only here
                 self._no_answer()
                 self._hand_off(eof=True)
                 break
@@ -250,6 +237,44 @@ class Connection:
         self._stream.close()
 
 
+class Encoded(Struct, frozen=True):
+    """A request's head and body as they go on the wire (`data`), written by the fast
+    path (`fast`) or by h11; with what they were made of, for h11 to learn at a
+    hand-off what was sent."""
+
+    data: bytes
+    fast: bool
+    method: bytes
+    target: bytes
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+
+def encode_request(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> Encoded:
+    """The request's bytes, before any connection is taken: the fast path's, else h11's.
+    What h11 cannot encode either is the client's (its query or one of its headers: the
+    operator's were checked at start), raised as UnsendableRequest."""
+    data = fastpath.encode_request(method, target, headers, body)
+    if data is not None:
+        return Encoded(data, True, method, target, headers, body)
+    request = Encoded(b"", False, method, target, headers, body)
+    try:
+        data = _h11_request_bytes(h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES), request)
+    except h11.LocalProtocolError:  # h11's message quotes the header, which may be a key
+        part = "query string" if not _VISIBLE_TARGET.fullmatch(target) else "headers"
+        raise errors.UnsendableRequest(f"the request's {part} cannot be forwarded: not valid in HTTP/1.1") from None
+    return msgspec.structs.replace(request, data=data)
+
+
+_VISIBLE_TARGET = re.compile(rb"[\x21-\x7e]+")
+
+
+def _h11_request_bytes(parser: h11.Connection, request: Encoded) -> bytes:
+    data = parser.send(h11.Request(method=request.method, target=request.target, headers=request.headers)) or b""
+    data += (parser.send(h11.Data(data=request.body)) or b"") if request.body else b""
+    return data + (parser.send(h11.EndOfMessage()) or b"")
+
+
 def _head_bytes(event: h11.Response) -> int:
     """The size of a response head as sent: status line, and each header with its
     separator and line end."""
@@ -259,6 +284,7 @@ def _head_bytes(event: h11.Response) -> int:
 _TIMEOUT_WORDS = {
     errors.FirstByteTimeout: "no response head within first_byte_timeout_s",
     errors.TotalTimeout: "the exchange outlived timeout_s",
+    errors.StallTimeout: "the stream paused longer than stall_timeout_s",
 }
 
 

@@ -20,7 +20,7 @@ from msgspec import Struct
 
 from tinygw import errors
 from tinygw.config.settings import Origin
-from tinygw.upstream.connection import Connection, open_connection
+from tinygw.upstream.connection import Connection, encode_request, open_connection
 
 # A connection idle longer than this is closed instead of reused. Servers close idle
 # keep-alive connections on their own clock (uvicorn, which vLLM and many OpenAI-
@@ -41,9 +41,28 @@ _NAME_OF = itemgetter(0)
 
 
 class Timeouts(Struct, frozen=True):
+    """The bounds of one exchange (docs/design.md section 15): a provider's, or a model's
+    where it sets its own. The head of a non-streamed answer comes when generation is
+    done, so its wait is bounded by `total_seconds` alone; a stream's first byte by
+    `first_byte_seconds`, and each pause between reads of a stream that began by
+    `stall_seconds`."""
+
     connect_seconds: float
     first_byte_seconds: float
     total_seconds: float
+    stall_seconds: float = 120.0
+
+
+class UpstreamRequest(Struct, frozen=True):
+    """One request to a provider, as a value; the pool writes its Host and
+    Content-Length (`Pool.send`)."""
+
+    method: bytes
+    target: bytes
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    timeouts: Timeouts
+    stream: bool = False  # a streamed answer is asked for (its first byte and stalls are bounded)
 
 
 def tls_context() -> ssl.SSLContext:
@@ -66,12 +85,10 @@ class Pool:
         self._loop = loop  # the worker's, cached (tinygw.worker.gateway); else looked up per request
         self.origin = origin
         self.timeouts = timeouts
-        self._total_seconds = timeouts.total_seconds  # read per request: kept at hand
-        self._first_byte_seconds = timeouts.first_byte_seconds
         self._ssl = ssl_context if origin.scheme == "https" else None
         default_port = 443 if origin.scheme == "https" else 80
         host = f"[{origin.host}]" if ":" in origin.host else origin.host
-        # The Host line of every request, made once (the proxy puts it first: `exchange`)
+        # The Host line of every request, made once
         self.host_header = (b"host", (host if origin.port == default_port else f"{host}:{origin.port}").encode())
         self.max_connections = max_connections
         # Connection slots: a count, and the requests waiting for one, first come first
@@ -94,17 +111,20 @@ class Pool:
         return None
 
     async def request(self, method: bytes, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> Response:
-        """Send one request and wait for the response head; the body is read later. The
-        pool puts Host and Content-Length first."""
-        head = [self.host_header, (b"content-length", b"%d" % len(body)), *headers]
-        return await self.exchange(method, path, head, body)
+        """`send` a request within the pool's own timeouts (listings, health checks)."""
+        return await self.send(UpstreamRequest(method, path, headers, body, self.timeouts))
 
-    async def exchange(self, method: bytes, path: bytes, head: list[tuple[bytes, bytes]], body: bytes) -> Response:
-        """`request`, for a caller that built every header line itself, `host_header` and
-        the body's Content-Length first (the proxy: one list per request, not two)."""
+    async def send(self, request: UpstreamRequest) -> Response:
+        """Send one request and wait for the response head; the body is read later. Its
+        bytes are made first, with Host and Content-Length: a request that cannot be
+        encoded (UnsendableRequest, the client's) takes no connection."""
+        body = request.body
+        head = [self.host_header, (b"content-length", b"%d" % len(body)), *request.headers]
+        encoded = encode_request(request.method, request.target, head, body)
+        timeouts = request.timeouts
         loop = self._loop or asyncio.get_running_loop()
         now = loop.time()
-        deadline = now + self._total_seconds
+        deadline = now + timeouts.total_seconds
         if self._free_slots:
             self._free_slots -= 1
         else:
@@ -114,15 +134,15 @@ class Pool:
         try:
             connection = self._take_idle(now)
             if connection is None:
-                connection = await self._connect(deadline - now)
+                connection = await self._connect(min(timeouts.connect_seconds, deadline - now))
                 now = loop.time()
-            if connection.send_request(method, path, head, body):
+            if connection.send_request(encoded):
                 await connection.drain(deadline)
                 now = loop.time()
-            first_byte = now + self._first_byte_seconds  # nothing waited since `now` was read: it is the send's time
-            if first_byte < deadline:
+            # a stream's first byte is bounded from the send's time: nothing waited since `now` was read
+            if request.stream and (first_byte := now + timeouts.first_byte_seconds) < deadline:
                 status, response_headers = await connection.receive_head(first_byte, errors.FirstByteTimeout)
-            else:
+            else:  # a non-streamed answer's head comes when it is generated: bounded by the total alone
                 status, response_headers = await connection.receive_head(deadline, errors.TotalTimeout)
             # The usual answer has no content-encoding: looked for in C, without decoder_for's frame
             decoder = decoder_for(response_headers) if b"content-encoding" in map(_NAME_OF, response_headers) else None
@@ -131,12 +151,15 @@ class Pool:
                 connection.close()
             self._release_slot()
             raise
-        return Response(status, response_headers, self, connection, deadline, decoder)
+        stall = timeouts.stall_seconds if request.stream else None
+        return Response(status, response_headers, self, connection, deadline, decoder, stall)
 
-    async def _connect(self, seconds_left: float) -> Connection:
+    async def _connect(self, seconds: float) -> Connection:
         origin = self.origin
-        seconds = min(self.timeouts.connect_seconds, seconds_left)
         return await open_connection(origin.host, origin.port, self._ssl, seconds)
+
+    def now(self) -> float:
+        return (self._loop or asyncio.get_running_loop()).time()
 
     def _give_back(self, connection: Connection, reusable: bool) -> None:
         """The exchange on `connection` is over: it waits for the next request when its
@@ -249,6 +272,7 @@ class Response(Struct):
     _connection: Connection
     _deadline: float
     _decoder: Decoder | None
+    _stall_seconds: float | None = None  # a stream's: the longest pause between two reads
     _done: bool = False
 
     async def next_chunk(self) -> bytes | None:
@@ -259,7 +283,11 @@ class Response(Struct):
         try:
             if decoder is not None and (piece := decoder.pending()):
                 return piece
-            data = await self._connection.receive_data(self._deadline, errors.TotalTimeout)
+            connection, deadline = self._connection, self._deadline
+            if self._stall_seconds is not None and (stalled := self._pool.now() + self._stall_seconds) < deadline:
+                data = await connection.receive_data(stalled, errors.StallTimeout)
+            else:
+                data = await connection.receive_data(deadline, errors.TotalTimeout)
             if decoder is not None:
                 if data is None:
                     decoder.finish()

@@ -19,6 +19,7 @@ from msgspec import Struct
 
 from tinygw import __version__, logs
 from tinygw.config.settings import Provider, Settings, plain
+from tinygw.headers import ACCOUNT
 from tinygw.observe.board import Board
 from tinygw.observe.metrics import Metrics
 from tinygw.protocol.routing import WILDCARD, Resolver
@@ -40,7 +41,7 @@ class Upstream(Struct, frozen=True):
     provider: Provider
     pool: Pool
     keys: KeyRing
-    # The provider's `query`, percent-encoded (b"" when none), and its names.
+    # The provider's `query`, percent-encoded (b"" when none), and its names (lower case).
     query: bytes = b""
     query_names: frozenset[bytes] = frozenset()
     # Worked out once, for each request: the static headers and a key's, one list per key
@@ -52,6 +53,7 @@ class Upstream(Struct, frozen=True):
     not_forwarded: frozenset[bytes] = NOT_FORWARDED
     paths: dict[str, bytes] = {}
     rotates_keys: bool = False  # more than one key: `keys.pick` moves the rotation on
+    lets_clients_choose_account: bool = False  # the provider's `client_account_headers`
 
     def __repr__(self) -> str:  # its headers and query hold the provider's credentials
         return f"Upstream({self.provider.name!r})"
@@ -69,19 +71,34 @@ class Upstream(Struct, frozen=True):
 
     def target(self, path: bytes, client_query: bytes = b"") -> bytes:
         """`path` with the provider's query and the client's: the provider's parameters
-        first, then the client's, less any the provider's query names (an operator's
-        `api-version` is not the client's to change)."""
+        first, then the client's (percent-encoded where it is not visible ASCII), less any
+        whose name the provider's query has, in any case (an operator's `api-version` is
+        not the client's to change)."""
+        if client_query:
+            client_query = percent_encoded(client_query)
         if not self.query:
             return path + b"?" + client_query if client_query else path
         if client_query:
-            kept = [
-                part
-                for part in client_query.split(b"&")
-                if part and unquote_to_bytes(part.partition(b"=")[0].replace(b"+", b" ")) not in self.query_names
-            ]
+            kept = [part for part in client_query.split(b"&") if part and _name_of(part) not in self.query_names]
             if kept:
                 return path + b"?" + self.query + b"&" + b"&".join(kept)
         return path + b"?" + self.query
+
+
+# Bytes a request target may hold as they are (visible ASCII); any other is percent-encoded.
+_NOT_VISIBLE = re.compile(rb"[^\x21-\x7e]")
+
+
+def _name_of(parameter: bytes) -> bytes:
+    """A query parameter's name as a server reads it: decoded, in lower case."""
+    return unquote_to_bytes(parameter.partition(b"=")[0].replace(b"+", b" ")).lower()
+
+
+def percent_encoded(query: bytes) -> bytes:
+    """A client's query with every byte outside visible ASCII percent-encoded (RFC 3986),
+    as a browser sends it: a raw UTF-8 byte is the client's to have sent, and is
+    forwarded encoded, never judged against the provider."""
+    return _NOT_VISIBLE.sub(lambda byte: b"%%%02X" % byte[0][0], query)
 
 
 def _auth_headers(provider: Provider) -> tuple[list[tuple[bytes, bytes]], ...]:
@@ -99,7 +116,7 @@ def _upstream(p: Provider, context: ssl.SSLContext | None, loop: asyncio.Abstrac
     pool = Pool(
         p.origin,
         max_connections=p.doc.max_connections,
-        timeouts=Timeouts(p.doc.connect_timeout_s, p.doc.first_byte_timeout_s, p.doc.timeout_s),
+        timeouts=_provider_timeouts(p),
         ssl_context=context,
         loop=loop,
     )
@@ -107,23 +124,53 @@ def _upstream(p: Provider, context: ssl.SSLContext | None, loop: asyncio.Abstrac
         (k.lower().encode(), plain(v).encode()) for k, v in p.headers.items()
     ]
     auth_headers = _auth_headers(p)
-    key_header = p.doc.api_key_header.lower().encode() if p.doc.api_key_header else None
+    # What a client may not send: the gateway's own, and every header the operator sets for
+    # this provider (its key's, its static ones, and the account headers unless it lets
+    # clients choose them), whatever their case (ASGI lowers the client's names).
+    operators = {name for name, _ in static_headers} | {name for name, _ in auth_headers[0]}
+    if p.doc.api_key_header is not None:
+        operators.add(p.doc.api_key_header.lower().encode())
+    account = set() if p.doc.client_account_headers else {name.encode() for name in ACCOUNT}
     return Upstream(
         provider=p,
         pool=pool,
         keys=KeyRing(len(p.keys)),
         query=encode_query({k: plain(v) for k, v in p.query.items()}),
-        query_names=frozenset(k.encode() for k in p.query),
+        query_names=frozenset(k.lower().encode() for k in p.query),
         fixed_headers=tuple(static_headers + auth for auth in auth_headers),
-        not_forwarded=NOT_FORWARDED | {key_header} if key_header is not None else NOT_FORWARDED,
+        not_forwarded=NOT_FORWARDED | operators | account,
         paths={},
         rotates_keys=len(p.keys) > 1,
+        lets_clients_choose_account=p.doc.client_account_headers,
     )
 
 
 def encode_query(query: dict[str, str]) -> bytes:
     """`name=value&...` in the configured order, each part percent-encoded."""
     return "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in query.items()).encode()
+
+
+def _provider_timeouts(p: Provider) -> Timeouts:
+    doc = p.doc
+    return Timeouts(doc.connect_timeout_s, doc.first_byte_timeout_s, doc.timeout_s, doc.stall_timeout_s)
+
+
+def model_timeouts(settings: Settings) -> dict[tuple[str, str], Timeouts]:
+    """The timeouts of each (model as Resolution names it, provider): the provider's,
+    with those the model sets in their place (docs/design.md section 15). A
+    provider-qualified request (`provider/*`) has its provider's."""
+    timeouts = {(f"{name}/*", name): _provider_timeouts(p) for name, p in settings.providers.items()}
+    for model in settings.models.values():
+        total, first_byte, stall = model.timeouts
+        for target in model.targets:
+            own = timeouts[(f"{target.provider}/*", target.provider)]
+            timeouts[(model.name, target.provider)] = Timeouts(
+                own.connect_seconds,
+                first_byte if first_byte is not None else own.first_byte_seconds,
+                total if total is not None else own.total_seconds,
+                stall if stall is not None else own.stall_seconds,
+            )
+    return timeouts
 
 
 def _configured_circuits(settings: Settings) -> list[tuple[str, str]]:
@@ -180,6 +227,7 @@ class Gateway:
         self.listings: dict[str, list[str]] = {}
         context = tls_context() if any(p.origin.scheme == "https" for p in settings.providers.values()) else None
         self.upstreams = {name: _upstream(p, context, self.loop) for name, p in settings.providers.items()}
+        self.timeouts = model_timeouts(settings)  # (Resolution.model, provider) -> the exchange's bounds
 
     def _on_transition(self, circuit: Circuit, old: State, new: State) -> None:
         self.metrics.count_transition(circuit.provider, circuit.provider_model, new.value)

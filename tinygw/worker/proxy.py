@@ -18,12 +18,14 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from msgspec import Struct
+from msgspec.structs import replace
 
 from tinygw import errors, logs
-from tinygw.config.settings import Target
+from tinygw.config.settings import Model, Target
 from tinygw.protocol.routing import Resolution, Route
 from tinygw.protocol.wire import (
     JSON_HEADERS,
+    carries_account_headers,
     error_body,
     forward_headers,
     header,
@@ -33,8 +35,7 @@ from tinygw.protocol.wire import (
 )
 from tinygw.resilience import outcome
 from tinygw.resilience.breaker import Breakers, Circuit, Outcome, Ticket
-from tinygw.resilience.outcome import Verdict
-from tinygw.upstream.pool import Response
+from tinygw.upstream.pool import Response, UpstreamRequest
 from tinygw.worker.gateway import Gateway, Upstream
 from tinygw.worker.record import Answer, Attempt, Record
 from tinygw.worker.relay import Relay
@@ -49,8 +50,6 @@ QUICK_RETRY_DELAY_SECONDS = 0.25
 # that a worker's memory does not grow with answer size. A 200 this large is not an
 # error object; a larger error answer is passed through (or dropped) as it arrives.
 HOLD_BYTES = 1024 * 1024
-
-_CUT = Verdict(Outcome.FAILURE, may_fall_back=False)
 
 
 class Inbound(Struct, frozen=True):
@@ -78,15 +77,11 @@ class Retry(enum.Enum):
     QUICK = "transient_retry"  # the same target once more, after a quick failure
 
 
-def _ordered_targets(gateway: Gateway, resolution: Resolution) -> Sequence[Target]:
-    """The usable targets in the order of the model's strategy, for this request."""
-    alias = resolution.alias
-    if alias is None:  # a fixed order: the targets' own
-        return resolution.targets
+def _ordered_targets(gateway: Gateway, alias: Model, usable: tuple[Target, ...]) -> Sequence[Target]:
+    """The `usable` targets of `alias` in the order of its strategy, for this request."""
     order = gateway.strategies.order(alias)
-    if len(resolution.targets) == len(alias.targets):  # every target is usable on this route
+    if len(usable) == len(alias.targets):  # every target is usable on this route
         return order
-    usable = set(resolution.targets)
     return [t for t in order if t in usable]
 
 
@@ -101,48 +96,33 @@ def _admit(breakers: Breakers, targets: Sequence[Target], start: int) -> tuple[i
 
 
 async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, send: Send, record: Record) -> None:
-    """Forward `inbound` and answer the client. `record` is kept up to date as it goes,
-    so that it tells what happened even when the client leaves halfway."""
-    targets = resolution.targets if resolution.alias is None else _ordered_targets(gateway, resolution)
-    index, ticket = 0, gateway.breakers.by_target[targets[0]].allow()  # the usual: the first target's circuit admits
-    if ticket is None:
-        index, ticket = _admit(gateway.breakers, targets, 1)
-        if ticket is None:  # every circuit refused: each one is named by the 503's wait
-            skipped = [gateway.breakers.by_target[target] for target in targets]
-            return await _send_circuit_open(send, record, skipped, resolution)
-    attempt = await _make_attempt(gateway, inbound, targets[index], ticket, send, record)
-    if not attempt.committed:  # else the usual end: the first attempt's answer was sent
-        await _after_first(gateway, inbound, targets, index, ticket, attempt, send, record)
-
-
-async def _after_first(
-    gateway: Gateway,
-    inbound: Inbound,
-    targets: Sequence[Target],
-    index: int,
-    ticket: Ticket,
-    attempt: Attempt,
-    send: Send,
-    record: Record,
-) -> None:
-    """A first attempt (`attempt`, at `targets[index]`, admitted by `ticket`) was not
-    final: the attempts that follow while any is allowed, then the last one's answer, or
-    why there is none. Whatever ends the request, no provider answer is left half-read."""
-    quick_retry_used = False
+    """Forward `inbound` and answer the client: one attempt after another while the last
+    is not final, then the last one's answer, or why there is none. `record` is kept up
+    to date as it goes, so that it tells what happened even when the client leaves
+    halfway. Whatever ends the request, no provider answer is left half-read."""
+    alias = resolution.alias  # None: a fixed order, the targets' own
+    targets = resolution.targets if alias is None else _ordered_targets(gateway, alias, resolution.targets)
+    index, ticket = _admit(gateway.breakers, targets, 0)
+    if ticket is None:  # every circuit refused: each one is named by the 503's wait
+        return await _send_circuit_open(send, record, [gateway.breakers.by_target[t] for t in targets], resolution)
+    attempt = await _make_attempt(gateway, inbound, resolution, targets[index], ticket, send, record)
+    if attempt.committed:  # the usual end: the first attempt's answer was the client's, and was read to its end
+        return
     try:
-        for _ in range(gateway.settings.routing.max_attempts - 1):  # the attempts left
-            if attempt.committed:
-                return
-            following = await _next_attempt(gateway, targets, index, ticket.circuit, attempt, quick_retry_used)
+        attempts_left = gateway.settings.routing.max_attempts - 1
+        quick = False  # the one quick retry was used
+        while not attempt.committed:
+            following = (
+                await _next_attempt(gateway, targets, index, ticket.circuit, attempt, quick) if attempts_left else None
+            )
             if following is None:
-                break
+                return await _send_final(send, record, attempt, targets[index])
             retry, index, ticket = following
-            quick_retry_used = quick_retry_used or retry is Retry.QUICK
+            attempts_left -= 1
+            quick = quick or retry is Retry.QUICK
             await attempt.discard()
             _count_retry(gateway, targets[index], ticket.circuit, retry, attempt.label)
-            attempt = await _make_attempt(gateway, inbound, targets[index], ticket, send, record)
-        if not attempt.committed:
-            await _send_final(send, record, attempt, targets[index])
+            attempt = await _make_attempt(gateway, inbound, resolution, targets[index], ticket, send, record)
     finally:
         await attempt.discard()  # safe twice, and once the answer was read to its end
 
@@ -190,7 +170,13 @@ def _count_retry(gateway: Gateway, target: Target, circuit: Circuit, retry: Retr
 
 
 async def _make_attempt(
-    gateway: Gateway, inbound: Inbound, target: Target, ticket: Ticket, send: Send, record: Record
+    gateway: Gateway,
+    inbound: Inbound,
+    resolution: Resolution,
+    target: Target,
+    ticket: Ticket,
+    send: Send,
+    record: Record,
 ) -> Attempt:
     """One attempt at `target`, admitted by `ticket`; its verdict goes to the circuit,
     the record and the metrics, once, when it ends, whatever the client does. A success
@@ -201,14 +187,9 @@ async def _make_attempt(
     record.aimed_at(target)
     attempt = None  # until the provider's answer came
     try:
-        attempt = await _attempt(gateway, gateway.upstreams[target.provider], inbound, target, send, record)
+        attempt = await _attempt(gateway, gateway.upstreams[target.provider], inbound, resolution, target, send, record)
         if not attempt.committed and attempt.verdict.outcome is Outcome.SUCCESS:  # final: the client gets it
-            attempt.committed = True
-            answer: Answer = attempt.answer  # type: ignore[assignment]  # a held success has one
-            if answer.rest is None:  # held whole: nothing left to read
-                await _send_held(send, record, answer, attempt.label)
-            else:  # too large to hold: sent as it is read
-                await _commit(send, record, attempt, answer, attempt.label)
+            attempt = await _commit(send, record, attempt)
     except BaseException as e:
         ticket.done(Outcome.NEUTRAL)
         # The client left: its request was cancelled (an answer held whole, `attempt`, may have been
@@ -229,34 +210,44 @@ async def _make_attempt(
 
 
 async def _attempt(
-    gateway: Gateway, upstream: Upstream, inbound: Inbound, target: Target, send: Send, record: Record
+    gateway: Gateway,
+    upstream: Upstream,
+    inbound: Inbound,
+    resolution: Resolution,
+    target: Target,
+    send: Send,
+    record: Record,
 ) -> Attempt:
     """Send the request (the client's, with the provider's parts: tinygw.worker.gateway) and take the answer: a
-    stream is relayed (tinygw.worker.relay), any other is held and judged (and sent by _make_attempt when it is
-    a success)."""
+    stream is relayed (tinygw.worker.relay), any other is held and judged (tinygw.resilience.outcome), and sent
+    by _make_attempt when it is a success."""
     started = gateway.clock()
     key_index = upstream.keys.pick(started) if upstream.rotates_keys else 0  # one key: nothing to pick
     if inbound.query:  # the client's own, after the provider's
         path = upstream.path(inbound.route.upstream_path, inbound.query)
     else:  # the usual: the route's request target on this provider, worked out at its first request
         path = upstream.paths.get(inbound.route.upstream_path) or upstream.path(inbound.route.upstream_path)
-    body = rewrite_model(inbound.body, inbound.model, target.upstream_model)
-    pool = upstream.pool
-    head = [  # every line of the request's head, in one list (Pool.exchange)
-        pool.host_header,
-        (b"content-length", b"%d" % len(body)),
-        *forward_headers(inbound.headers, upstream.not_forwarded),
-        *upstream.fixed_headers[key_index],
-        (b"x-request-id", inbound.request_id),
-    ]
+    request = UpstreamRequest(
+        b"POST",
+        path,
+        [
+            *forward_headers(inbound.headers, upstream.not_forwarded),
+            *upstream.fixed_headers[key_index],
+            (b"x-request-id", inbound.request_id),
+        ],
+        rewrite_model(inbound.body, inbound.model, target.upstream_model),
+        gateway.timeouts[(resolution.model, target.provider)],
+        inbound.stream,
+    )
     try:
-        response = await pool.exchange(b"POST", path, head, body)
+        response = await upstream.pool.send(request)
     except errors.UpstreamError as e:
         return Attempt(outcome.of_error(e), e.cause, error=e)
     elapsed = gateway.clock() - started
-    content_type = header(response.headers, b"content-type") or b""
-    if inbound.stream and response.status == 200 and content_type.startswith(b"text/event-stream"):
-        return await _relay(gateway, response, send, record, target, elapsed)
+    if inbound.stream and response.status == 200:
+        content_type = header(response.headers, b"content-type") or b""
+        if content_type.startswith(b"text/event-stream"):
+            return await _relay(gateway, response, send, record, target, elapsed)
     first_byte: float | None = elapsed  # observed with the attempt's count (_make_attempt), or now
     data = response.whole_body(HOLD_BYTES)  # the usual answer: all of it came with its head, taken without a wait
     rest = None  # the answer still to be read, when it is not held whole
@@ -268,21 +259,21 @@ async def _attempt(
         except errors.UpstreamError as e:
             return Attempt(outcome.of_error(e), e.cause, error=e)
         rest = None if ended else response
-    status = response.status
-    answer = Answer(status, relay_headers(response.headers), data, rest)
-    if status == 200 and rest is None and (b"json" in content_type or not content_type):  # the usual answer
-        failed, reported = outcome.judge(data)
-        if failed:  # a 200 carrying an error is a failure; the client gets 502 if it is the last
-            answer.status = 502
-            return Attempt(outcome.ERROR_IN_BODY, "200+error", answer=answer, first_byte_seconds=first_byte)
-        if reported is not None:  # its answer is sent, and its tokens count
-            record.counted(reported)
-        attempt = Attempt(outcome.SUCCESS, "200", answer=answer, first_byte_seconds=first_byte)  # of_status's 200
-    else:
-        attempt = Attempt(outcome.of_status(status, elapsed), str(status), answer=answer, first_byte_seconds=first_byte)
-    if status == 429:
-        _rest_key(gateway, upstream, key_index, attempt, response)
-    return attempt
+    # A 401/403 is the client's when it chose the account its provider key acts for (docs/design.md section 15)
+    chosen = upstream.lets_clients_choose_account and carries_account_headers(inbound.headers)
+    judged = outcome.of_answer(response.status, elapsed, None if rest else data, chosen)
+    if judged.error is not None:  # nothing of it is the client's: the gateway's own 502, should it be the last
+        await response.aclose()
+        return Attempt(judged.verdict, judged.label, error=judged.error, first_byte_seconds=first_byte)
+    if judged.usage is not None:  # a success, which is sent: its tokens count
+        record.counted(judged.usage)
+    return Attempt(
+        judged.verdict,
+        judged.label,
+        answer=Answer(judged.status, relay_headers(response.headers), data, rest),
+        other_key=response.status == 429 and _rest_key(gateway, upstream, key_index, response),
+        first_byte_seconds=first_byte,
+    )
 
 
 async def _relay(
@@ -291,32 +282,37 @@ async def _relay(
     """A stream's attempt: relayed as it comes (tinygw.worker.relay). Its first byte is
     observed now, since the attempt ends much later."""
     gateway.metrics.observe_first_byte(target.provider, first_byte_seconds)
+    loop = gateway.loop or asyncio.get_running_loop()
     try:
-        return await Relay(response, send, record, target, gateway.loop or asyncio.get_running_loop()).run()
+        return await Relay(response, record.timed(send, loop), record, target, loop).run()
     finally:
         await response.aclose()
 
 
-def _rest_key(gateway: Gateway, upstream: Upstream, key_index: int, attempt: Attempt, response: Response) -> None:
-    """A 429: the key rests (for its Retry-After, if any), and another may be tried."""
+def _rest_key(gateway: Gateway, upstream: Upstream, key_index: int, response: Response) -> bool:
+    """A 429: the key rests (for its Retry-After, if any). Whether another key may be tried."""
     now = gateway.clock()
     seconds = retry_after_seconds(header(response.headers, b"retry-after"), gateway.settings.breaker.max_open_seconds)
     upstream.keys.rest(key_index, now, seconds)
-    attempt.other_key = upstream.keys.has_other(key_index, now)
+    return upstream.keys.has_other(key_index, now)
 
 
-async def _commit(send: Send, record: Record, attempt: Attempt, answer: Answer, current: str) -> None:
-    """Send a successful attempt's answer that was too large to hold: it is final. An
-    answer cut short is a failure."""
+async def _commit(send: Send, record: Record, attempt: Attempt) -> Attempt:
+    """Send a successful attempt's answer: it is final. An answer too large to hold is
+    sent as it is read; cut short, it is a failure."""
+    answer: Answer = attempt.answer  # type: ignore[assignment]  # a success has one
+    if answer.rest is None:  # the usual answer: held whole
+        await _send_held(send, record, answer, attempt.label)
+        return replace(attempt, committed=True)
     try:
-        sent = await _send_answer(send, record, answer, current)
+        sent = await _send_answer(send, record, answer, attempt.label)
     except BaseException:  # the client left (or send failed) while a large answer was relayed
         await answer.discard()
         raise
-    if not sent:
-        record.was_cut()
-        attempt.verdict = _CUT
-        attempt.label = f"{answer.status}+cut"
+    if sent:
+        return replace(attempt, committed=True)
+    record.was_cut()
+    return replace(attempt, verdict=outcome.CUT, label=f"{answer.status}+cut", committed=True)
 
 
 async def _send_held(send: Send, record: Record, answer: Answer, current: str | None) -> None:
@@ -332,6 +328,7 @@ async def _send_answer(send: Send, record: Record, answer: Answer, current: str 
     if answer.rest is None:
         await _send_held(send, record, answer, current)
         return True
+    send = record.timed(send, asyncio.get_running_loop())  # its sends may wait on the client
     await send(record.head(answer.status, answer.headers, current))
     await send({"type": "http.response.body", "body": answer.body, "more_body": True})
     while True:

@@ -9,6 +9,7 @@ the one place that adds `x-request-id` and the debug headers to a proxied answer
 
 from __future__ import annotations
 
+import asyncio
 from urllib.parse import quote
 
 from msgspec import Struct
@@ -40,6 +41,9 @@ class Record(Struct):
     cut: bool = False  # a stream that ended without a finish, or with an error after output
     tokens: usage.Tokens | None = None  # what the sent answer's `usage` reported
     first_output_at: float | None = None  # the loop's time when a stream's first output was sent
+    # The loop's time when a send to the client that is `timed` began, while it waits:
+    # the client's watch cuts a client that does not take its answer (tinygw.api.body).
+    sending_since: float | None = None
 
     def resolved(self, model: str) -> None:
         self.model = model
@@ -74,6 +78,18 @@ class Record(Struct):
 
     def client_left(self) -> None:
         self.status = CLIENT_CLOSED
+
+    def timed(self, send, loop: asyncio.AbstractEventLoop):
+        """`send`, each of its waits marked in `sending_since`: for the answers whose
+        sends may wait on the client (a stream, an answer too large to hold); an answer
+        held whole goes into the server's buffers without a wait."""
+
+        async def timed_send(message: dict) -> None:
+            self.sending_since = loop.time()
+            await send(message)
+            self.sending_since = None
+
+        return timed_send
 
     def head(self, status: int, headers: list[tuple[bytes, bytes]], current: str | None = None) -> dict:
         """The `http.response.start` message of the answer, which is now sent; `current`
@@ -111,10 +127,11 @@ def _header_value(text: str) -> bytes:
 _VISIBLE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
 
 
-class Answer(Struct):
-    """A provider's answer, not yet sent: it is sent if no later attempt is made.
-    `rest` is the provider's response still being read when the answer was too large
-    to hold (`body` is then its beginning); it must be relayed or closed."""
+class Answer(Struct, frozen=True):
+    """A provider's answer as the client would get it, not yet sent: it is sent if no
+    later attempt is made. `rest` is the provider's response still being read when the
+    answer was too large to hold (`body` is then its beginning); it must be relayed or
+    closed."""
 
     status: int
     headers: list[tuple[bytes, bytes]]
@@ -126,14 +143,15 @@ class Answer(Struct):
             await self.rest.aclose()
 
 
-class Attempt(Struct):
-    """How one attempt ended."""
+class Attempt(Struct, frozen=True):
+    """How one attempt ended: a value, made when it ended (and made anew, with
+    `committed`, once its answer is the client's)."""
 
     verdict: Verdict
     label: str  # for x-tinygw-attempts and the access log: a status or a cause
     committed: bool = False  # the client already has the answer (or its start)
     answer: Answer | None = None
-    error: errors.UpstreamError | None = None
+    error: errors.UpstreamError | None = None  # no answer the client can use: why
     other_key: bool = False  # a 429, and another of the provider's keys is free
     # How long the answer's head took, when it is still to be observed with the attempt's
     # count (an answer held whole: its attempt ends as soon as it came); None once observed.

@@ -27,8 +27,6 @@ from tinygw.config.settings import Target
 from tinygw.protocol import sse, usage
 from tinygw.protocol.wire import relay_headers, sse_error_event
 from tinygw.resilience import outcome
-from tinygw.resilience.breaker import Outcome
-from tinygw.resilience.outcome import Verdict
 from tinygw.upstream.pool import Response
 from tinygw.worker.record import Answer, Attempt, Record
 
@@ -37,8 +35,6 @@ Send = Callable[[dict], Awaitable[None]]
 # Leading events held back before output are bounded: past this, they are sent on. An
 # event without an end in sight is looked at (as an event) once it is this large.
 MAX_HELD_BYTES = 1024 * 1024
-
-_CUT = Verdict(Outcome.FAILURE, may_fall_back=False)
 
 
 class State(enum.Enum):
@@ -172,7 +168,7 @@ class Relay:
         if self._failed:
             self._record.was_cut()
             await self._send({"type": "http.response.body", "body": b""})  # the provider's error event was relayed
-            return Attempt(_CUT, "200+error_event", committed=True)
+            return Attempt(outcome.CUT, "200+error_event", committed=True)
         if not self._finished:
             target = self._target
             logs.log(logging.WARNING, "stream cut", provider=target.provider, provider_model=target.upstream_model)
@@ -184,4 +180,4 @@ class Relay:
         self._record.was_cut()
         event = sse_error_event(message, "provider_unavailable", cause=cause)
         await self._send({"type": "http.response.body", "body": event})
-        return Attempt(_CUT, f"200+{cause}", committed=True)
+        return Attempt(outcome.CUT, f"200+{cause}", committed=True)
