@@ -7,6 +7,8 @@ import pytest
 from tinygw.config.settings import Breaker, Target
 from tinygw.resilience.breaker import (
     MAX_CIRCUITS_PER_PROVIDER,
+    MAX_LABELS_PER_PROVIDER,
+    OTHER,
     TRANSITIONS,
     Breakers,
     Circuit,
@@ -327,7 +329,60 @@ def test_a_targets_circuit_is_its_provider_and_models_and_only_configured_ones_a
     as_sent = breakers.by_target[Target("a", "free-form")]  # made on demand, by circuit()
     assert as_sent is breakers.circuit("a", "free-form") and breakers.by_target[Target("a", "free-form")] is as_sent
     assert list(breakers.by_target) == [Target("a", "m1")]  # a client's names do not grow it
-    for n in range(MAX_CIRCUITS_PER_PROVIDER):  # past the bound, further names share the provider's own
-        breakers.by_target[Target("b", f"m{n}")]
-    assert breakers.by_target[Target("b", "one-more")] is breakers.circuit("b", "")
-    assert list(breakers.by_target) == [Target("a", "m1")]
+
+
+def fail_until_open(circuit: Circuit, failures: int = 3) -> None:
+    report(circuit, *[F] * failures)
+    assert circuit.state() is State.OPEN
+
+
+def test_circuits_are_never_shared_and_the_bound_forgets_idle_ones_least_recently_used_first():
+    clock = FakeClock()
+    breakers = Breakers(Breaker(failures=3), clock, configured=[("b", "configured")])
+    names = [breakers.circuit("b", f"m{n}") for n in range(MAX_CIRCUITS_PER_PROVIDER)]
+    breakers.circuit("b", "m0")  # used again: now the most recently used
+    newcomer = breakers.circuit("b", "one-more")
+    assert newcomer not in names and newcomer.provider_model == "one-more"  # its own, never another's
+    assert names[1].forgotten and not names[0].forgotten  # the least recently used idle one made room
+    assert breakers.circuit("b", "m1") is not names[1]  # a forgotten name starts afresh
+    assert not breakers.circuit("b", "configured").forgotten  # a configured target's is kept for good
+
+
+def test_names_counting_failures_are_forgotten_only_when_they_never_had_a_success_lately():
+    clock = FakeClock()
+    breakers = Breakers(Breaker(failures=3, max_open_seconds=300), clock)
+    good = breakers.circuit("b", "good")
+    report(good, S)  # a name that served a client
+    fail_until_open(good)
+    junk = [breakers.circuit("b", f"junk-{n}") for n in range(MAX_CIRCUITS_PER_PROVIDER - 1)]
+    for circuit in junk:  # every other kept name failing: none is idle
+        fail_until_open(circuit)
+    clock.now += 10
+    breakers.circuit("b", "junk-new")
+    assert junk[0].forgotten and not good.forgotten  # a name that never had a success goes first
+    for n in range(MAX_CIRCUITS_PER_PROVIDER):  # the table filled with failing junk again and again
+        fail_until_open(breakers.circuit("b", f"more-junk-{n}"))
+    assert not good.forgotten and breakers.circuit("b", "good") is good  # never forgotten for junk
+    assert len(breakers.of_provider("b")) == MAX_CIRCUITS_PER_PROVIDER
+
+
+def test_when_every_kept_name_had_a_success_lately_a_new_name_is_served_by_a_circuit_not_kept():
+    clock = FakeClock()
+    breakers = Breakers(Breaker(failures=3), clock)
+    kept = [breakers.circuit("b", f"m{n}") for n in range(MAX_CIRCUITS_PER_PROVIDER)]
+    for circuit in kept:
+        report(circuit, S)
+        fail_until_open(circuit)
+    newcomer = breakers.circuit("b", "new")
+    assert not any(c.forgotten for c in kept) and newcomer not in kept
+    assert newcomer.label == OTHER and breakers.circuit("b", "new") is not newcomer  # not kept, not labelled
+    clock.now += 301  # past PROVIDER_BREAKER_MAX_OPEN_SECONDS: their successes are old, one may make room
+    assert breakers.circuit("b", "newer") is breakers.circuit("b", "newer") and kept[0].forgotten
+
+
+def test_past_the_label_bound_names_are_counted_under_other():
+    breakers = Breakers(Breaker(), FakeClock())
+    for n in range(MAX_LABELS_PER_PROVIDER):
+        assert breakers.circuit("b", f"m{n}").label == f"m{n}"
+    assert breakers.circuit("b", "m-late").label == OTHER
+    assert breakers.circuit("c", "m0").label == "m0"  # per provider

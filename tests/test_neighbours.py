@@ -1,4 +1,4 @@
-"""Black-box: no client can hurt another (docs/design.md section 15). A hostile client with a
+"""Black-box: no client can hurt another (docs/design.md section 16). A hostile client with a
 valid gateway key tries what a careless or hostile tenant would (raw bytes in the query, the
 operator's account headers, redirects and non-JSON answers it provokes, slow generations)
 beside a well-behaved one: nothing it does opens a circuit or picks the operator's settings."""
@@ -40,6 +40,7 @@ def gateway(fake, backup, tmp_path_factory):
             "quick": {**base, "first_byte_timeout_s": 0.3},
             # one provider per test that provokes failures, so that each test's circuits are its own
             "redir": base,
+            "names": base,
             "html": base,
             "b": {"base_url": f"{backup.url}/v1", "api": "openai", "listing": False},
         },
@@ -222,6 +223,28 @@ def test_a_stream_that_stalls_past_stall_timeout_s_ends_with_an_error_event(gate
     assert b"event: error" in body and b"timeout" in body
     assert time.monotonic() - started < 2.5  # cut at the 0.3 s stall, not at the provider's 3 s pause
     assert metric_value(gateway, "tinygw_upstream_attempts_total", provider="p", outcome="200+timeout") == 1
+
+
+# ---- a client's model names -------------------------------------------------------------
+
+
+def test_junk_model_names_never_share_a_circuit_with_a_good_one(gateway, fake):
+    """300 provider-qualified junk names, each a failure, fill the provider's table of
+    circuits (256) and more; a good name a neighbour sends afterwards has a circuit of its
+    own, and one that served before keeps its own."""
+
+    def junk_fails(request):
+        if request.json()["model"].startswith("junk-"):
+            return json_reply(500, {"error": {"message": "no such model"}})
+        return well_behaved("fake")(request)
+
+    fake.script = junk_fails
+    assert chat(gateway, "names/good")[0] == 200
+    for n in range(300):
+        assert chat(gateway, f"names/junk-{n}")[0] == 500
+    assert chat(gateway, "names/good-new")[0] == 200  # a name never seen before: a fresh circuit
+    assert chat(gateway, "names/good")[0] == 200
+    assert open_circuits(gateway, "names") == 0  # no junk name failed often enough to open its own
 
 
 # ---- a client that does not take its answer ------------------------------------------------

@@ -29,5 +29,5 @@ GATEWAY_HEADERS = HOP_BY_HOP | CREDENTIALS | GATEWAY_SET
 
 # The headers that choose which account (organization, project) a provider key acts
 # for: the operator's to set, dropped from clients unless the provider lets them
-# through (`client_account_headers`, docs/design.md section 15).
+# through (`client_account_headers`, docs/design.md section 16).
 ACCOUNT = frozenset({"openai-organization", "openai-project"})

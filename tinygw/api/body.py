@@ -97,7 +97,7 @@ class ClientWatch:
 
     def _look_at_send(self, loop: asyncio.AbstractEventLoop) -> None:
         """A client that has not taken a send within the client timeout is cut: the
-        request's task is cancelled at that send (docs/design.md section 15). Else the
+        request's task is cancelled at that send (docs/design.md section 16). Else the
         timer looks again when the send now waiting could time out, or a timeout on."""
         since, now = self._record.sending_since, loop.time()
         if since is not None and now - since >= self._timeout_seconds:

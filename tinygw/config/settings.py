@@ -75,7 +75,7 @@ class ProviderDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     plaintext: bool = False
     # A client's own OpenAI-Organization and OpenAI-Project headers are forwarded (else
     # dropped): the operator lets clients pick the account their key acts for, and a
-    # 401/403 to a request that carried one is then the client's (docs/design.md section 15).
+    # 401/403 to a request that carried one is then the client's (docs/design.md section 16).
     client_account_headers: bool = False
 
     def key_variables(self) -> set[str]:

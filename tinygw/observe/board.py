@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from msgspec import Struct
 
-from tinygw.resilience.breaker import Circuit, State, pause_left, pause_over
+from tinygw.resilience.breaker import OTHER, Circuit, State, pause_left, pause_over
 
 _STATE_CODE = {State.CLOSED: 0.0, State.OPEN: 1.0, State.HALF_OPEN: 2.0}
+_FORGOTTEN = -1.0  # a circuit its worker no longer keeps: not shown
 STATES = {0: State.CLOSED, 1: State.OPEN, 2: State.HALF_OPEN}
 
 
@@ -66,7 +67,15 @@ class Board:
         store.set(("status_worker", (), "started_at"), started_at)
 
     def publish_circuit(self, circuit: Circuit) -> None:
+        """Publish what `circuit.snapshot()` says, if it changed; a circuit without a label of
+        its own (breaker.OTHER) is not shown, and a forgotten one is taken off the page."""
+        if circuit.label == OTHER:
+            return
         key = (circuit.provider, circuit.provider_model)
+        if circuit.forgotten:
+            self._published.pop(key, None)
+            self.store.set(("status_circuit", key, "state"), _FORGOTTEN)
+            return
         now = circuit.snapshot()
         before = self._published.get(key)
         if now == before:
@@ -118,6 +127,7 @@ def read(store) -> list[WorkerView]:
                 last_error=errors.get((p, m), (0, None))[1],
             )
             for (p, m), f in sorted(fields.items())
+            if f.get("state", 0) != _FORGOTTEN
         ]
         views.append(WorkerView(pid=pid, slot=slot, started_at=started_at, circuits=circuits, listings=listings))
     return sorted(views, key=lambda v: v.slot)

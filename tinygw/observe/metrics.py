@@ -11,7 +11,8 @@ the workers nothing.
 Label values come from configuration (routes, model aliases, provider names), from a
 fixed set (statuses, outcomes, states, reasons), or from a circuit's upstream model,
 of which a provider has at most its configured targets plus
-`breaker.MAX_CIRCUITS_PER_PROVIDER`: the number of series stays bounded.
+`breaker.MAX_LABELS_PER_PROVIDER` (later names are counted as `breaker.OTHER`): the
+number of series stays bounded.
 """
 
 from __future__ import annotations

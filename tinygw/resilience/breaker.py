@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 from msgspec import Struct
@@ -70,11 +71,16 @@ class IllegalTransition(RuntimeError):
     """A move that TRANSITIONS has no row for: a bug in the caller."""
 
 
-# Circuits one provider may have beyond its configured targets'. A provider-qualified
-# request names its upstream model freely; past this many models, further ones share
-# the provider's own circuit, so that clients cannot grow memory (and metric series)
-# without bound.
+# Circuits one provider keeps beyond its configured targets': a provider-qualified
+# request (or a target of `*`) names its upstream model freely. A circuit is never
+# shared with another name; past this many, one is forgotten to make room (`forgettable`),
+# so that clients cannot grow memory without bound.
 MAX_CIRCUITS_PER_PROVIDER = 256
+# Names of one provider that get metric series and status-page entries of their own;
+# the circuits of later names are counted under OTHER, so that the series stay bounded
+# however many names clients send (their circuits are still their own).
+MAX_LABELS_PER_PROVIDER = 4 * MAX_CIRCUITS_PER_PROVIDER
+OTHER = "(other)"
 
 _SUCCESS, _CLOSED = Outcome.SUCCESS, State.CLOSED  # one global lookup each, for the usual attempt
 
@@ -124,6 +130,8 @@ class Circuit:
         self.probe_successes = 0
         self.last_error: str | None = None
         self.enabled = settings.failures > 0  # 0 failures turns breakers off
+        self.label = provider_model  # its upstream model's name in metrics and on the status page (Breakers)
+        self.forgotten = False  # no longer kept by its Breakers (it may still finish an attempt)
 
     # ---- reading ------------------------------------------------------------------------
 
@@ -241,6 +249,36 @@ class Circuit:
         self._changed()
 
 
+class NamedCircuit(Circuit):
+    """A circuit made for a name a client sent (a provider-qualified model, or a target of
+    `*`): it may be forgotten (Breakers), so it knows when it last had a success."""
+
+    succeeded_at: float | None = None  # the clock's time of its last success, None before one
+
+    def _done(self, ticket: Ticket, outcome: Outcome, error: str | None) -> None:
+        if outcome is _SUCCESS:
+            self.succeeded_at = self._clock()
+        super()._done(ticket, outcome, error)
+
+
+def forgettable(named: Iterable[NamedCircuit], now: float, recent_seconds: float) -> NamedCircuit | None:
+    """Which of a provider's named circuits (least recently used first) is forgotten to make
+    room for a new name (docs/design.md section 16): the least recently used of those closed
+    with no failure counted (nothing is lost), else of those that never had a success, else
+    of those whose last success is older than `recent_seconds`. None: every one had a
+    success lately and counts failures now; none is forgotten for a name that never had one."""
+    circuits = list(named)
+    for keep in (
+        lambda c: c._state is State.CLOSED and not c.failures,
+        lambda c: c.succeeded_at is None,
+        lambda c: now - (c.succeeded_at or now) > recent_seconds,
+    ):
+        for circuit in circuits:
+            if keep(circuit):
+                return circuit
+    return None
+
+
 class ByTarget(dict[Target, Circuit]):
     """The circuit of a target, `by_target[target]`: `circuit(target.provider,
     target.upstream_model)`. A configured target's is an entry, found by the subscript
@@ -257,7 +295,9 @@ class ByTarget(dict[Target, Circuit]):
 
 
 class Breakers:
-    """Every circuit of one worker process, made on first use."""
+    """Every circuit of one worker process: the configured targets', made at the start and
+    kept for good, and the named ones, made on first use and kept up to
+    MAX_CIRCUITS_PER_PROVIDER per provider."""
 
     def __init__(
         self,
@@ -268,40 +308,61 @@ class Breakers:
         on_change: OnChange | None = None,
     ) -> None:
         """`on_transition` is told of every move, `on_change` of every circuit made and
-        of every change to what its `snapshot()` returns."""
+        forgotten, and of every change to what its `snapshot()` returns."""
         self.settings = settings
         self._clock = clock
         self._on_transition = on_transition
         self._on_change = on_change
-        self._circuits: dict[tuple[str, str], Circuit] = {}
-        self._per_provider: dict[str, int] = {}  # circuits made on demand, per provider
-        # The configured targets' circuits exist from the start and never share one; found
-        # by their Target too, in one subscript (`by_target`).
+        self._circuits: dict[tuple[str, str], Circuit] = {}  # the configured targets'
+        # Per provider, by name, least recently used first.
+        self._named: dict[str, OrderedDict[str, NamedCircuit]] = {}
+        self._labelled: dict[str, set[str]] = {}  # per provider: the names that have a label of their own
+        # The configured targets' circuits exist from the start and are never forgotten;
+        # found by their Target too, in one subscript (`by_target`).
         self.by_target = ByTarget(self.circuit)
         for provider, provider_model in configured:
-            circuit = self._circuits[(provider, provider_model)] = self._make(provider, provider_model)
-            self.by_target[Target(provider, provider_model)] = circuit
-
-    def _make(self, provider: str, provider_model: str) -> Circuit:
-        circuit = Circuit(provider, provider_model, self.settings, self._clock, self._on_transition, self._on_change)
-        circuit._changed()
-        return circuit
+            circuit = Circuit(provider, provider_model, settings, clock, on_transition, on_change)
+            self._circuits[(provider, provider_model)] = self.by_target[Target(provider, provider_model)] = circuit
+            circuit._changed()
 
     def circuit(self, provider: str, provider_model: str = "") -> Circuit:
         """The circuit of (provider, upstream model); "" is the provider's own breaker,
         for requests that name no model."""
-        key = (provider, provider_model)
-        circuit = self._circuits.get(key)
-        if circuit is None:
-            if provider_model and self._per_provider.get(provider, 0) >= MAX_CIRCUITS_PER_PROVIDER:
-                return self.circuit(provider, "")
-            circuit = self._make(provider, provider_model)
-            self._circuits[key] = circuit
-            self._per_provider[provider] = self._per_provider.get(provider, 0) + 1
+        circuit = self._circuits.get((provider, provider_model))
+        if circuit is not None:
+            return circuit
+        named = self._named.setdefault(provider, OrderedDict())
+        kept = named.get(provider_model)
+        if kept is not None:
+            named.move_to_end(provider_model)
+            return kept
+        return self._make_named(provider, provider_model, named)
+
+    def _make_named(self, provider: str, provider_model: str, named: OrderedDict[str, NamedCircuit]) -> Circuit:
+        kept = True
+        if len(named) >= MAX_CIRCUITS_PER_PROVIDER:
+            old = forgettable(named.values(), self._clock(), self.settings.max_open_seconds)
+            if old is None:  # every kept name is one that had a success lately: this one is not kept
+                kept = False
+            else:
+                del named[old.provider_model]
+                old.forgotten = True
+                old._changed()
+        settings, clock = self.settings, self._clock
+        circuit = NamedCircuit(provider, provider_model, settings, clock, self._on_transition, self._on_change)
+        labelled = self._labelled.setdefault(provider, set())
+        if kept and provider_model not in labelled and len(labelled) < MAX_LABELS_PER_PROVIDER:
+            labelled.add(provider_model)
+        elif not kept or provider_model not in labelled:
+            circuit.label = OTHER
+        if kept:
+            named[provider_model] = circuit
+        circuit._changed()
         return circuit
 
     def of_provider(self, provider: str) -> list[Circuit]:
-        return [c for (p, _), c in self._circuits.items() if p == provider]
+        configured = [c for (p, _), c in self._circuits.items() if p == provider]
+        return configured + list(self._named.get(provider, {}).values())
 
     def all(self) -> list[Circuit]:
-        return list(self._circuits.values())
+        return list(self._circuits.values()) + [c for named in self._named.values() for c in named.values()]

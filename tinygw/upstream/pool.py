@@ -41,7 +41,7 @@ _NAME_OF = itemgetter(0)
 
 
 class Timeouts(Struct, frozen=True):
-    """The bounds of one exchange (docs/design.md section 15): a provider's, or a model's
+    """The bounds of one exchange (docs/design.md section 16): a provider's, or a model's
     where it sets its own. The head of a non-streamed answer comes when generation is
     done, so its wait is bounded by `total_seconds` alone; a stream's first byte by
     `first_byte_seconds`, and each pause between reads of a stream that began by

@@ -157,7 +157,7 @@ def _provider_timeouts(p: Provider) -> Timeouts:
 
 def model_timeouts(settings: Settings) -> dict[tuple[str, str], Timeouts]:
     """The timeouts of each (model as Resolution names it, provider): the provider's,
-    with those the model sets in their place (docs/design.md section 15). A
+    with those the model sets in their place (docs/design.md section 16). A
     provider-qualified request (`provider/*`) has its provider's."""
     timeouts = {(f"{name}/*", name): _provider_timeouts(p) for name, p in settings.providers.items()}
     for model in settings.models.values():
@@ -197,7 +197,7 @@ class Gateway:
         # What the status page shows of this worker, in the shared store; wall clock for display only.
         self.started_at = time.time()
         self.board = Board(self.metrics.store, self.started_at)
-        self.breakers = Breakers(settings.breaker, clock, self._on_transition, configured, self.board.publish_circuit)
+        self.breakers = Breakers(settings.breaker, clock, self._on_transition, configured, self._on_change)
         for provider, provider_model in configured:  # a series per circuit from the start
             self.metrics.set_circuit_open_until(provider, provider_model, 0.0)
         self.pid = os.getpid()
@@ -229,10 +229,17 @@ class Gateway:
         self.upstreams = {name: _upstream(p, context, self.loop) for name, p in settings.providers.items()}
         self.timeouts = model_timeouts(settings)  # (Resolution.model, provider) -> the exchange's bounds
 
+    def _on_change(self, circuit: Circuit) -> None:
+        """What the status page shows of `circuit` changed (or it was forgotten: then its
+        gauge is 0, as for a circuit that is not open)."""
+        self.board.publish_circuit(circuit)
+        if circuit.forgotten:
+            self.metrics.set_circuit_open_until(circuit.provider, circuit.label, 0.0)
+
     def _on_transition(self, circuit: Circuit, old: State, new: State) -> None:
-        self.metrics.count_transition(circuit.provider, circuit.provider_model, new.value)
+        self.metrics.count_transition(circuit.provider, circuit.label, new.value)
         open_until = (circuit.opened_at or 0.0) + circuit.pause_seconds if new is State.OPEN else 0.0
-        self.metrics.set_circuit_open_until(circuit.provider, circuit.provider_model, open_until)
+        self.metrics.set_circuit_open_until(circuit.provider, circuit.label, open_until)
         if new is State.OPEN:
             logs.log(
                 logging.WARNING,

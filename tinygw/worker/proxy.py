@@ -157,7 +157,7 @@ async def _next_attempt(
 
 
 def _count_retry(gateway: Gateway, target: Target, circuit: Circuit, retry: Retry, failure: str) -> None:
-    gateway.metrics.count_retry(circuit.provider, circuit.provider_model, retry.value)
+    gateway.metrics.count_retry(circuit.provider, circuit.label, retry.value)
     if retry is Retry.QUICK:
         logs.log(
             logging.INFO,
@@ -196,13 +196,13 @@ async def _make_attempt(
         # going out: its first byte is still to observe; a larger one's was observed as it came).
         if isinstance(e, asyncio.CancelledError):
             first_byte = attempt.first_byte_seconds if attempt is not None else None
-            gateway.metrics.count_attempt(circuit.provider, circuit.provider_model, "client_closed", first_byte)
+            gateway.metrics.count_attempt(circuit.provider, circuit.label, "client_closed", first_byte)
         raise
     label = attempt.label
     try:
         ticket.done(attempt.verdict.outcome, label)  # the circuit keeps a failure's label as its last error
         record.attempt_ended(target, label)
-        gateway.metrics.count_attempt(circuit.provider, circuit.provider_model, label, attempt.first_byte_seconds)
+        gateway.metrics.count_attempt(circuit.provider, circuit.label, label, attempt.first_byte_seconds)
     except BaseException:  # the answer will not be sent: a rest still being read must not keep its pool slot
         await attempt.discard()
         raise
@@ -259,7 +259,7 @@ async def _attempt(
         except errors.UpstreamError as e:
             return Attempt(outcome.of_error(e), e.cause, error=e)
         rest = None if ended else response
-    # A 401/403 is the client's when it chose the account its provider key acts for (docs/design.md section 15)
+    # A 401/403 is the client's when it chose the account its provider key acts for (docs/design.md section 16)
     chosen = upstream.lets_clients_choose_account and carries_account_headers(inbound.headers)
     judged = outcome.of_answer(response.status, elapsed, None if rest else data, chosen)
     if judged.error is not None:  # nothing of it is the client's: the gateway's own 502, should it be the last
