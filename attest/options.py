@@ -5,8 +5,20 @@ import argparse
 TIMEOUT_SECONDS = 30
 
 
+class UsageError(Exception):
+    """Bad usage: attest/verify says why on stderr, ends with its verdict line, and exits 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, except that an error is raised to attest/verify's main, which ends every run
+    with a verdict (or its --json document), instead of leaving from inside the parser."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+
 def parser():
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="attest/verify",
         description="Check a running tinygw against its release and a policy (docs/verify.md).",
         epilog="exit status: 0 every check PASSed, 1 a "

@@ -455,7 +455,8 @@ def test_verify_passes_the_genuine_gateway(measured, tmp_path):
     assert code == UNVERIFIED, output  # consistent, but nothing checked the quote's signature
     assert list(verdicts) == ALL_CHECKS, output
     assert set(verdicts.values()) == {"PASS", "SKIP"} and verdicts["quote signature"] == "SKIP", output
-    assert "signature chain is not checked" in output and "UNVERIFIED" not in output
+    assert "signature chain is not checked" in output
+    assert output.splitlines()[-1].startswith("verdict: UNVERIFIED: ") and output.endswith("; exit 4\n"), output
 
     code, verdicts, output = verify(
         "--artifact",
@@ -467,7 +468,8 @@ def test_verify_passes_the_genuine_gateway(measured, tmp_path):
         "00" * 48,
     )
     assert code == 0 and "config" not in verdicts and verdicts["MRTD"] == "PASS", output
-    assert output.splitlines()[-1].startswith("UNVERIFIED")
+    assert output.splitlines()[-1].startswith("verdict: UNVERIFIED: "), output
+    assert "accepted with --accept-unverified" in output.splitlines()[-1] and output.endswith("; exit 0\n"), output
 
     # A platform verifier gets the quote's path as its last argument; its exit status decides.
     checker = tmp_path / "check-quote"

@@ -162,7 +162,8 @@ def test_a_policy_that_reads_two_ways_or_counts_past_time_is_one_line_exit_2(tmp
         str(policy),
     )
     assert code == 2 and verdicts == {} and says in output, output
-    assert output.count("\n") == 1 and "Traceback" not in output, output
+    assert output.count("\n") == 2 and "Traceback" not in output, output  # the error, and the verdict
+    assert output.startswith("verdict: ERROR: nothing was verified: "), output
 
 
 def test_a_tdx_run_that_pins_no_image_says_that_rtmr3_is_then_anyones_word(measured):

@@ -149,7 +149,8 @@ def test_a_hostile_answer_is_one_line_fail(tmp_path, body, reason):
         code, verdicts, output = verify("--artifact", str(artifact), "--url", url)
     assert code == 1 and verdicts == {"fetch": "FAIL"}, output[:2000]
     assert f"FAIL fetch: {reason}" in output and "Traceback" not in output, output[:2000]
-    assert len(output.splitlines()) == 1, output[:2000]
+    assert len(output.splitlines()) == 2, output[:2000]  # the failure, and the verdict
+    assert output.splitlines()[-1] == "verdict: FAIL: 1 of 1 checks FAILed (fetch); exit 1", output[:2000]
 
 
 def test_an_unwritable_save_cert_directory_is_one_line_exit_2(attested, tmp_path):
