@@ -69,9 +69,11 @@ def _snp_options(p):
         help="SEV-SNP: an ARK, which must be one of the pinned (default: the built-in one that issued the ASK)",
     )
     p.add_argument(
-        "--simulated-ark",
+        "--snp-crl",
         metavar="FILE",
-        help="SEV-SNP, tests and make rehearse only: a chain ending in this root is a SKIP, never a PASS",
+        help="SEV-SNP: AMD's revocation list for the product (KDS /vcek/v1/PRODUCT/crl, DER or PEM), signed by "
+        "the ARK: certificate chain then FAILs a revoked ASK or VCEK (without it, the PASS says revocation was "
+        "not checked)",
     )
 
 

@@ -75,9 +75,8 @@ def test_a_policy_pinning_tdx_is_not_sidestepped_by_sev_snp_evidence(snp_gateway
         policy,
         "--expect-mrtd",
         "00" * 48,
-        "--simulated-ark",
-        str(tmp_path / "simulated-ark.pem"),
         "--accept-unverified",
+        simulated_ark=tmp_path / "simulated-ark.pem",
     )
     assert code == 1, output  # before: exit 0, UNVERIFIED, with the pinned MRTD never looked at
     assert verdicts["MRTD"] == verdicts["RTMR1"] == "FAIL", output
