@@ -125,3 +125,26 @@ def test_plain_http_says_that_nothing_binds_the_evidence_to_the_connection(measu
     code, lines = as_seen("--release", str(release), "--url", gateway.url, "--platform-verifier", "true")
     assert code == 0 and "PASS tls channel" in lines, lines
     assert not any("plain http" in line for line in lines), lines
+
+
+def test_the_documented_tinygw_check_gives_the_hash_that_verify_expects(measured, tmp_path):
+    """docs/verify.md shows how a client obtains --config-sha256: `tinygw check | tail -n 1` on the
+    published configuration, with a placeholder for each key. Done so, `config` PASSes."""
+    doc = (test_attest.ROOT / "docs" / "verify.md").read_text()
+    assert "## The expected configuration hash (`--config-sha256`)" in doc
+    assert "build/dist/tinygw check | tail -n 1" in doc and "OPENAI_API_KEY=unused" in doc
+    published = tmp_path / "gateway.json"
+    published.write_text(measured.gateway.env["TINYGW_CONFIG"])  # what the operator publishes
+    done = subprocess.run(
+        [str(measured.artifact), "check"],
+        env={"PATH": os.environ["PATH"], "TINYGW_CONFIG_FILE": str(published), "UP_KEY": "unused"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    label, _, expected = done.stdout.splitlines()[-1].partition(": ")
+    assert done.returncode == 0 and label == "config_sha256", done.stdout + done.stderr
+    code, lines = as_seen(
+        "--release", str(measured.release_path), "--url", measured.gateway.url, "--config-sha256", expected
+    )
+    assert code == 4 and "PASS config" in lines, lines  # 4: the simulated quote's signature is a SKIP
