@@ -86,7 +86,11 @@ def _quote_options(p):
         "--accept-tcb",
         help='TCB statuses to accept besides UpToDate (a policy\'s "tcb" in short), e.g. SWHardeningNeeded',
     )
-    p.add_argument("--now", type=int, help="judge the collateral and the TCB grace at this Unix time (default: now)")
+    p.add_argument(
+        "--now",
+        type=int,
+        help="judge the collateral, the TCB grace, an SEV-SNP chain and its CRL at this Unix time (default: now)",
+    )
     p.add_argument(
         "--platform-verifier",
         help="another command that checks a quote's signature; the quote's "
