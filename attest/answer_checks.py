@@ -194,6 +194,13 @@ def check_answer(answer, peer, nonce, url, sha384, policy, args, checks):
     https = urllib.parse.urlsplit(url).scheme == "https"
     if https:
         checks.report("tls channel", tls_channel(answer, peer))
+    else:  # no key to bind: what follows is about some gateway's evidence, not about this connection
+        checks.caveat = "over plain http:// nothing binds this evidence to this connection"
+        checks.note(
+            "note: plain http://: nothing binds this evidence to this connection: whatever answers at this "
+            "address (the host, a relay) may pass on another gateway's answer; serve attested TLS "
+            "(TINYGW_TLS=attested) and verify its https:// URL, whose check tls channel binds it"
+        )
     check_report_data(answer, nonce, https, quote, no_quote, skip, checks)
     if platform is None or platform.RUNTIME_REGISTER:  # SEV-SNP has none: snp.check says what binds the artifact
         check_event_log(answer, sha384, quote, no_quote, skip, checks)

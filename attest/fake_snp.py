@@ -8,8 +8,11 @@ signed RSA-PSS SHA-384 as AMD's are) and answers a configfs-tsm report directory
 offset, length entries ended by an all-zero one, then the DER certificates) and, last, an
 `outblob`: a 1,184-byte report with the inblob as REPORT_DATA, signed by the VCEK.
 
-Its ARK is not AMD's, so no report it makes passes attest/verify's `certificate chain`:
-with `--simulated-ark` that check is a SKIP that says so, never a PASS.
+Its ARK is not AMD's, so no report it makes passes attest/verify's `certificate chain`.
+attest/verify's command line offers no way to trust it: `verify_with_simulated_ark` runs
+attest/verify through its Python entry point, `main(argv, simulated_ark=...)`, and the
+check is then a SKIP that says so, never a PASS. `Chain.crl` makes revocation lists as
+AMD's KDS publishes them (signed by the ARK, RSA-PSS SHA-384), for `--snp-crl`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import datetime
 import hashlib
 import os
 import struct
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -44,6 +48,24 @@ SPL_OIDS = {
 }
 HWID_OID = "1.3.6.1.4.1.3704.1.4"
 SIMULATED_MEASUREMENT = hashlib.sha384(b"tinygw: a simulated SEV-SNP launch, no image").digest()
+VERIFY = Path(__file__).resolve().parent / "verify"
+# attest/verify (a script, no .py) loaded as a module by an isolated interpreter, and run with
+# the simulated root as main's argument: sys.argv is [-c, verify's path, the root's file, verify's arguments].
+_WITH_SIMULATED_ARK = (
+    "import importlib.machinery, importlib.util, sys\n"
+    "path, ark = sys.argv[1], sys.argv[2]\n"
+    "loader = importlib.machinery.SourceFileLoader('attest_verify', path)\n"
+    "module = importlib.util.module_from_spec(importlib.util.spec_from_loader('attest_verify', loader))\n"
+    "loader.exec_module(module)\n"
+    "sys.exit(module.main(sys.argv[3:], simulated_ark=open(ark, 'rb').read()))\n"
+)
+
+
+def verify_with_simulated_ark(ark: Path) -> list[str]:
+    """The command that runs attest/verify with the root in file `ark` (PEM or DER) as a simulated
+    SEV-SNP ARK; append verify's arguments. For tests and make rehearse: attest/verify's own
+    command line has no such option, and reads no variable that would name one."""
+    return [sys.executable, "-I", "-c", _WITH_SIMULATED_ARK, str(VERIFY), str(ark)]
 
 
 def tcb_version(spls: dict[str, int]) -> bytes:
@@ -97,6 +119,23 @@ class Chain:
 
     def der(self, name: str) -> bytes:
         return getattr(self, name).public_bytes(serialization.Encoding.DER)
+
+    def crl(self, revoked: tuple[str, ...] = (), *, signer=None, days: int = 7) -> bytes:
+        """A revocation list as AMD's KDS publishes one (DER, issued by the ARK, RSA-PSS SHA-384,
+        current for `days`), listing the certificates named in `revoked` ("ask", "vcek") by
+        serial number; `signer`, a private key other than the ARK's, makes one nobody should trust."""
+        now = datetime.datetime.now(datetime.UTC)
+        builder = (
+            x509.CertificateRevocationListBuilder()
+            .issuer_name(self.ark.subject)
+            .last_update(now - datetime.timedelta(days=1))
+            .next_update(now + datetime.timedelta(days=days))
+        )
+        for name in revoked:
+            entry = x509.RevokedCertificateBuilder().serial_number(getattr(self, name).serial_number)
+            builder = builder.add_revoked_certificate(entry.revocation_date(now - datetime.timedelta(hours=1)).build())
+        crl = builder.sign(signer or self.ark_key, hashes.SHA384(), rsa_padding=PSS_SHA384)
+        return crl.public_bytes(serialization.Encoding.DER)
 
     def pem(self, name: str) -> bytes:
         return getattr(self, name).public_bytes(serialization.Encoding.PEM)

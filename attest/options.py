@@ -5,8 +5,20 @@ import argparse
 TIMEOUT_SECONDS = 30
 
 
+class UsageError(Exception):
+    """Bad usage: attest/verify says why on stderr, ends with its verdict line, and exits 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, except that an error is raised to attest/verify's main, which ends every run
+    with a verdict (or its --json document), instead of leaving from inside the parser."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+
 def parser():
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="attest/verify",
         description="Check a running tinygw against its release and a policy (docs/verify.md).",
         epilog="exit status: 0 every check PASSed, 1 a "
@@ -57,9 +69,11 @@ def _snp_options(p):
         help="SEV-SNP: an ARK, which must be one of the pinned (default: the built-in one that issued the ASK)",
     )
     p.add_argument(
-        "--simulated-ark",
+        "--snp-crl",
         metavar="FILE",
-        help="SEV-SNP, tests and make rehearse only: a chain ending in this root is a SKIP, never a PASS",
+        help="SEV-SNP: AMD's revocation list for the product (KDS /vcek/v1/PRODUCT/crl, DER or PEM), signed by "
+        "the ARK: certificate chain then FAILs a revoked ASK or VCEK (without it, the PASS says revocation was "
+        "not checked)",
     )
 
 
@@ -72,7 +86,11 @@ def _quote_options(p):
         "--accept-tcb",
         help='TCB statuses to accept besides UpToDate (a policy\'s "tcb" in short), e.g. SWHardeningNeeded',
     )
-    p.add_argument("--now", type=int, help="judge the collateral and the TCB grace at this Unix time (default: now)")
+    p.add_argument(
+        "--now",
+        type=int,
+        help="judge the collateral, the TCB grace, an SEV-SNP chain and its CRL at this Unix time (default: now)",
+    )
     p.add_argument(
         "--platform-verifier",
         help="another command that checks a quote's signature; the quote's "

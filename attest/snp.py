@@ -19,7 +19,8 @@ Each check is a `Check(name, result, reason, values)`, result PASS, FAIL or SKIP
 
   snp report               the report is 1,184 bytes, of version 2 to 5
   certificate chain        ARK -> ASK -> VCEK, each RSA-PSS SHA-384 (salt 48) and valid now; the
-                           ARK one of AMD's, pinned by SHA-256 in attest/snp_chain.py (Milan, Genoa, Turin)
+                           ARK one of AMD's, pinned by SHA-256 in attest/snp_chain.py (Milan, Genoa, Turin);
+                           with AMD's CRL, neither the ASK nor the VCEK revoked (without, its PASS says so)
   report signature         the VCEK's key signed the report's first 0x2A0 bytes
   VCEK matches report      the VCEK's hwID is the report's chip_id and its TCB extensions are the
                            report's reported_tcb (AMD issues one VCEK per chip and TCB)
@@ -43,6 +44,7 @@ from snp_chain import (
     ARK_SHA256,
     fingerprint,
     load_certificate,
+    load_crl,
     report_signature,
     signed_by,
     vcek_matches,
@@ -92,6 +94,7 @@ __all__ = [  # what attest/verify and the tests reach as snp.NAME, wherever it i
     "fingerprint",
     "learned_policy",
     "load_certificate",
+    "load_crl",
     "load_report",
     "parse_policy",
     "parse_report",
@@ -165,9 +168,11 @@ def verify_report(
     policy: dict | None = None,
     simulated_ark: bytes | None = None,
     now: datetime.datetime | None = None,
+    crl: bytes | None = None,
 ) -> list[Check]:
     """Every check of a report, in order. Certificates are PEM or DER bytes; `policy` is
-    parse_policy's result; `report_data`, when given, is what REPORT_DATA must be."""
+    parse_policy's result; `report_data`, when given, is what REPORT_DATA must be; `crl`, when
+    given, AMD's revocation list for the product (DER or PEM), signed by the chain's ARK."""
     policy = policy or {}
     try:
         report = parse_report(raw)
@@ -182,7 +187,7 @@ def verify_report(
             chip_id=report.field("chip_id").hex(),
         )
     ]
-    certs, reason = _certificates(vcek, ask, ark, simulated_ark)
+    certs, reason = _certificates(vcek, ask, ark, simulated_ark, crl)
     if reason is not None:
         checks.append(failed("certificate chain", reason))
         checks += [
@@ -192,7 +197,13 @@ def verify_report(
         product = "Milan"
     else:
         chain, product = verify_chain(
-            certs["vcek"], certs["ask"], certs["ark"], simulated_ark=certs["simulated"], now=now, ark_dir=ARK_DIR
+            certs["vcek"],
+            certs["ask"],
+            certs["ark"],
+            simulated_ark=certs["simulated"],
+            crl=certs["crl"],
+            now=now,
+            ark_dir=ARK_DIR,
         )
         product = product or "Milan"
         checks += [chain, report_signature(report, certs["vcek"]), vcek_matches(report, certs["vcek"], product)]
@@ -202,8 +213,8 @@ def verify_report(
     return checks + policy_checks(report, product, policy) + [artifact_measured(report, policy)]
 
 
-def _certificates(vcek, ask, ark, simulated_ark) -> tuple[dict, str | None]:
-    """The certificates read, or why one cannot be."""
+def _certificates(vcek, ask, ark, simulated_ark, crl=None) -> tuple[dict, str | None]:
+    """The certificates (and the CRL) read, or why one cannot be."""
     if vcek is None:
         return {}, (
             "no VCEK: the host supplies none; fetch the one for this chip_id and reported_tcb from AMD's "
@@ -217,6 +228,10 @@ def _certificates(vcek, ask, ark, simulated_ark) -> tuple[dict, str | None]:
             certs[key] = None if data is None else load_certificate(data)
         except ValueError as e:
             return {}, f"cannot read the {key.upper()} certificate: {e}"
+    try:
+        certs["crl"] = None if crl is None else load_crl(crl)
+    except ValueError as e:
+        return {}, f"cannot read the CRL (--snp-crl): {e}"
     return certs, None
 
 
@@ -252,8 +267,9 @@ class Quote:
 def check(quote: Quote, policy, run, checks) -> dict | None:
     """The SEV-SNP checks, in order; returns {"snp": the policy this report satisfies} when its
     chain and signature PASSed, else None. `policy.snp` is parse_policy's result; `run` carries
-    `snp_certificates` ({"vcek", "ask", "ark", "simulated_ark": bytes} from files, each optional;
-    given ones take the place of the host's) and `now` (Unix seconds)."""
+    `snp_certificates` ({"vcek", "ask", "ark", "snp_crl": bytes} from files, and "simulated_ark"
+    from attest/verify's caller, each optional; given certificates take the place of the host's)
+    and `now` (Unix seconds)."""
     given = getattr(run, "snp_certificates", None) or {}
     now = datetime.datetime.fromtimestamp(run.now, datetime.UTC) if getattr(run, "now", None) is not None else None
     results = verify_report(
@@ -264,9 +280,17 @@ def check(quote: Quote, policy, run, checks) -> dict | None:
         policy=policy.snp or {},
         simulated_ark=given.get("simulated_ark"),
         now=now,
+        crl=given.get("snp_crl"),
     )
     for result in results:
-        checks.report(result.name, result.reason, skip=result.result == "SKIP", **result.values)
+        passed_ = result.result == "PASS"  # a PASS's reason is its caveat
+        checks.report(
+            result.name,
+            None if passed_ else result.reason,
+            skip=result.result == "SKIP",
+            caveat=result.reason if passed_ else None,
+            **result.values,
+        )
     verdict = {result.name: result for result in results}
     if all(verdict[name].result == "PASS" for name in ("certificate chain", "report signature", "VCEK matches report")):
         return {"snp": learned_policy(quote.report, verdict["certificate chain"].values["product"])}

@@ -1,7 +1,8 @@
 """attest/snp_chain.py: AMD's certificates of an SEV-SNP report (docs/design.md section 12).
 
-ARK -> ASK -> VCEK up to one of AMD's roots pinned here, the report's signature by the
-VCEK, and the VCEK's AMD extensions (hwID, TCB SPLs) against the report. On the
+ARK -> ASK -> VCEK up to one of AMD's roots pinned here, neither the ASK nor the VCEK on
+AMD's revocation list when one is given, the report's signature by the VCEK, and the
+VCEK's AMD extensions (hwID, TCB SPLs) against the report. On the
 `cryptography` library alone: the only DER read here by hand is the value of those
 extensions, which `cryptography` hands over as bytes by OID: a small INTEGER, or hwID's
 raw chip id.
@@ -59,6 +60,7 @@ HWID_OID = "1.3.6.1.4.1.3704.1.4"
 HWID_BYTES = {"Milan": 64, "Genoa": 64, "Turin": 8}
 
 PSS_SHA384 = padding.PSS(mgf=padding.MGF1(hashes.SHA384()), salt_length=48)
+NO_CRL = "revocation not checked: no --snp-crl (AMD's CRL for the product, from its KDS /vcek/v1/PRODUCT/crl)"
 
 
 # ---- certificates ---------------------------------------------------------------------------
@@ -90,17 +92,63 @@ def builtin_arks(ark_dir: Path = ARK_DIR) -> dict[str, x509.Certificate]:
     return arks
 
 
+def load_crl(data: bytes) -> x509.CertificateRevocationList:
+    """A CRL, PEM or DER (AMD's KDS serves DER); ValueError when it is neither."""
+    if data.lstrip().startswith(b"-----BEGIN"):
+        return x509.load_pem_x509_crl(data)
+    return x509.load_der_x509_crl(data)
+
+
 def signed_by(cert: x509.Certificate, issuer: x509.Certificate) -> str | None:
     """None when `issuer` issued `cert` with RSA-PSS SHA-384 (salt 48), else why not."""
-    key = issuer.public_key()
     if cert.issuer != issuer.subject:
         return f"{_cn(cert)} is issued by {_cn_of(cert.issuer)}, not by {_cn(issuer)}"
-    if not isinstance(key, rsa.RSAPublicKey):
-        return f"the issuer {_cn(issuer)} has no RSA key"
-    try:
-        key.verify(cert.signature, cert.tbs_certificate_bytes, PSS_SHA384, hashes.SHA384())
-    except InvalidSignature:
+    if not _pss_signed(cert.signature, cert.tbs_certificate_bytes, issuer):
         return f"the signature of {_cn(cert)} by {_cn(issuer)} (RSA-PSS SHA-384) does not verify"
+    return None
+
+
+def _pss_signed(signature: bytes, signed: bytes, issuer: x509.Certificate) -> bool:
+    """Whether `issuer`'s RSA key made `signature` over `signed`, RSA-PSS SHA-384 with AMD's salt of
+    48. (`cryptography`'s is_signature_valid would take whatever PSS parameters the signed object
+    names; the chain and its CRL are held to the ones AMD uses, in this one place.)"""
+    key = issuer.public_key()
+    if not isinstance(key, rsa.RSAPublicKey):
+        return False
+    try:
+        key.verify(signature, signed, PSS_SHA384, hashes.SHA384())
+    except InvalidSignature:
+        return False
+    return True
+
+
+def revoked(
+    crl: x509.CertificateRevocationList,
+    ark: x509.Certificate,
+    certs: dict[str, x509.Certificate],
+    now: datetime.datetime,
+) -> str | None:
+    """None when `crl` is the chain's ARK's own, current, and lists none of `certs` ({"ASK": ...,
+    "VCEK": ...}) by serial number; else why not. A CRL that its ARK did not sign says nothing."""
+    if crl.issuer != ark.subject or not _pss_signed(crl.signature, crl.tbs_certlist_bytes, ark):
+        return (
+            f"the CRL (issued as {_cn_of(crl.issuer)}) is not signed by the chain's pinned ARK {_cn(ark)} "
+            f"(sha256 {fingerprint(ark)[:16]}..., RSA-PSS SHA-384): it is not AMD's revocation list for this product"
+        )
+    if crl.next_update_utc is None:
+        return "the CRL has no next update: it cannot say that it is current"
+    if not crl.last_update_utc <= now <= crl.next_update_utc:
+        return (
+            f"the CRL is current from {crl.last_update_utc:%Y-%m-%d %H:%M} to {crl.next_update_utc:%Y-%m-%d %H:%M} "
+            f"UTC, not at {now:%Y-%m-%d %H:%M} UTC: fetch AMD's current one"
+        )
+    for role, cert in certs.items():
+        entry = crl.get_revoked_certificate_by_serial_number(cert.serial_number)
+        if entry is not None:
+            return (
+                f"the {role} ({_cn(cert)}, serial 0x{cert.serial_number:x}, sha256 {fingerprint(cert)[:16]}...) "
+                f"is revoked by AMD's CRL since {entry.revocation_date_utc:%Y-%m-%d}"
+            )
     return None
 
 
@@ -149,12 +197,16 @@ def _root(ask, ark, simulated_ark, ark_dir) -> tuple[x509.Certificate | None, st
     )
 
 
-def verify_chain(vcek, ask, ark=None, *, simulated_ark=None, now=None, ark_dir=ARK_DIR) -> tuple[Check, str | None]:
+def verify_chain(
+    vcek, ask, ark=None, *, simulated_ark=None, crl=None, now=None, ark_dir=ARK_DIR
+) -> tuple[Check, str | None]:
     """The `certificate chain` check, and the product (Milan, Genoa, Turin) whose ARK it ends in.
 
     `ark`, when given, must be one of the pinned ARKs; else the built-in one that issued the
     ASK is used (from `ark_dir`). `simulated_ark` (tests, make rehearse) is a root that is not AMD's: a chain
-    ending there is a SKIP that says so, never a PASS (its TCB is read in Milan's layout)."""
+    ending there is a SKIP that says so, never a PASS (its TCB is read in Milan's layout).
+    `crl` (AMD's CRL for the product): a revoked ASK or VCEK, or a CRL that the chain's ARK did
+    not sign, FAILs; without one, the PASS says that revocation was not checked."""
     name = "certificate chain"
     now = now or datetime.datetime.now(datetime.UTC)
     values = {"vcek_sha256": fingerprint(vcek), "ask_sha256": fingerprint(ask)}
@@ -171,6 +223,11 @@ def verify_chain(vcek, ask, ark=None, *, simulated_ark=None, now=None, ark_dir=A
     key = vcek.public_key()
     if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name != "secp384r1":
         return failed(name, "the VCEK's key is not ECDSA P-384", **values), layout
+    if crl is not None:
+        if reason := revoked(crl, root, {"ASK": ask, "VCEK": vcek}, now):
+            return failed(name, reason, **values), layout
+        values["crl_last_update"] = f"{crl.last_update_utc:%Y-%m-%dT%H:%M:%SZ}"
+        values["crl_entries"] = len(crl)
     if product is None:
         return skipped(
             name,
@@ -178,7 +235,7 @@ def verify_chain(vcek, ask, ark=None, *, simulated_ark=None, now=None, ark_dir=A
             "AMD's: nothing here is signed by AMD",
             **values,
         ), layout
-    return passed(name, product=product, **values), product
+    return passed(name, None if crl is not None else NO_CRL, product=product, **values), product
 
 
 # ---- the report --------------------------------------------------------------------------

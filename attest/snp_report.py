@@ -49,12 +49,13 @@ class ReportError(ValueError):
 class Check:
     name: str
     result: str  # "PASS", "FAIL" or "SKIP"
-    reason: str | None = None
+    reason: str | None = None  # why it FAILed or was SKIPped; on a PASS, what it did not cover (or None)
     values: dict = field(default_factory=dict)
 
 
-def passed(name: str, **values) -> Check:
-    return Check(name, "PASS", None, values)
+def passed(name: str, caveat: str | None = None, **values) -> Check:
+    """A PASS; `caveat`, its reason, says what it did not cover."""
+    return Check(name, "PASS", caveat, values)
 
 
 def failed(name: str, reason: str, **values) -> Check:

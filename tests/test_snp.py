@@ -27,6 +27,7 @@ from conftest import ROOT, call
 sys.path.insert(0, str(ROOT / "attest"))
 import fake_snp  # noqa: E402 (attest/ is not a package)
 import snp  # noqa: E402
+import snp_chain  # noqa: E402
 
 from tinygw.trust.attestation import snp_certificates
 
@@ -499,8 +500,8 @@ def test_verify_reads_a_gateway_on_sev_snp(snp_gateway, tmp_path):
     url = gateway.url.replace("http://", "https://")
     artifact = tmp_path / "tinygw"
     artifact.write_bytes(b"a stand-in: on SEV-SNP the binary is bound through the launch measurement")
-    simulated = ("--simulated-ark", tmp_path / "simulated-ark.pem")
-    code, found, output = verify("--artifact", artifact, "--url", url, *simulated)
+    simulated = tmp_path / "simulated-ark.pem"
+    code, found, output = verify("--artifact", artifact, "--url", url, simulated_ark=simulated)
     assert code == 4, output
     assert found == {
         "nonce echoed": "PASS",
@@ -519,12 +520,12 @@ def test_verify_reads_a_gateway_on_sev_snp(snp_gateway, tmp_path):
         artifact,
         "--url",
         url,
-        *simulated,
         "--policy",
         policy,
         "--accept-unverified",
         "--save-cert",
         tmp_path / "cert.pem",
+        simulated_ark=simulated,
     )
     assert code == 4 and found["artifact measured"] == "PASS" and found["certificate chain"] == "SKIP", output
     assert not (tmp_path / "cert.pem").exists()
@@ -541,9 +542,7 @@ def test_verify_fails_a_debug_snp_guest(tmp_path, start_gateway, fake):
         gateway = start_gateway(
             gateway_config(fake.url), UP_KEY=SECRET, TINYGW_EVENT_LOG=str(tmp_path / "no-log"), **platform.env()
         )
-        code, found, output = verify(
-            "--artifact", VERIFY, "--url", gateway.url, "--simulated-ark", tmp_path / "ark.pem"
-        )
+        code, found, output = verify("--artifact", VERIFY, "--url", gateway.url, simulated_ark=tmp_path / "ark.pem")
     finally:
         platform.stop()
     assert code == 1 and found["guest not in debug mode"] == "FAIL", output
@@ -628,3 +627,117 @@ def test_verify_learns_an_snp_policy_only_from_a_fully_passed_report(tmp_path):
     garbage.write_bytes(os.urandom(1184))
     code, found, output = verify("--snp-report", garbage, *DSTACK_CERTIFICATES)
     assert code == 1 and "Traceback" not in output, output
+
+
+# ---- revocation: AMD's CRL (--snp-crl) ---------------------------------------------------------
+
+
+@pytest.fixture
+def pinned_test_chain(test_chain, monkeypatch):
+    """The test chain's ARK pinned as if it were AMD's Milan one (this test's copy of the pins
+    only), so that its chain can PASS: a report it signed, and its certificates."""
+    monkeypatch.setitem(snp.ARK_SHA256, "Milan", snp.fingerprint(test_chain.ark))
+    tcb = fake_snp.tcb_version({"bootloader": 4, "tee": 0, "snp": 23, "microcode": 213})
+    report = fake_snp.snp_report(test_chain.vcek_key, bytes(64), chip_id=bytes(range(64)), reported_tcb=tcb)
+    return report, (test_chain.der("vcek"), test_chain.der("ask"), test_chain.der("ark"))
+
+
+def chain_check(report, certificates, crl=None, **kwargs) -> snp.Check:
+    checks = snp.verify_report(report, *certificates, crl=crl, **kwargs)
+    return next(check for check in checks if check.name == "certificate chain")
+
+
+def test_without_a_crl_the_chain_passes_saying_that_revocation_was_not_checked(pinned_test_chain):
+    report, certificates = pinned_test_chain
+    chain = chain_check(report, certificates)
+    assert chain.result == "PASS" and chain.reason.startswith("revocation not checked: no --snp-crl"), chain
+
+
+def test_a_clean_crl_of_the_pinned_ark_passes_der_or_pem(pinned_test_chain, test_chain):
+    report, certificates = pinned_test_chain
+    der = test_chain.crl()
+    pem = snp.load_crl(der).public_bytes(snp_chain.serialization.Encoding.PEM)
+    for crl in (der, pem):
+        chain = chain_check(report, certificates, crl)
+        assert (chain.result, chain.reason) == ("PASS", None), chain
+        assert chain.values["crl_entries"] == 0
+
+
+@pytest.mark.parametrize("revoked", ["vcek", "ask"])
+def test_a_revoked_ask_or_vcek_fails_naming_it(pinned_test_chain, test_chain, revoked):
+    report, certificates = pinned_test_chain
+    chain = chain_check(report, certificates, test_chain.crl((revoked,)))
+    assert chain.result == "FAIL", chain
+    cert = getattr(test_chain, revoked)
+    assert chain.reason.startswith(f"the {revoked.upper()} ({snp_chain._cn(cert)}, serial 0x{cert.serial_number:x}")
+    assert "is revoked by AMD's CRL since" in chain.reason, chain
+    # with the simulated root too: a revocation FAILs, it is not hidden behind the SKIP
+    chain = chain_check(report, certificates[:2], test_chain.crl((revoked,)), simulated_ark=certificates[2])
+    assert chain.result == "FAIL" and "is revoked by AMD's CRL" in chain.reason, chain
+
+
+def test_a_crl_not_signed_by_the_pinned_ark_fails(pinned_test_chain, test_chain):
+    report, certificates = pinned_test_chain
+    other = fake_snp.rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    for crl in (test_chain.crl(signer=other), test_chain.crl(("vcek",), signer=other)):
+        chain = chain_check(report, certificates, crl)
+        assert chain.result == "FAIL", chain
+        assert "is not signed by the chain's pinned ARK ARK-Milan" in chain.reason, chain
+
+
+def test_a_crl_out_of_date_or_unreadable_fails(pinned_test_chain, test_chain):
+    report, certificates = pinned_test_chain
+    in_eight_days = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=8)
+    chain = chain_check(report, certificates, test_chain.crl(days=7), now=in_eight_days)
+    assert chain.result == "FAIL" and "fetch AMD's current one" in chain.reason, chain
+    chain = chain_check(report, certificates, b"not a CRL")
+    assert chain.result == "FAIL" and chain.reason.startswith("cannot read the CRL (--snp-crl)"), chain
+
+
+def test_verify_says_on_the_chains_pass_line_that_revocation_was_not_checked(tmp_path, test_chain):
+    """AMD's real chain (the dstack sample): without --snp-crl, the PASS line says what it left out;
+    a CRL that AMD's ARK did not sign (here the test chain's) FAILs the chain."""
+    report = SAMPLE / "dstack" / "report.bin"
+    code, found, output = verify("--snp-report", report, *DSTACK_CERTIFICATES)
+    assert found["certificate chain"] == "PASS", output
+    assert "\nPASS certificate chain: revocation not checked: no --snp-crl (AMD's CRL" in output, output
+    code, _, output = verify("--snp-report", report, *DSTACK_CERTIFICATES, "--json")
+    chain = next(check for check in json.loads(output)["checks"] if check["name"] == "certificate chain")
+    assert chain["result"] == "PASS" and chain["reason"].startswith("revocation not checked"), chain  # its caveat
+    forged = tmp_path / "crl.der"
+    forged.write_bytes(test_chain.crl())
+    code, found, output = verify("--snp-report", report, *DSTACK_CERTIFICATES, "--snp-crl", forged)
+    assert code == 1 and found["certificate chain"] == "FAIL", output
+    assert "is not signed by the chain's pinned ARK ARK-Milan" in output, output
+    code, _, output = verify("--snp-report", report, *DSTACK_CERTIFICATES, "--snp-crl", tmp_path / "none.der")
+    assert code == 2 and "cannot read --snp-crl" in output, output
+
+
+def test_verify_fails_a_revoked_vcek_given_with_snp_crl(tmp_path, test_chain):
+    """The whole command line, on the simulated chain: --snp-crl revoking the VCEK FAILs (exit 1),
+    where the clean CRL leaves the simulated chain's SKIP (exit 4)."""
+    tcb = fake_snp.tcb_version({"bootloader": 4, "tee": 0, "snp": 23, "microcode": 213})
+    (tmp_path / "report.bin").write_bytes(
+        fake_snp.snp_report(test_chain.vcek_key, bytes(64), chip_id=bytes(range(64)), reported_tcb=tcb)
+    )
+    for name in ("vcek", "ask", "ark"):
+        (tmp_path / f"{name}.pem").write_bytes(test_chain.pem(name))
+    (tmp_path / "revoked.der").write_bytes(test_chain.crl(("vcek",)))
+    (tmp_path / "clean.der").write_bytes(test_chain.crl())
+    saved = ("--snp-report", tmp_path / "report.bin", "--vcek", tmp_path / "vcek.pem", "--ask", tmp_path / "ask.pem")
+    ark = tmp_path / "ark.pem"
+    code, found, output = verify(*saved, "--snp-crl", tmp_path / "revoked.der", simulated_ark=ark)
+    assert code == 1 and found["certificate chain"] == "FAIL" and "the VCEK (SEV-VCEK, serial 0x3" in output, output
+    code, found, output = verify(*saved, "--snp-crl", tmp_path / "clean.der", simulated_ark=ark)
+    assert code == 4 and found["certificate chain"] == "SKIP" and "simulated ARK" in output, output
+
+
+def test_the_command_line_offers_no_root_but_amds():
+    """--simulated-ark is gone: a simulated root reaches verify only through its Python entry point."""
+    report, root = SAMPLE / "dstack" / "report.bin", DSTACK_CERTIFICATES[3]
+    code, _, output = verify("--snp-report", report, *DSTACK_CERTIFICATES, "--simulated-ark", root)
+    assert code == 2 and "unrecognized arguments: --simulated-ark" in output, output
+    code, _, output = verify("--snp-report", report, *DSTACK_CERTIFICATES, "--simulated", root)
+    assert code == 2 and "unrecognized arguments" in output, output  # nor any prefix of it
+    code, _, output = verify("--help")
+    assert code == 0 and "simulated" not in output.lower() and "--snp-crl" in output, output

@@ -9,7 +9,10 @@ import base64
 import hashlib
 import http.client
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -149,7 +152,8 @@ def test_a_hostile_answer_is_one_line_fail(tmp_path, body, reason):
         code, verdicts, output = verify("--artifact", str(artifact), "--url", url)
     assert code == 1 and verdicts == {"fetch": "FAIL"}, output[:2000]
     assert f"FAIL fetch: {reason}" in output and "Traceback" not in output, output[:2000]
-    assert len(output.splitlines()) == 1, output[:2000]
+    assert len(output.splitlines()) == 2, output[:2000]  # the failure, and the verdict
+    assert output.splitlines()[-1] == "verdict: FAIL: 1 of 1 checks FAILed (fetch); exit 1", output[:2000]
 
 
 def test_an_unwritable_save_cert_directory_is_one_line_exit_2(attested, tmp_path):
@@ -274,3 +278,64 @@ def test_a_local_error_or_bad_usage_is_exit_2_never_a_traceback(args):
     code, _, output = verify(*args)
     assert code == 2 and "Traceback" not in output, output
     assert output.splitlines()[-1].startswith("attest/verify: "), output
+
+
+# ---- the verifier runs its own code only -------------------------------------------------------
+
+ATTEST_MODULES = sorted(path.stem for path in (test_attest.ROOT / "attest").glob("*.py"))
+# what attest/verify imports besides its own: stdlib modules that start-up has not loaded, its packages
+OTHERS = ["json", "hashlib", "ssl", "tempfile", "argparse", "base64", "cryptography", "dcap_qvl"]
+SAMPLE_QUOTE = (
+    "--quote",
+    str(DCAP_SAMPLE / "tdx_quote"),
+    "--collateral",
+    str(DCAP_SAMPLE / "tdx_quote_collateral.json"),
+    "--now",
+    "1751328000",
+)
+
+
+def hostile_modules(tmp_path: Path, *extra: str) -> tuple[Path, Path, Path]:
+    """A PYTHONPATH directory and a working directory, each holding a module of every name that
+    attest/verify imports (its own: policy.py, snp_chain.py, ...; the stdlib's; its packages'),
+    each of which, once imported, writes its name to the returned marker file and exits 99."""
+    marker = tmp_path / "imported"
+    hostile = f"open({str(marker)!r}, 'a').write(__name__ + '\\n')\nraise SystemExit(99)\n"
+    directories = tmp_path / "pythonpath", tmp_path / "cwd"
+    for directory in directories:
+        directory.mkdir()
+        for name in (*ATTEST_MODULES, *OTHERS, *extra):
+            (directory / f"{name}.py").write_text(hostile)
+    return *directories, marker
+
+
+def test_verify_imports_no_module_from_pythonpath_or_the_working_directory(tmp_path):
+    pythonpath, cwd, marker = hostile_modules(tmp_path)
+    assert {"policy", "snp_chain", "checks", "options"} <= set(ATTEST_MODULES)
+    done = subprocess.run(
+        [sys.executable, str(test_attest.VERIFY), *SAMPLE_QUOTE],
+        cwd=cwd,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": f"{pythonpath}:"},  # the empty entry: the working directory
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert not marker.exists(), marker.read_text()
+    assert done.returncode == 0 and "PASS quote signature" in done.stdout, done.stdout + done.stderr
+
+
+def test_verify_run_as_a_program_is_isolated_from_its_start(tmp_path):
+    """./attest/verify starts its interpreter isolated (python3 -I): not even the interpreter's
+    start-up hooks (sitecustomize, usercustomize) come from PYTHONPATH or the user's site."""
+    pythonpath, cwd, marker = hostile_modules(tmp_path, "sitecustomize", "usercustomize")
+    interpreter = Path(sys.executable).parent  # its python3 has the verifier's packages
+    done = subprocess.run(
+        [str(test_attest.VERIFY), *SAMPLE_QUOTE],
+        cwd=cwd,
+        env={"PATH": f"{interpreter}:{os.environ['PATH']}", "PYTHONPATH": f"{pythonpath}:", "HOME": str(cwd)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert not marker.exists(), marker.read_text()
+    assert done.returncode == 0 and "PASS quote signature" in done.stdout, done.stdout + done.stderr

@@ -53,4 +53,5 @@ def test_broken_collateral_from_a_pccs_is_one_line_fail(broken):
     with pccs(broken) as url:
         code, verdicts, output = verify("--quote", str(DCAP_SAMPLE / "tdx_quote"), "--pccs", url, "--now", SAMPLE_TIME)
     assert code == 1 and verdicts == {"quote signature": "FAIL"}, output  # not a crash (a negative code)
-    assert len(output.splitlines()) == 1 and "Traceback" not in output, output
+    assert len(output.splitlines()) == 2 and "Traceback" not in output, output  # the failure, and the verdict
+    assert output.splitlines()[-1].startswith("verdict: FAIL: 1 of 1 checks FAILed (quote signature)"), output

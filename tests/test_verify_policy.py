@@ -169,7 +169,8 @@ def test_the_shorthands_remain(tmp_path, measured):
 def test_a_bad_policy_is_one_line_exit_2(tmp_path, policy, says):
     code, verdicts, output = sample(tmp_path, policy)
     assert code == 2 and verdicts == {} and says in output, output
-    assert output.count("\n") == 1 and "Traceback" not in output, output
+    assert output.count("\n") == 2 and "Traceback" not in output, output  # the error, and the verdict
+    assert output.startswith("verdict: ERROR: nothing was verified: "), output
 
 
 def test_the_snp_object_is_left_to_the_snp_checks(tmp_path):
