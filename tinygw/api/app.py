@@ -241,7 +241,7 @@ async def _proxy(
 
 
 async def _answer_limited(gateway: Gateway, send, record: Record, refusal: Refusal) -> None:
-    """429 for a request over its client's limit (docs/design.md section 15), saying which
+    """429 for a request over its client's limit (docs/design.md section 16), saying which
     (`x-tinygw-limit`) and when a request would pass it (`Retry-After`)."""
     value = gateway.clients.clients[record.client].limits()[refusal.limit]
     message = f"the client {record.client!r} is over its {refusal.limit} ({value}); retry after {refusal.retry_after} s"

@@ -10,7 +10,7 @@ or has not finished yet, null when listing is off) and the number of models list
 for each circuit of each worker (`worker` = its slot): the state in words ("Circuit
 Open" etc.), the consecutive failures, the current pause, the seconds until the next
 probe and when that is (null unless open), when it opened, and the last error. For
-each named client (docs/design.md section 15), summed over the workers: its requests in
+each named client (docs/design.md section 16), summed over the workers: its requests in
 flight, its admitted requests and its tokens of the last minute, and its limits (null:
 none); a client is shown by its name, never by a key.
 

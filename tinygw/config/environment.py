@@ -129,7 +129,7 @@ def _secret(env: Mapping[str, str], name: str) -> Secret:
 def _gateway_key(name: str, word: str) -> Secret:
     """One of the gateway's own keys (TINYGW_API_KEYS', a client's), from the variable
     `name`: visible ASCII with no space, so that a client sends it in a header as it is
-    written (docs/design.md section 15). The one rule for every gateway key."""
+    written (docs/design.md section 16). The one rule for every gateway key."""
     if not _GATEWAY_KEY.fullmatch(word):
         # Said without the value: a key must never reach a message.
         raise ConfigError(name, "holds a key with a space or a character outside visible ASCII")
@@ -165,7 +165,7 @@ def _client_keys(env: Mapping[str, str], name: str) -> tuple[Secret, ...]:
 def _clients(
     env: Mapping[str, str], where: str, docs: dict[str, ClientDoc], default_keys: tuple[Secret, ...], default_env: str
 ) -> dict[str, Client]:
-    """Every client a request may be (docs/design.md section 15). `default` has the keys of
+    """Every client a request may be (docs/design.md section 16). `default` has the keys of
     TINYGW_API_KEYS (`default_keys`, from `default_env`); it exists when it has keys or no
     other client has (then every request is it), with the limits `clients` gives it."""
     owners: dict[str, str] = {key.reveal(): DEFAULT_CLIENT for key in default_keys}  # key -> its client

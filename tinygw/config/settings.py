@@ -94,7 +94,7 @@ Limit = Annotated[int, Meta(ge=1, le=2**40)]
 
 
 class ClientDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A named client (docs/design.md section 15): the variables that hold its gateway
+    """A named client (docs/design.md section 16): the variables that hold its gateway
     keys, and its limits (None: no limit)."""
 
     keys_env: str | list[str] | None = None

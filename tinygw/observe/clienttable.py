@@ -1,5 +1,5 @@
 """Each client's counts in every worker, so that a client's limits hold across all of the
-gateway's workers (docs/design.md section 15), decided by tinygw.resilience.limits.
+gateway's workers (docs/design.md section 16), decided by tinygw.resilience.limits.
 
 As the metric store (tinygw.observe.metricstore) keeps its values, each worker keeps its
 counts of every configured client in a file of its own in the run's directory,

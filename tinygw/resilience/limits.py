@@ -1,4 +1,4 @@
-"""A named client's limits (docs/design.md section 15), decided from counts and `now`.
+"""A named client's limits (docs/design.md section 16), decided from counts and `now`.
 
 Pure, in the breaker's shape: no timers and no state of its own; the counts live in a
 flat sequence of floats that the caller owns (a list in one process, a map shared by

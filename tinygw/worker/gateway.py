@@ -149,7 +149,7 @@ class Gateway:
         self.auth = InboundAuth({c.name: c.keys for c in clients.values()}, DEFAULT_CLIENT)
         self.request_ids = RequestIds()
         self.metrics = Metrics(__version__, artifact_sha256, settings.metrics_dir)
-        # Each client's counts, shared with the other workers where the metrics are (docs/design.md section 15)
+        # Each client's counts, shared with the other workers where the metrics are (docs/design.md section 16)
         store = self.metrics.store
         shared = store.directory if isinstance(store, FileStore) else None
         self.clients = ClientTable(clients, shared, store.slot)

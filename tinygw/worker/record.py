@@ -32,7 +32,7 @@ class Record(Struct):
 
     request_id: bytes
     started_at: float  # the loop's time when the request came
-    client: str = DEFAULT_CLIENT  # the named client whose key it presented (docs/design.md section 15)
+    client: str = DEFAULT_CLIENT  # the named client whose key it presented (docs/design.md section 16)
     admitted: bool = False  # counted in by the client's limits: counted out when it ends
     limited: str | None = None  # the limit that refused it
     debug: Breakers | None = None
