@@ -7,6 +7,8 @@ anywhere."""
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -109,6 +111,34 @@ def test_tables_in_one_directory_share_their_counts_and_a_dead_ones_in_flight_is
     finally:
         one.close()
         two.close()
+
+
+def _admit_many(directory: str, slot: int, start, tries: int, results) -> None:
+    """A worker's admissions of a client with one place: (admitted, times it saw two taken)."""
+    table = ClientTable({"a": Client(name="a", max_concurrent=1)}, directory, slot)
+    start.wait()
+    admitted = over = 0
+    for _ in range(tries):
+        if table.admit("a", 100.0) is None:
+            admitted += 1
+            over += table.view(100.0)[0].in_flight > 1
+            table.finish("a", 0, 100.0)
+    results.put((admitted, over))
+    table.close()
+
+
+def test_two_workers_admitting_at_once_never_both_take_the_last_place(tmp_path):
+    context = multiprocessing.get_context("fork")
+    start, results = context.Event(), context.Queue()
+    workers = [context.Process(target=_admit_many, args=(str(tmp_path), slot, start, 3000, results)) for slot in (1, 2)]
+    for worker in workers:
+        worker.start()
+    wait_until(lambda: len([n for n in os.listdir(tmp_path) if n.startswith("clients-")]) == 2, 10, "both files")
+    start.set()
+    counts = [results.get(timeout=60) for _ in workers]
+    for worker in workers:
+        worker.join(10)
+    assert all(admitted > 0 for admitted, _ in counts) and sum(over for _, over in counts) == 0, counts
 
 
 # ---- black-box: a gateway in front of a fake that holds marked streams ---------------------------
