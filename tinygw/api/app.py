@@ -25,6 +25,7 @@ from tinygw.api.models import MODEL_PREFIX
 from tinygw.api.pages import healthz, metrics, root
 from tinygw.api.status import status_json, status_page
 from tinygw.config import environment
+from tinygw.config.settings import DEFAULT_CLIENT
 from tinygw.errors import ConfigError, EvidenceUnavailable
 from tinygw.protocol import wire
 from tinygw.protocol.routing import Endpoint, Route, api_endpoint, page_endpoint
@@ -172,7 +173,7 @@ def _with_request_id(send, request_id: bytes):
 
 
 async def _proxy(
-    gateway: Gateway, route: Route, scope, receive, send, first: dict, request_id: bytes, client: str
+    gateway: Gateway, route: Route, scope, receive, send, first: dict, request_id: bytes, client: str = DEFAULT_CLIENT
 ) -> None:
     """A request to a proxied route (its gateway key checked at dispatch: that of `client`):
     admitted (within its client's limits, its body read within its bounds, its model known
