@@ -32,6 +32,8 @@ PROMQL = {
     "worker",
     "version",
     "artifact_sha256",
+    "client",
+    "limit",
 }
 
 
@@ -40,11 +42,13 @@ def test_every_query_names_a_family_the_gateway_exports(fake, start_gateway):
         {
             "providers": {"p": {"base_url": f"{fake.url}/v1", "api": "openai", "listing": False}},
             "models": {"m": {"targets": ["p:x"]}},
+            "clients": {"default": {"requests_per_minute": 2}},
         },
         TINYGW_WORKERS="2",
     )
     assert call("POST", f"{gateway.url}/v1/chat/completions", {"model": "m"})[0] == 200
     assert call("POST", f"{gateway.url}/v1/chat/completions", {"model": "m", "stream": True})[0] == 200
+    assert call("POST", f"{gateway.url}/v1/chat/completions", {"model": "m"})[0] == 429  # a client's limit
     text = call("GET", f"{gateway.url}/metrics")[2].decode()
     exported = set()
     for family in text_string_to_metric_families(text):

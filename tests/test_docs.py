@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT
 from tinygw.api import app
 from tinygw.config import environment
-from tinygw.config.settings import ConfigDoc, ModelDoc, ProviderDoc, RoutingDoc
+from tinygw.config.settings import ClientDoc, ConfigDoc, ModelDoc, ProviderDoc, RoutingDoc
 
 CONFIGURATION = (ROOT / "docs" / "configuration.md").read_text()
 API = (ROOT / "docs" / "api.md").read_text()
@@ -47,6 +47,7 @@ def _documented_default(cell: str):
         (ProviderDoc, "### Provider fields"),
         (ModelDoc, "### Model fields"),
         (RoutingDoc, "### Routing fields"),
+        (ClientDoc, "### Client fields"),
     ],
 )
 def test_every_json_field_is_documented_with_its_default(struct, heading):

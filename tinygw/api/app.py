@@ -25,10 +25,12 @@ from tinygw.api.models import MODEL_PREFIX
 from tinygw.api.pages import healthz, metrics, root
 from tinygw.api.status import status_json, status_page
 from tinygw.config import environment
+from tinygw.config.settings import DEFAULT_CLIENT
 from tinygw.errors import ConfigError, EvidenceUnavailable, UnsendableRequest
 from tinygw.protocol import wire
 from tinygw.protocol.routing import Endpoint, Route, api_endpoint, page_endpoint
 from tinygw.protocol.wire import BadBody, read_head, send_error
+from tinygw.resilience.limits import Refusal
 from tinygw.worker import discovery, proxy
 from tinygw.worker.gateway import Gateway
 from tinygw.worker.record import Record
@@ -67,10 +69,10 @@ def app(scope, receive, send) -> Awaitable[None]:
         send = wire.anthropic_errors(send)
     if scope["method"] not in endpoint.methods:
         refusal = 405, f"{scope['path']} takes {endpoint.methods[0]}", "invalid_request_error", "method_not_allowed"
-    elif endpoint.auth and not gateway.auth.allows(scope["headers"]):
+    elif endpoint.auth and (client := gateway.auth.client(scope["headers"])) is None:
         refusal = 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key"
-    elif route is not None:  # the hot path: its answers get the id from its record
-        return _proxy(gateway, route, scope, receive, send, first, request_id)
+    elif route is not None:  # the hot path (every route asks for a key: `client` is its owner's name)
+        return _proxy(gateway, route, scope, receive, send, first, request_id, client)  # type: ignore[arg-type]
     else:  # a row without a route is a page's (routing.page_endpoint)
         page: Awaitable[None] = endpoint.page(gateway, scope, _with_request_id(send, request_id))  # type: ignore[misc]
         return page
@@ -169,14 +171,17 @@ def _with_request_id(send, request_id: bytes):
     return send_with_id
 
 
-async def _proxy(gateway: Gateway, route: Route, scope, receive, send, first: dict, request_id: bytes) -> None:
-    """A request to a proxied route (its gateway key checked at dispatch): admitted (its
-    body read within its bounds, its model known on the route), then forwarded, cancelled
+async def _proxy(
+    gateway: Gateway, route: Route, scope, receive, send, first: dict, request_id: bytes, client: str = DEFAULT_CLIENT
+) -> None:
+    """A request to a proxied route (its gateway key checked at dispatch: that of `client`):
+    admitted (within its client's limits, its body read within its bounds, its model known
+    on the route), then forwarded, cancelled
     if its client leaves (its attempt's upstream connection is then closed at once);
     counted and logged from its record, whatever ended it. `first` is its headers by name
     (each one's first value)."""
     loop = gateway.loop or asyncio.get_running_loop()
-    record = Record(request_id, loop.time())
+    record = Record(request_id, loop.time(), client)
     gateway.metrics.add_in_flight(1)
     settings = gateway.settings
     # _current_task(loop): the request's task (_proxy runs in it), which the watch cancels when its client leaves
@@ -185,6 +190,12 @@ async def _proxy(gateway: Gateway, route: Route, scope, receive, send, first: di
     )
     try:
         try:
+            refusal = gateway.clients.admit(client, gateway.clock())
+            if refusal is not None:  # answered at once: no attempt, no circuit moved
+                record.limited_by(refusal.limit)
+                return await _answer_limited(gateway, send, record, refusal)
+            record.admitted_in()
+            gateway.metrics.admit_client(client)
             body = await read_body(receive, first.get(b"content-length"), settings.max_body_bytes, watch)
             head = read_head(body)
             model: str = head.model  # type: ignore[assignment]  # read_head refuses a body without one
@@ -240,16 +251,27 @@ async def _proxy(gateway: Gateway, route: Route, scope, receive, send, first: di
         _account(gateway, route, scope, first, record, loop)
 
 
-async def _answer_error(send, record: Record, status: int, message: str, type_: str, code: str) -> None:
+async def _answer_limited(gateway: Gateway, send, record: Record, refusal: Refusal) -> None:
+    """429 for a request over its client's limit (docs/design.md section 16), saying which
+    (`x-tinygw-limit`) and when a request would pass it (`Retry-After`)."""
+    value = gateway.clients.clients[record.client].limits()[refusal.limit]
+    message = f"the client {record.client!r} is over its {refusal.limit} ({value}); retry after {refusal.retry_after} s"
+    limit_headers = ((b"retry-after", b"%d" % refusal.retry_after), (b"x-tinygw-limit", refusal.limit.encode()))
+    await _answer_error(send, record, 429, message, "rate_limit_error", "rate_limit_exceeded", limit_headers)
+
+
+async def _answer_error(
+    send, record: Record, status: int, message: str, type_: str, code: str, headers: tuple = ()
+) -> None:
     """Answer the client with an error of the gateway's own, whose head the record
-    makes, as a proxied answer's (x-request-id, and the debug headers once forwarding
-    began). A failure while it is answered is the gateway's, logged here (the type only)
+    makes, as a proxied answer's (x-request-id, `headers`, and the debug headers once
+    forwarding began). A failure while it is answered is the gateway's, logged here (the type only)
     and not raised (a cancellation is): the request is still counted and logged once, by
     _proxy."""
 
     async def send_with_head(message) -> None:
         if message["type"] == "http.response.start":
-            message = record.head(message["status"], message["headers"])
+            message = record.head(message["status"], [*message["headers"], *headers])
         await send(message)
 
     try:
@@ -267,12 +289,20 @@ def _account(gateway: Gateway, route, scope, first: dict, record: Record, loop: 
     duration = loop.time() - record.started_at
     target = record.target
     tokens = record.tokens
+    prompt = completion = 0
     if tokens is None or target is None:  # no answer that reported its tokens was sent
         gateway.metrics.count_proxied(route.path, record.model, record.status, duration, None, 0, 0)
     else:
+        prompt, completion = tokens.prompt, tokens.completion
         gateway.metrics.count_proxied(
-            route.path, record.model, record.status, duration, target.provider, tokens.prompt, tokens.completion
+            route.path, record.model, record.status, duration, target.provider, prompt, completion
         )
+    if record.limited is not None:
+        gateway.metrics.count_limited(record.client, record.limited)
+    else:
+        if record.admitted:  # out of flight, its tokens charged to its client's minute
+            gateway.clients.finish(record.client, prompt + completion, gateway.clock())
+        gateway.metrics.count_client(record.client, record.status, record.admitted, prompt, completion)
     if record.first_output_at is not None:
         gateway.metrics.observe_first_token(record.model, record.first_output_at - record.started_at)
     logs.access(
@@ -285,6 +315,7 @@ def _account(gateway: Gateway, route, scope, first: dict, record: Record, loop: 
         status=record.status,
         worker=gateway.pid,
         request_id=record.request_id.decode(),
+        client=record.client,
         target=target.name if target else None,
         attempts=",".join(record.attempts),
         cut=record.cut,

@@ -9,7 +9,10 @@ off; `up` true when every live worker's last listing succeeded, false when one f
 or has not finished yet, null when listing is off) and the number of models listed;
 for each circuit of each worker (`worker` = its slot): the state in words ("Circuit
 Open" etc.), the consecutive failures, the current pause, the seconds until the next
-probe and when that is (null unless open), when it opened, and the last error.
+probe and when that is (null unless open), when it opened, and the last error. For
+each named client (docs/design.md section 16), summed over the workers: its requests in
+flight, its admitted requests and its tokens of the last minute, and its limits (null:
+none); a client is shown by its name, never by a key.
 
 `snapshot` builds the plain data from the gateway and is the only reader of it; the
 two handlers render that data. The pages show names, states, counts and error labels
@@ -111,6 +114,7 @@ def snapshot(gateway: Gateway, pid: int, artifact_sha256: str | None = None) -> 
             for n, m in sorted(settings.models.items())
         ],
         "providers": providers,
+        "clients": [msgspec.structs.asdict(c) for c in gateway.clients.view(now)],
     }
 
 
@@ -157,9 +161,9 @@ td { overflow-wrap: anywhere; }
 .open { color: #b00020; }
 .half-open { color: #8a5a00; }
 code { font-size: .95em; }
-table.facts, table.models { table-layout: auto; margin-bottom: 1em; }
+table.facts, table.models, table.clients { table-layout: auto; margin-bottom: 1em; }
 table.facts th { width: 12em; }
-table.models th { width: auto !important; }
+table.models th, table.clients th { width: auto !important; }
 """
 
 _COLUMNS = [
@@ -250,8 +254,42 @@ def _overview(data: dict) -> str:
     return f'<table class="facts"><tbody>{rows}</tbody></table>{model_table}'
 
 
+_CLIENT_COLUMNS = [
+    ("Client", ""),
+    ("In flight", ' class="num"'),
+    ("Requests this minute", ' class="num"'),
+    ("Tokens this minute", ' class="num"'),
+    ("Limits", ""),
+]
+
+
+def _limits_text(limits: dict) -> str:
+    words = {"max_concurrent": "in flight", "requests_per_minute": "requests/min", "tokens_per_minute": "tokens/min"}
+    set_ = [f"{value} {words[name]}" for name, value in limits.items() if value is not None]
+    return ", ".join(set_) or "none"
+
+
+def _clients_section(clients: list[dict]) -> str:
+    if not clients:
+        return ""
+    head = "".join(f"<th{cls}>{h}</th>" for h, cls in _CLIENT_COLUMNS)
+    rows = "".join(
+        f"<tr><td><code>{escape(c['name'])}</code></td>"
+        f'<td class="num">{escape(str(c["in_flight"]))}</td>'
+        f'<td class="num">{escape(str(c["requests_this_minute"]))}</td>'
+        f'<td class="num">{escape(str(c["tokens_this_minute"]))}</td>'
+        f"<td>{escape(_limits_text(c['limits']))}</td></tr>"
+        for c in clients
+    )
+    return (
+        f'<section><h2>Clients</h2><table class="clients"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{rows}</tbody></table></section>"
+    )
+
+
 def render_html(data: dict) -> str:
     sections = "".join(_provider_section(p) for p in data["providers"]) or "<p>No providers configured.</p>"
+    sections = _clients_section(data.get("clients", [])) + sections
     pid = escape(str(data["worker"]["pid"]))
     return (
         "<!doctype html>\n"

@@ -22,6 +22,7 @@ import msgspec
 from tinygw.config import strict, tlsmode
 from tinygw.config.files import MAX_SECRET_FILE_BYTES, read_file
 from tinygw.config.settings import (
+    DEFAULT_CLIENT,
     DEFAULT_EVENT_LOG,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_RTMR_PATH,
@@ -31,6 +32,8 @@ from tinygw.config.settings import (
     SERVED_NOT_AFTER_VARIABLE,
     SERVED_SPKI_VARIABLE,
     Breaker,
+    Client,
+    ClientDoc,
     ConfigDoc,
     EnvRef,
     Model,
@@ -49,6 +52,7 @@ from tinygw.secret import Secret
 _CONFIG_DECODER = msgspec.json.Decoder(ConfigDoc)
 _PROVIDER_DECODER = msgspec.json.Decoder(ProviderDoc)
 _MODEL_DECODER = msgspec.json.Decoder(ModelDoc)
+_CLIENT_DECODER = msgspec.json.Decoder(ClientDoc)
 _Doc = TypeVar("_Doc")
 
 # ---- reading the environment -------------------------------------------------------
@@ -62,6 +66,9 @@ _KEY_HEADER_REFUSED = GATEWAY_HEADERS - CREDENTIALS | {"content-type", "cookie"}
 _QUERY_SAFE = re.compile(r"[\x20-\x7e]*")  # printable ASCII; percent-encoded when sent
 _HEADER_SAFE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")  # a header value, trimmed
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an HTTP header name (RFC 9110)
+_GATEWAY_KEY = re.compile(r"[\x21-\x7e]+")  # visible ASCII, no space
+# A client's name: a metric label, a log field and a row of the status page.
+_CLIENT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 def _number(env: Mapping[str, str], name: str, default, *, kind=float, low=None, high=None):
@@ -119,20 +126,90 @@ def _secret(env: Mapping[str, str], name: str) -> Secret:
     return Secret(value)
 
 
-def _inbound_keys(env: Mapping[str, str]) -> tuple[Secret, ...]:
+def _gateway_key(name: str, word: str) -> Secret:
+    """One of the gateway's own keys (TINYGW_API_KEYS', a client's), from the variable
+    `name`: visible ASCII with no space, so that a client sends it in a header as it is
+    written (docs/design.md section 16). The one rule for every gateway key."""
+    if not _GATEWAY_KEY.fullmatch(word):
+        # Said without the value: a key must never reach a message.
+        raise ConfigError(name, "holds a key with a space or a character outside visible ASCII")
+    return Secret(word)
+
+
+def _inbound_keys(env: Mapping[str, str]) -> tuple[tuple[Secret, ...], str]:
+    """The keys of the client `default`, and the variable they came from."""
     inline, file_path = env.get("TINYGW_API_KEYS"), env.get("TINYGW_API_KEYS_FILE")
     if inline is not None and file_path is not None:
         raise ConfigError("TINYGW_API_KEYS", "both TINYGW_API_KEYS and TINYGW_API_KEYS_FILE are set; set one")
     if file_path is not None:
-        words = read_file("TINYGW_API_KEYS_FILE", file_path).splitlines()
+        name, words = "TINYGW_API_KEYS_FILE", read_file("TINYGW_API_KEYS_FILE", file_path).splitlines()
     elif inline is not None:
-        words = inline.split(",")
+        name, words = "TINYGW_API_KEYS", inline.split(",")
     else:
-        return ()
-    keys = tuple(Secret(w.strip()) for w in words if w.strip())
+        return (), "TINYGW_API_KEYS"
+    keys = tuple(_gateway_key(name, w.strip()) for w in words if w.strip())
     if not keys:
-        raise ConfigError("TINYGW_API_KEYS_FILE" if file_path else "TINYGW_API_KEYS", "set but holds no key")
+        raise ConfigError(name, "set but holds no key")
+    return keys, name
+
+
+def _client_keys(env: Mapping[str, str], name: str) -> tuple[Secret, ...]:
+    """The keys of a client's variable `name` (or `NAME_FILE`): a comma list."""
+    words = [w.strip() for w in _secret(env, name).reveal().split(",")]
+    keys = tuple(_gateway_key(name, w) for w in words if w)
+    if not keys:
+        raise ConfigError(name, "holds no key")
     return keys
+
+
+def _clients(
+    env: Mapping[str, str], where: str, docs: dict[str, ClientDoc], default_keys: tuple[Secret, ...], default_env: str
+) -> dict[str, Client]:
+    """Every client a request may be (docs/design.md section 16). `default` has the keys of
+    TINYGW_API_KEYS (`default_keys`, from `default_env`); it exists when it has keys or no
+    other client has (then every request is it), with the limits `clients` gives it."""
+    owners: dict[str, str] = {key.reveal(): DEFAULT_CLIENT for key in default_keys}  # key -> its client
+    clients: dict[str, Client] = {}
+    for name, doc in docs.items():
+        path = f"{where} $.clients.{name}"
+        if not _CLIENT_NAME.fullmatch(name):
+            raise ConfigError(path, "a client name is 1 to 64 letters, digits, '.', '_' or '-'")
+        if name == DEFAULT_CLIENT:
+            if doc.keys_env is not None:
+                raise ConfigError(f"{path}.keys_env", "the keys of the client default are TINYGW_API_KEYS'")
+            continue
+        names = [doc.keys_env] if isinstance(doc.keys_env, str) else list(doc.keys_env or [])
+        if not names:
+            raise ConfigError(path, f"the client {name!r} has no keys: name the variables that hold them in keys_env")
+        for key_name in names:
+            if not key_name or not key_name.replace("_", "a").isalnum():
+                raise ConfigError(f"{path}.keys_env", f"not an environment variable name: {key_name!r}")
+        keys = tuple(key for key_name in names for key in _client_keys(env, key_name))
+        for key in keys:
+            owner = owners.setdefault(key.reveal(), name)
+            if owner != name:  # the key itself is never said
+                raise ConfigError(path, f"a key of the client {name!r} is also a key of the client {owner!r}")
+        clients[name] = _client(name, doc, keys, tuple(names))
+    default = docs.get(DEFAULT_CLIENT, ClientDoc())
+    if default_keys or not clients:
+        clients[DEFAULT_CLIENT] = _client(DEFAULT_CLIENT, default, default_keys, (default_env,) if default_keys else ())
+    elif DEFAULT_CLIENT in docs:
+        raise ConfigError(
+            f"{where} $.clients.{DEFAULT_CLIENT}",
+            "the client default has no keys: TINYGW_API_KEYS is unset, and other clients have keys",
+        )
+    return clients
+
+
+def _client(name: str, doc: ClientDoc, keys: tuple[Secret, ...], key_env: tuple[str, ...]) -> Client:
+    return Client(
+        name=name,
+        keys=keys,
+        key_env=key_env,
+        max_concurrent=doc.max_concurrent,
+        requests_per_minute=doc.requests_per_minute,
+        tokens_per_minute=doc.tokens_per_minute,
+    )
 
 
 def _config_document(env: Mapping[str, str]) -> tuple[str, bytes]:
@@ -294,14 +371,21 @@ def from_environ(env: Mapping[str, str] | None = None) -> Settings:
     provider_docs = {
         name: _decode(where, p, _PROVIDER_DECODER, f"$.providers.{name}") for name, p in doc.providers.items()
     }
-    strict.refuse_unknown_variables(env, {n for d in provider_docs.values() for n in d.key_variables()})
+    client_docs = {name: _decode(where, c, _CLIENT_DECODER, f"$.clients.{name}") for name, c in doc.clients.items()}
+    key_variables = {n for d in provider_docs.values() for n in d.key_variables()}
+    key_variables |= {n for c in client_docs.values() for n in c.key_variables()}
+    strict.refuse_unknown_variables(env, key_variables)
     providers = {name: _provider(env, where, name, d) for name, d in provider_docs.items()}
     models = {
         name: _model(where, name, _decode(where, m, _MODEL_DECODER, f"$.models.{name}"), providers)
         for name, m in doc.models.items()
     }
+    api_keys, api_keys_env = _inbound_keys(env)
+    clients = _clients(env, where, client_docs, api_keys, api_keys_env)
     return Settings(
-        **_listening(env),
+        **_listening(env, authenticated=any(c.keys for c in clients.values())),
+        api_keys=api_keys,
+        clients=clients,
         drain_seconds=_number(env, "TINYGW_DRAIN_SECONDS", 30.0, low=0, high=3600),
         client_timeout_seconds=_number(env, "TINYGW_CLIENT_TIMEOUT_SECONDS", 30.0, low=0.1, high=3600),
         max_body_bytes=_number(env, "TINYGW_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, kind=int, low=1, high=2**31),
@@ -349,14 +433,14 @@ def _listen_address(host: str) -> str:
     return host
 
 
-def _listening(env: Mapping[str, str]) -> dict:
-    """Where and how the gateway listens, and whom it lets in, as Settings fields."""
+def _listening(env: Mapping[str, str], authenticated: bool) -> dict:
+    """Where and how the gateway listens, as Settings fields; `authenticated`: whether any
+    gateway key is configured (else it listens on loopback only)."""
     host = _listen_address(env.get("TINYGW_HOST", "127.0.0.1").strip() or "127.0.0.1")
     log_level = env.get("TINYGW_LOG_LEVEL", "info").strip().lower() or "info"
     if log_level not in _LOG_LEVELS:
         raise ConfigError("TINYGW_LOG_LEVEL", f"must be one of {', '.join(_LOG_LEVELS)}, got {log_level!r}")
-    api_keys = _inbound_keys(env)
-    if not api_keys and not _is_loopback(host):
+    if not authenticated and not _is_loopback(host):
         raise ConfigError(
             "TINYGW_API_KEYS",
             f"no inbound keys are configured, so the gateway serves only on a loopback address, not {host!r}",
@@ -366,7 +450,6 @@ def _listening(env: Mapping[str, str]) -> dict:
         "port": _number(env, "TINYGW_PORT", 8080, kind=int, low=0, high=65535),
         "workers": _number(env, "TINYGW_WORKERS", 1, kind=int, low=1, high=256),
         "log_level": log_level,
-        "api_keys": api_keys,
     }
 
 

@@ -99,11 +99,30 @@ class RoutingDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     max_attempts: Annotated[int, Meta(ge=1, le=16)] = 2
 
 
+# A client's limit: a positive integer, exact in the doubles that the workers share it in.
+Limit = Annotated[int, Meta(ge=1, le=2**40)]
+
+
+class ClientDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A named client (docs/design.md section 16): the variables that hold its gateway
+    keys, and its limits (None: no limit)."""
+
+    keys_env: str | list[str] | None = None
+    max_concurrent: Limit | None = None
+    requests_per_minute: Limit | None = None
+    tokens_per_minute: Limit | None = None
+
+    def key_variables(self) -> set[str]:
+        """Every variable this client reads its keys from."""
+        return {self.keys_env} if isinstance(self.keys_env, str) else set(self.keys_env or [])
+
+
 class ConfigDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     # Entries are decoded one by one, so that an error's path names the entry.
     providers: dict[str, msgspec.Raw] = {}
     models: dict[str, msgspec.Raw] = {}
     routing: RoutingDoc = RoutingDoc()
+    clients: dict[str, msgspec.Raw] = {}
 
 
 # ---- the effective configuration ---------------------------------------------------
@@ -168,6 +187,32 @@ class Model(Struct, frozen=True, kw_only=True):
         return len(self.targets) < 2 or self.strategy == "failover"
 
 
+# The client whose keys are TINYGW_API_KEYS', and every request's when no key is configured.
+DEFAULT_CLIENT = "default"
+# A client's limits, by the names that `x-tinygw-limit` and the metrics give them, in the
+# order they are checked.
+LIMITS = ("max_concurrent", "requests_per_minute", "tokens_per_minute")
+
+
+class Client(Struct, frozen=True, kw_only=True):
+    """A named client: its gateway keys, the variables they came from, its limits."""
+
+    name: str
+    keys: tuple[Secret, ...] = ()
+    key_env: tuple[str, ...] = ()
+    max_concurrent: int | None = None
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+
+    @property
+    def limited(self) -> bool:
+        return (self.max_concurrent, self.requests_per_minute, self.tokens_per_minute) != (None, None, None)
+
+    def limits(self) -> dict[str, int | None]:
+        """Each limit by its name (None: no limit)."""
+        return {name: getattr(self, name) for name in LIMITS}
+
+
 class Breaker(Struct, frozen=True, kw_only=True):
     failures: int = 5  # 0 turns breakers off
     open_seconds: float = 30.0
@@ -185,7 +230,10 @@ class Settings(Struct, frozen=True, kw_only=True):
     # How long a request's head may take to arrive, and the longest pause between
     # bytes of its body (docs/design.md section 10).
     client_timeout_seconds: float = 30.0
-    api_keys: tuple[Secret, ...] = ()
+    api_keys: tuple[Secret, ...] = ()  # the keys of the client `default`
+    # Every client a request may be, by name: `default` among them when it has keys or no
+    # client has (then every request is `default`), as tinygw.config.environment reads them.
+    clients: dict[str, Client] = {}
     providers: dict[str, Provider] = {}
     models: dict[str, Model] = {}
     routing: RoutingDoc = RoutingDoc()
@@ -238,6 +286,7 @@ class Settings(Struct, frozen=True, kw_only=True):
                 for name, m in sorted(self.models.items())
             },
             "routing": msgspec.to_builtins(self.routing),
+            "clients": {name: {"keys_env": list(c.key_env), **c.limits()} for name, c in sorted(self.clients.items())},
             "breaker": msgspec.to_builtins(self.breaker),
             "retry_fast_failures": self.retry_fast_failures,
             "health_check_seconds": self.health_check_seconds,
@@ -247,7 +296,7 @@ class Settings(Struct, frozen=True, kw_only=True):
                 "drain_seconds": self.drain_seconds,
                 "client_timeout_seconds": self.client_timeout_seconds,
                 "tls": self.tls_mode,
-                "inbound_auth": bool(self.api_keys),
+                "inbound_auth": any(c.keys for c in self.clients.values()) or bool(self.api_keys),
             },
         }
 

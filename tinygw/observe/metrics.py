@@ -78,6 +78,18 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         ("provider", "provider_model"),
     ),
     "tinygw_listing_up": (GAUGE, "1 when the provider's last model listing succeeded (per worker).", ("provider",)),
+    "tinygw_client_requests_total": (
+        COUNTER,
+        "Proxied requests of each named client, by status class, or limited.",
+        ("client", "outcome"),
+    ),
+    "tinygw_client_tokens_total": (
+        COUNTER,
+        "Tokens of each named client's answers, as their usage reports them.",
+        ("client", "kind"),
+    ),
+    "tinygw_client_limited_total": (COUNTER, "Requests refused by a client's limit.", ("client", "limit")),
+    "tinygw_client_in_flight": (LIVE_SUM, "Each named client's requests being answered now.", ("client",)),
 }
 
 
@@ -163,6 +175,10 @@ class Metrics:
         self._attempts: dict[tuple[str, str, str], _AttemptSeries] = {}
         self._first_byte: dict[str, _Histogram] = {}
         self._proxied: dict[tuple[str, str, int, str | None], _ProxiedSeries] = {}
+        self._clients: dict[tuple[str, str, str], int] = {}  # (family, client, label) -> its place
+        self._client_in_flight: dict[str, int] = {}  # client -> its in-flight gauge's place
+        self._client_ended: dict[tuple[str, int], tuple[int, int]] = {}  # (client, status) -> _client_series
+        self._client_tokens: dict[str, list[int]] = {}  # client -> _client_token_places
 
     def set_artifact_sha256(self, digest: str) -> None:
         """The frozen executable's sha256, once a worker has hashed it (tinygw.api.app)."""
@@ -215,6 +231,63 @@ class Metrics:
 
     def add_in_flight(self, change: int) -> None:
         self.store.values[self._in_flight] += change
+
+    def admit_client(self, client: str) -> None:
+        """A request of `client` was admitted past its limits: it is in flight."""
+        place = self._client_in_flight.get(client)
+        if place is None:
+            place = self._client_in_flight[client] = self._client_place("tinygw_client_in_flight", client, "")
+        self.store.values[place] += 1.0
+
+    def count_client(self, client: str, status: int, admitted: bool, prompt: int, completion: int) -> None:
+        """A request of `client` that no limit refused ended with `status` (out of flight
+        when it was `admitted`), its answer reporting `prompt` and `completion` tokens."""
+        series = self._client_ended.get((client, status)) or self._client_series(client, status)
+        tokens = self._client_tokens.get(client) or [0, 0]  # a place 0 is none yet: the store's first is the gateway's
+        if (prompt and not tokens[0]) or (completion and not tokens[1]):
+            tokens = self._client_token_places(client, prompt, completion)
+        values = self.store.values  # read after every place was taken
+        values[series[0]] += 1.0
+        if admitted:
+            values[series[1]] -= 1.0
+        if prompt:
+            values[tokens[0]] += prompt
+        if completion:
+            values[tokens[1]] += completion
+
+    def _client_series(self, client: str, status: int) -> tuple[int, int]:
+        """(its requests' count of `status`'s class, its in-flight gauge), kept by (client, status)."""
+        requests = self._client_place("tinygw_client_requests_total", client, _STATUS_CLASS.get(status // 100, "5xx"))
+        series = self._client_ended[(client, status)] = (
+            requests,
+            self._client_place("tinygw_client_in_flight", client, ""),
+        )
+        return series
+
+    def _client_token_places(self, client: str, prompt: int, completion: int) -> list[int]:
+        """[input's place, output's] of `client`'s token counts, each taken at its first count (0 until then)."""
+        places = self._client_tokens.setdefault(client, [0, 0])
+        for which, (kind, amount) in enumerate((("input", prompt), ("output", completion))):
+            if amount and not places[which]:
+                places[which] = self._client_place("tinygw_client_tokens_total", client, kind)
+        return places
+
+    def count_limited(self, client: str, limit: str) -> None:
+        """A request of `client` was refused by its limit `limit`."""
+        places = (
+            self._client_place("tinygw_client_requests_total", client, "limited"),
+            self._client_place("tinygw_client_limited_total", client, limit),
+        )
+        values = self.store.values
+        for place in places:
+            values[place] += 1.0
+
+    def _client_place(self, family: str, client: str, label: str) -> int:
+        place = self._clients.get((family, client, label))
+        if place is None:
+            labels = (client, label) if label else (client,)
+            place = self._clients[(family, client, label)] = self.store.index((family, labels, ""))
+        return place
 
     def observe_first_token(self, model: str, seconds: float) -> None:
         histogram = self._histogram("tinygw_stream_first_token_seconds", (model,))
@@ -344,9 +417,9 @@ class Metrics:
                     if family == name:
                         pairs = zip((*label_names, "worker"), labels, strict=False)
                         lines.append(f"{name}{{{_labels(pairs)}}} {_number(value)}")
-            elif kind == LIVE_SUM:
+            elif kind == LIVE_SUM and not label_names:
                 lines.append(f"{name} {_number(summed.get((name, (), ''), 0.0))}")
-            elif kind == COUNTER:
+            elif kind in (COUNTER, LIVE_SUM):
                 for (family, labels, _), value in sorted(summed.items()):
                     if family == name:
                         lines.append(f"{name}{{{_labels(zip(label_names, labels, strict=False))}}} {_number(value)}")

@@ -18,10 +18,12 @@ from urllib.parse import quote, unquote_to_bytes
 from msgspec import Struct
 
 from tinygw import __version__, logs
-from tinygw.config.settings import Provider, Settings, plain
+from tinygw.config.settings import DEFAULT_CLIENT, Client, Provider, Settings, plain
 from tinygw.headers import ACCOUNT
 from tinygw.observe.board import Board
+from tinygw.observe.clienttable import ClientTable
 from tinygw.observe.metrics import Metrics
+from tinygw.observe.metricstore import FileStore
 from tinygw.protocol.routing import WILDCARD, Resolver
 from tinygw.protocol.wire import NOT_FORWARDED, RequestIds
 from tinygw.resilience.breaker import Breakers, Circuit, Clock, State
@@ -190,9 +192,14 @@ class Gateway:
     def __init__(self, settings: Settings, *, artifact_sha256: str = "", clock: Clock = time.monotonic) -> None:
         self.settings = settings
         self.clock = clock
-        self.auth = InboundAuth(settings.api_keys)
+        clients = settings.clients or {DEFAULT_CLIENT: Client(name=DEFAULT_CLIENT, keys=settings.api_keys)}
+        self.auth = InboundAuth({c.name: c.keys for c in clients.values()}, DEFAULT_CLIENT)
         self.request_ids = RequestIds()
         self.metrics = Metrics(__version__, artifact_sha256, settings.metrics_dir)
+        # Each client's counts, shared with the other workers where the metrics are (docs/design.md section 16)
+        store = self.metrics.store
+        shared = store.directory if isinstance(store, FileStore) else None
+        self.clients = ClientTable(clients, shared, store.slot)
         configured = _configured_circuits(settings)
         # What the status page shows of this worker, in the shared store; wall clock for display only.
         self.started_at = time.time()
@@ -279,3 +286,4 @@ class Gateway:
     async def aclose(self) -> None:
         for upstream in self.upstreams.values():
             await upstream.pool.aclose()
+        self.clients.close()

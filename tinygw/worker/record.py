@@ -15,7 +15,7 @@ from urllib.parse import quote
 from msgspec import Struct
 
 from tinygw import errors
-from tinygw.config.settings import Target
+from tinygw.config.settings import DEFAULT_CLIENT, Target
 from tinygw.protocol import usage
 from tinygw.resilience.breaker import Breakers
 from tinygw.resilience.outcome import Verdict
@@ -33,6 +33,9 @@ class Record(Struct):
 
     request_id: bytes
     started_at: float  # the loop's time when the request came
+    client: str = DEFAULT_CLIENT  # the named client whose key it presented (docs/design.md section 16)
+    admitted: bool = False  # counted in by the client's limits: counted out when it ends
+    limited: str | None = None  # the limit that refused it
     debug: Breakers | None = None
     model: str = "unknown"
     status: int = 0  # the status sent (0 while none was), or the one logged
@@ -44,6 +47,14 @@ class Record(Struct):
     # The loop's time when a send to the client that is `timed` began, while it waits:
     # the client's watch cuts a client that does not take its answer (tinygw.api.body).
     sending_since: float | None = None
+
+    def admitted_in(self) -> None:
+        """The client's limits admitted the request: it is counted out when it ends."""
+        self.admitted = True
+
+    def limited_by(self, limit: str) -> None:
+        """The client's limit `limit` refused the request."""
+        self.limited = limit
 
     def resolved(self, model: str) -> None:
         self.model = model
