@@ -64,20 +64,28 @@ _HEADER_SAFE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")  # a heade
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an HTTP header name (RFC 9110)
 
 
+# Numbers in variables are written in ASCII digits (docs/configuration.md): int() and
+# float() also take other scripts' digits ('８０８０'), '_' between digits, 'inf' and 'nan'.
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_ASCII_SPACE = " \t\r\n"
+
+
 def _number(env: Mapping[str, str], name: str, default, *, kind=float, low=None, high=None):
     raw = env.get(name)
-    if raw is None or raw.strip() == "":
+    text = None if raw is None else raw.strip(_ASCII_SPACE)
+    if not text:
         return default
-    try:
-        value = kind(raw.strip())
-    except ValueError:
-        raise ConfigError(name, f"not {'an integer' if kind is int else 'a number'}: {raw!r}") from None
-    if value != value or value in (float("inf"), float("-inf")):
+    if not (_INTEGER if kind is int else _DECIMAL).fullmatch(text):
+        what = "an integer" if kind is int else "a number"
+        raise ConfigError(name, f"not {what} in ASCII digits: {raw!r}")
+    value = kind(text)
+    if value in (float("inf"), float("-inf")):  # 1e999
         raise ConfigError(name, f"not a finite number: {raw!r}")
     if low is not None and value < low:
-        raise ConfigError(name, f"must be at least {low}, got {raw.strip()}")
+        raise ConfigError(name, f"must be at least {low}, got {text}")
     if high is not None and value > high:
-        raise ConfigError(name, f"must be at most {high}, got {raw.strip()}")
+        raise ConfigError(name, f"must be at most {high}, got {text}")
     return value
 
 
@@ -124,15 +132,29 @@ def _inbound_keys(env: Mapping[str, str]) -> tuple[Secret, ...]:
     if inline is not None and file_path is not None:
         raise ConfigError("TINYGW_API_KEYS", "both TINYGW_API_KEYS and TINYGW_API_KEYS_FILE are set; set one")
     if file_path is not None:
-        words = read_file("TINYGW_API_KEYS_FILE", file_path).splitlines()
+        variable, words = "TINYGW_API_KEYS_FILE", read_file("TINYGW_API_KEYS_FILE", file_path).split("\n")
     elif inline is not None:
-        words = inline.split(",")
+        variable, words = "TINYGW_API_KEYS", inline.split(",")
     else:
         return ()
-    keys = tuple(Secret(w.strip()) for w in words if w.strip())
+    keys = tuple(_gateway_key(variable, w) for w in words if w.strip(_ASCII_SPACE))
     if not keys:
-        raise ConfigError("TINYGW_API_KEYS_FILE" if file_path else "TINYGW_API_KEYS", "set but holds no key")
+        raise ConfigError(variable, "set but holds no key")
     return keys
+
+
+# A key a client sends to the gateway: visible ASCII, no space (docs/configuration.md).
+_GATEWAY_KEY = re.compile(r"[\x21-\x7e]+")
+
+
+def _gateway_key(variable: str, word: str) -> Secret:
+    """One key of the gateway's own (a line or a comma-separated entry of `variable`), the
+    ASCII spaces around it dropped; ConfigError naming `variable`, never the key, when it
+    holds anything but visible ASCII (a space, a control byte, a letter outside ASCII)."""
+    key = word.strip(_ASCII_SPACE)
+    if not _GATEWAY_KEY.fullmatch(key):
+        raise ConfigError(variable, "holds a key that is not visible ASCII without spaces")
+    return Secret(key)
 
 
 def _config_document(env: Mapping[str, str]) -> tuple[str, bytes]:
@@ -285,6 +307,7 @@ def from_environ(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     try:
         where, raw = _config_document(env)
+        strict.refuse_deep_nesting(where, raw)
         doc = _decode(where, raw, _CONFIG_DECODER)
     except ConfigError:
         strict.refuse_misspelled_variables(env)  # TINYGW_CONFIG_FIEL is why, not "TINYGW_CONFIG: unset"
