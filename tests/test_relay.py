@@ -17,6 +17,7 @@ from conftest import provider, wait_until
 from tinygw.config.settings import Target
 from tinygw.fake.upstream import Reply
 from tinygw.protocol import sse
+from tinygw.trust.redact import Redactor
 from tinygw.worker.record import Record
 from tinygw.worker.relay import MAX_HELD_EVENTS, Relay
 
@@ -199,7 +200,8 @@ def _relayed(pieces: list[bytes], gate=lambda sent: None) -> tuple[str, list[dic
     async def run() -> str:
         loop = asyncio.get_running_loop()
         answer = _Answer(pieces, lambda: gate(sent))
-        attempt = await Relay(answer, send, Record(b"id", 0.0), Target("p", "x"), loop).run()  # type: ignore[arg-type]
+        redactor = Redactor((), lambda places: None)
+        attempt = await Relay(answer, send, Record(b"id", 0.0), Target("p", "x"), loop, redactor).run()  # type: ignore[arg-type]
         return attempt.label
 
     return asyncio.run(run()), sent

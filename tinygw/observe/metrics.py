@@ -77,6 +77,11 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         ("provider", "provider_model"),
     ),
     "tinygw_listing_up": (GAUGE, "1 when the provider's last model listing succeeded (per worker).", ("provider",)),
+    "tinygw_secret_redactions_total": (
+        COUNTER,
+        "Places in provider answers where a configured secret was replaced by [redacted].",
+        ("provider",),
+    ),
 }
 
 
@@ -242,6 +247,9 @@ class Metrics:
 
     def count_retry(self, provider: str, provider_model: str, reason: str) -> None:
         self.store.add(("tinygw_provider_retries_total", (provider, provider_model, reason), ""))
+
+    def count_redactions(self, provider: str, places: int) -> None:
+        self.store.add(("tinygw_secret_redactions_total", (provider,), ""), places)
 
     def count_transition(self, provider: str, provider_model: str, state: str) -> None:
         self.store.add(("tinygw_circuit_transitions_total", (provider, provider_model, state), ""))

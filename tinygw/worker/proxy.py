@@ -256,7 +256,7 @@ async def _attempt(
     elapsed = gateway.clock() - started
     content_type = header(response.headers, b"content-type") or b""
     if inbound.stream and response.status == 200 and content_type.startswith(b"text/event-stream"):
-        return await _relay(gateway, response, send, record, target, elapsed)
+        return await _relay(gateway, upstream, response, send, record, target, elapsed)
     first_byte: float | None = elapsed  # observed with the attempt's count (_make_attempt), or now
     data = response.whole_body(HOLD_BYTES)  # the usual answer: all of it came with its head, taken without a wait
     rest = None  # the answer still to be read, when it is not held whole
@@ -269,7 +269,8 @@ async def _attempt(
             return Attempt(outcome.of_error(e), e.cause, error=e)
         rest = None if ended else response
     status = response.status
-    answer = Answer(status, relay_headers(response.headers), data, rest)
+    redact = upstream.redactor  # a provider's secrets never reach the client (tinygw.trust.redact)
+    answer = Answer(status, redact.headers(relay_headers(response.headers)), redact.body(data), rest)
     if status == 200 and rest is None and (b"json" in content_type or not content_type):  # the usual answer
         failed, reported = outcome.judge(data)
         if failed:  # a 200 carrying an error is a failure; the client gets 502 if it is the last
@@ -286,13 +287,20 @@ async def _attempt(
 
 
 async def _relay(
-    gateway: Gateway, response: Response, send: Send, record: Record, target: Target, first_byte_seconds: float
+    gateway: Gateway,
+    upstream: Upstream,
+    response: Response,
+    send: Send,
+    record: Record,
+    target: Target,
+    first_byte_seconds: float,
 ) -> Attempt:
     """A stream's attempt: relayed as it comes (tinygw.worker.relay). Its first byte is
     observed now, since the attempt ends much later."""
     gateway.metrics.observe_first_byte(target.provider, first_byte_seconds)
     try:
-        return await Relay(response, send, record, target, gateway.loop or asyncio.get_running_loop()).run()
+        loop = gateway.loop or asyncio.get_running_loop()
+        return await Relay(response, send, record, target, loop, upstream.redactor).run()
     finally:
         await response.aclose()
 

@@ -30,6 +30,7 @@ from tinygw.protocol.wire import relay_headers, sse_error_event
 from tinygw.resilience import outcome
 from tinygw.resilience.breaker import Outcome
 from tinygw.resilience.outcome import Verdict
+from tinygw.trust.redact import Redactor
 from tinygw.upstream.pool import Response
 from tinygw.worker.record import Answer, Attempt, Record
 
@@ -54,6 +55,7 @@ class Relay:
 
     __slots__ = (
         "state",
+        "_redactor",
         "_response",
         "_send",
         "_record",
@@ -69,9 +71,16 @@ class Relay:
     )
 
     def __init__(
-        self, response: Response, send: Send, record: Record, target: Target, loop: asyncio.AbstractEventLoop
+        self,
+        response: Response,
+        send: Send,
+        record: Record,
+        target: Target,
+        loop: asyncio.AbstractEventLoop,
+        redactor: Redactor,
     ) -> None:
         self.state = State.HOLDING
+        self._redactor = redactor
         self._response = response
         self._send = send
         self._record = record
@@ -109,8 +118,16 @@ class Relay:
                 return failure
             if self.state is State.RELAYING:
                 return None
-        answer = Answer(502, relay_headers(self._response.headers), b"".join(self._held) + self._pending.take())
+        answer = self._answer(b"".join(self._held) + self._pending.take())
         return Attempt(outcome.ERROR_EVENT, "200+no_output", answer=answer)
+
+    def _headers(self) -> list[tuple[bytes, bytes]]:
+        """The provider's headers that the client gets, its secrets redacted (tinygw.trust.redact)."""
+        return self._redactor.headers(relay_headers(self._response.headers))
+
+    def _answer(self, held: bytes) -> Answer:
+        """The 502 answer made of the events held, sent if no other attempt is made."""
+        return Answer(502, self._headers(), self._redactor.body(held))
 
     async def _hold(self, chunk: bytes) -> Attempt | None:
         """Hold the events `chunk` completes, until one carries output or a bound is passed
@@ -133,8 +150,9 @@ class Relay:
             event = block[start:end]
             kind, done = sse.kind(event)
             if kind is sse.Kind.ERROR:
-                answer = Answer(502, relay_headers(self._response.headers), b"".join(self._held) + block[:end])
-                return Attempt(outcome.ERROR_EVENT, "200+error_event", answer=answer)
+                return Attempt(
+                    outcome.ERROR_EVENT, "200+error_event", answer=self._answer(b"".join(self._held) + block[:end])
+                )
             self._held_events += 1
             self._held_bytes += end - start
             self._finished |= done
@@ -154,7 +172,7 @@ class Relay:
         self.state = State.RELAYING
         record = self._record
         self._scan(block, held_end)
-        await self._send(record.head(200, relay_headers(self._response.headers), "200"))
+        await self._send(record.head(200, self._headers(), "200"))
         held, rest = self._held, self._pending.peek()
         body = b"".join([*held, block, rest]) if held or rest else block  # no copy of a lone block
         self._held = []
