@@ -134,6 +134,17 @@ def test_events_fed_piece_by_piece_are_split_of_the_whole(stream, data):
     assert pending.size == 0 and pending.take() == b""
 
 
+def test_events_fed_a_byte_at_a_time_are_split_of_the_whole():
+    """Past 16 pieces, sse.Pending gathers the rest in one buffer: what it returns and
+    holds is still what `split` of the whole says."""
+    stream = b"data: " + b"x" * 100 + b"\r\n\r\n: ping\n\n" + b"event: e\ndata: {}\r\r" + b"y" * 50
+    pending, got = sse.Pending(), []
+    for i in range(len(stream)):
+        got += sse.split(pending.feed(stream[i : i + 1]))[0]
+    assert pending.size == 50 == len(pending.peek())
+    assert (got, pending.take()) == sse.split(stream)
+
+
 def _answer_cpu(gateway, fake, head: bytes, rest: bytes, pid: int) -> float:
     """The worker's CPU seconds for one plain request whose answer is `head`, then `rest`
     in PIECE_BYTES // 10-byte writes, a pause after every two (a read each, mostly)."""
