@@ -71,6 +71,21 @@ def test_defaults():
         ({"A_KEY": ""}, "A_KEY"),
         ({"A_KEY": "sk-secret-value "}, "A_KEY"),
         ({"A_KEY": "sk-secret\u00e9"}, "A_KEY"),
+        # Numbers are ASCII digits: int() and float() read these too.
+        ({"TINYGW_PORT": "\uff18\uff10\uff18\uff10"}, "TINYGW_PORT"),  # full-width 8080
+        ({"TINYGW_WORKERS": "\u0663"}, "TINYGW_WORKERS"),  # Arabic-Indic 3
+        ({"TINYGW_MAX_BODY_BYTES": "1_000_000"}, "TINYGW_MAX_BODY_BYTES"),
+        ({"PROVIDER_BREAKER_OPEN_SECONDS": "\uff13\uff10"}, "PROVIDER_BREAKER_OPEN_SECONDS"),
+        ({"PROVIDER_BREAKER_OPEN_SECONDS": "3_0.5"}, "PROVIDER_BREAKER_OPEN_SECONDS"),
+        ({"PROVIDER_BREAKER_OPEN_SECONDS": "infinity"}, "PROVIDER_BREAKER_OPEN_SECONDS"),
+        ({"PROVIDER_BREAKER_OPEN_SECONDS": "1e999"}, "PROVIDER_BREAKER_OPEN_SECONDS"),
+        ({"TINYGW_DRAIN_SECONDS": "\u30005"}, "TINYGW_DRAIN_SECONDS"),  # an ideographic space before it
+        # The gateway's own keys are visible ASCII without spaces.
+        ({"TINYGW_API_KEYS": "sk-secret one"}, "TINYGW_API_KEYS"),
+        ({"TINYGW_API_KEYS": "ok-key,sk-secret\x07"}, "TINYGW_API_KEYS"),
+        ({"TINYGW_API_KEYS": "sk-secret\u00e9"}, "TINYGW_API_KEYS"),
+        ({"TINYGW_API_KEYS": "sk-secret\u00a0"}, "TINYGW_API_KEYS"),  # a no-break space at its end
+        ({"TINYGW_API_KEYS": "sk-secret\x85x"}, "TINYGW_API_KEYS"),
     ],
 )
 def test_bad_environment_values_name_the_variable(extra, where):
@@ -111,6 +126,57 @@ def test_bad_environment_values_name_the_variable(extra, where):
 def test_bad_documents_name_the_json_path(doc, where):
     environ = env() | {"TINYGW_CONFIG": doc if isinstance(doc, str) else json.dumps(doc)}
     assert error_of(environ).where == where
+
+
+def test_numbers_in_ascii_digits_are_read_with_their_sign_point_and_exponent():
+    settings = from_environ(
+        env(
+            TINYGW_PORT=" 8081 ",
+            TINYGW_WORKERS="+2",
+            PROVIDER_BREAKER_OPEN_SECONDS="1.5e1",
+            PROVIDER_BREAKER_MAX_OPEN_SECONDS=".5e3",
+            TINYGW_DRAIN_SECONDS="0.",
+        )
+    )
+    assert (settings.port, settings.workers, settings.drain_seconds) == (8081, 2, 0.0)
+    assert (settings.breaker.open_seconds, settings.breaker.max_open_seconds) == (15.0, 500.0)
+
+
+def test_the_gateway_s_keys_file_holds_visible_ascii_keys_one_a_line(tmp_path):
+    keys_file = tmp_path / "keys"
+    keys_file.write_bytes(b"k1\r\n  k2\t\n\n")
+    settings = from_environ(env(TINYGW_API_KEYS_FILE=str(keys_file)))
+    assert [k.reveal() for k in settings.api_keys] == ["k1", "k2"]
+    keys_file.write_bytes("k1\nsk-secret\u2028two\n".encode())  # a line separator splitlines() would cut at
+    error = error_of(env(TINYGW_API_KEYS_FILE=str(keys_file)))
+    assert error.where == "TINYGW_API_KEYS_FILE" and "sk-secret" not in str(error)
+
+
+def _nested(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        '{"providers": {"a": {"base_url": "https://x.example", "api": "openai", "headers": {"x": %s}}}}',
+        '{"providers": {"a": %s}}',
+        '{"models": {"m": {"targets": %s}}}',
+        '{"routing": %s}',
+        '{"unknown": %s}',
+    ],
+)
+def test_json_nested_deeper_than_64_levels_is_refused_naming_the_bound(doc):
+    """Before: msgspec's RecursionError, a traceback and exit 1, at 1,000 levels."""
+    error = error_of({"TINYGW_CONFIG": doc % _nested(1000)})
+    assert error.where == "TINYGW_CONFIG" and "64" in str(error)
+    assert "64" in str(error_of({"TINYGW_CONFIG": doc % _nested(65 - doc.count("{"))}))
+    assert "64" not in str(error_of({"TINYGW_CONFIG": doc % _nested(64 - doc.count("{"))}))  # the type is wrong
+
+
+def test_brackets_inside_strings_are_text_not_nesting():
+    doc = {**GOOD, "providers": {"a": {**PROVIDERS["a"], "headers": {"x-deep": "[{" * 100 + '\\"'}}}}
+    assert from_environ(env(doc)).providers["a"].headers["x-deep"] == "[{" * 100 + '\\"'
 
 
 def test_unset_key_and_both_sources_are_errors(tmp_path):

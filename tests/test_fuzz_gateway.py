@@ -61,6 +61,7 @@ CORPUS_STATUS = {
     "body-nested-model-huge-number.json": 400,
     "body-not-an-object.json": 400,
     "body-empty.json": 400,
+    "body-lone-surrogate.json": 200,  # JSON by RFC 8259's grammar, which msgspec alone refuses
 }
 
 
@@ -219,7 +220,7 @@ def check_forwarded(fake: FakeUpstream, body: bytes, client_headers: list[tuple[
     [request] = fake.requests
     with recursion_limit(20_000):
         model = wire.read_head(body).model
-        assert msgspec.json.decode(request.body, type=wire.RequestHead).model == expected_upstream_model(model)
+        assert wire.read_head(request.body).model == expected_upstream_model(model)
     assert not any(GATEWAY_KEY in v for v in request.headers.values()), request.headers
     named = {n.decode("latin-1") for n in named_in_connection([(k.lower(), v) for k, v in client_headers])}
     for name in (HOP_BY_HOP | named) - SET_BY_GATEWAY:

@@ -73,7 +73,7 @@ def check_rewrite(body: bytes, requested: str, upstream: str, extra_frames: int 
         return
     if requested == upstream:
         assert out == body
-    assert msgspec.json.decode(out, type=wire.RequestHead).model == upstream
+    assert wire.read_head(out).model == upstream  # msgspec's reading, or the standard library's (lone surrogates)
     with recursion_limit(20_000):  # Python's json, the oracle, reads deep documents too
         expected = json.loads(body)
         expected["model"] = upstream

@@ -108,6 +108,26 @@ def test_a_body_after_204_is_discarded_with_its_connection(gateway, fake):
     assert fake.requests[-1].connection != fake.requests[-2].connection
 
 
+def test_bytes_a_provider_sends_between_requests_close_the_idle_connection(gateway, fake):
+    """A provider that speaks while no request is outstanding (here: a second answer,
+    written a moment after the first) has its connection closed when the bytes come,
+    before the next request, which gets its own answer on a new connection."""
+    gate = threading.Event()
+    first = raw_response("HTTP/1.1 200 OK", ["content-type: application/json", "content-length: 12"], b'{"ok":"one"}')
+    unasked = raw_response("HTTP/1.1 200 OK", ["content-length: 22"], b'{"answer": "unasked"}')
+    fake.script = lambda r: Reply(action="raw", body=first, chunks=[(gate, unasked)])
+    assert chat(gateway, text="first")[::2] == (200, b'{"ok":"one"}')
+    wait_until(lambda: fake.open_connections == 1, what="the idle connection")
+    fake.script = well_behaved("fake")
+    gate.set()
+    wait_until(lambda: fake.open_connections == 0, what="the gateway to close the connection the provider spoke on")
+    accepted = fake.accepted
+    status, _, body = chat(gateway, model="one/after-unasked", text="second")
+    assert status == 200 and json.loads(body)["choices"][0]["message"]["content"] == "Hello from fake."
+    assert request_record(gateway, "one:after-unasked")["attempts"] == "one:200"
+    assert fake.accepted == accepted + 1
+
+
 def test_a_response_head_over_64_KiB_in_one_read_is_refused(gateway, fake):
     filler = [f"x-filler-{i}: {'v' * 1000}" for i in range(100)]  # ~100 KiB
     head = raw_response("HTTP/1.1 200 OK", ["content-type: application/json", "content-length: 2", *filler], b"{}")
@@ -305,6 +325,35 @@ def test_deeply_nested_json_is_400(gateway):
         status, _, answer = call("POST", f"{gateway.url}/v1/chat/completions", body)
         assert status == 400 and json.loads(answer)["error"]["type"] == "invalid_request_error"
     assert call("GET", f"{gateway.url}/healthz")[0] == 200
+
+
+LONE_SURROGATES = [
+    # JSON.stringify of a string cut inside an emoji (Node writes the half as an escape)
+    b'{"model": "m", "messages": [{"role": "user", "content": "a cut emoji \\ud83d"}]}',
+    b'{"messages": [{"role": "user", "content": "\\udc00 then \\ud83d\\ude00"}], "model": "m", "stream": false}',
+    # a second "model" key, nested: the body is re-encoded (in meaning) with the upstream model
+    b'{"model": "m", "metadata": {"model": "\\ud83d"}, "messages": []}',
+]
+
+
+@pytest.mark.parametrize("body", LONE_SURROGATES, ids=["in the prompt", "low and high", "nested model"])
+def test_a_lone_surrogate_escape_is_valid_json_and_forwarded(gateway, fake, body):
+    """RFC 8259's grammar allows `"\\ud83d"` alone; msgspec refuses to decode it (before:
+    400 "not valid JSON"). The provider gets the body as it was sent, its model rewritten."""
+    status, _, answer = call("POST", f"{gateway.url}/v1/chat/completions", body)
+    assert status == 200, answer
+    received = fake.requests[-1].body
+    if b'"metadata"' in body:
+        assert json.loads(received) == {**json.loads(body), "model": "up"}
+    else:
+        assert received == body.replace(b'"model": "m"', b'"model": "up"')  # byte-exact but for the model
+
+
+def test_a_model_name_holding_a_lone_surrogate_is_400(gateway, fake):
+    body = b'{"model": "one/x\\ud83d", "messages": []}'
+    status, _, answer = call("POST", f"{gateway.url}/v1/chat/completions", body)
+    assert status == 400 and json.loads(answer)["error"]["type"] == "invalid_request_error"
+    assert not fake.requests
 
 
 def test_a_model_over_256_bytes_is_400(gateway, fake):

@@ -81,6 +81,24 @@ async def test_an_idle_connection_closed_by_the_provider_is_not_reused(fake):
     await pool.aclose()
 
 
+async def test_an_idle_connection_on_which_the_provider_speaks_is_closed_at_once(fake):
+    """Bytes that arrive while no request is outstanding (a provider answering twice, or
+    ahead of a request it guesses) close the connection when they arrive: it is neither
+    kept open in the pool nor read as the next request's answer."""
+    gate = threading.Event()
+    answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+    fake.script = lambda r: Reply(action="raw", body=answer, chunks=[(gate, b"HTTP/1.1 200 OK\r\n")])
+    pool = pool_for(fake.port)
+    assert await post(pool) == (200, b"ok")
+    assert fake.open_connections == 1 and len(pool._idle) == 1
+    gate.set()  # the provider sends out of turn on the idle connection
+    await wait_until(lambda: fake.open_connections == 0, what="the gateway to close the idle connection")
+    fake.script = lambda r: json_reply(200, {"ok": True})
+    assert await post(pool) == (200, b'{"ok": true}')
+    assert fake.accepted == 2
+    await pool.aclose()
+
+
 async def test_max_connections_bounds_concurrency(fake):
     gate = threading.Event()
     fake.script = lambda r: Reply(headers=[("content-type", "text/plain")], chunks=[(gate, b"done")])

@@ -3,17 +3,23 @@ which must grow with a stream's bytes, not with the number of pieces they come i
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
+import tracemalloc
 
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from conftest import provider, wait_until
+from tinygw.config.settings import Target
 from tinygw.fake.upstream import Reply
 from tinygw.protocol import sse
+from tinygw.trust.redact import Redactor
+from tinygw.worker.record import Record
+from tinygw.worker.relay import MAX_HELD_EVENTS, Relay
 
 CHAT = "/v1/chat/completions"
 MiB = 1024 * 1024
@@ -128,6 +134,17 @@ def test_events_fed_piece_by_piece_are_split_of_the_whole(stream, data):
     assert pending.size == 0 and pending.take() == b""
 
 
+def test_events_fed_a_byte_at_a_time_are_split_of_the_whole():
+    """Past 16 pieces, sse.Pending gathers the rest in one buffer: what it returns and
+    holds is still what `split` of the whole says."""
+    stream = b"data: " + b"x" * 100 + b"\r\n\r\n: ping\n\n" + b"event: e\ndata: {}\r\r" + b"y" * 50
+    pending, got = sse.Pending(), []
+    for i in range(len(stream)):
+        got += sse.split(pending.feed(stream[i : i + 1]))[0]
+    assert pending.size == 50 == len(pending.peek())
+    assert (got, pending.take()) == sse.split(stream)
+
+
 def _answer_cpu(gateway, fake, head: bytes, rest: bytes, pid: int) -> float:
     """The worker's CPU seconds for one plain request whose answer is `head`, then `rest`
     in PIECE_BYTES // 10-byte writes, a pause after every two (a read each, mostly)."""
@@ -162,3 +179,87 @@ def test_a_long_chunk_size_line_in_small_pieces_costs_what_chunk_data_costs_in_t
         for name, rest in answers.items():
             costs[name] = min(costs[name], _answer_cpu(gateway, fake, head, rest, pid))
     assert costs["long line"] <= 3 * max(costs["data"], FLOOR_SECONDS), costs
+
+
+# ---- held leading events: bounded in count and in memory ---------------------------------
+
+PING = b": ping\n\n"
+
+
+class _Answer:
+    """A streamed answer's pieces, as tinygw.upstream.pool.Response gives them; `gate`,
+    called before each piece, may look at what was sent meanwhile."""
+
+    headers = [(b"content-type", b"text/event-stream")]
+
+    def __init__(self, pieces: list[bytes], gate=lambda: None) -> None:
+        self._pieces = iter(pieces)
+        self._gate = gate
+
+    async def next_chunk(self) -> bytes | None:
+        self._gate()
+        return next(self._pieces, None)
+
+
+def _relayed(pieces: list[bytes], gate=lambda sent: None) -> tuple[str, list[dict]]:
+    """Relay a stream of `pieces` in this process: the attempt's label and what was sent."""
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    async def run() -> str:
+        loop = asyncio.get_running_loop()
+        answer = _Answer(pieces, lambda: gate(sent))
+        redactor = Redactor((), lambda places: None)
+        attempt = await Relay(answer, send, Record(b"id", 0.0), Target("p", "x"), loop, redactor).run()  # type: ignore[arg-type]
+        return attempt.label
+
+    return asyncio.run(run()), sent
+
+
+def _body(sent: list[dict]) -> bytes:
+    return b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+def test_a_stream_s_held_leading_events_are_sent_on_past_4096_of_them():
+    """4,097 tiny events without output (30 KiB, far under the byte bound) commit the
+    stream: they go out before the provider sends anything more."""
+    events = [PING * MAX_HELD_EVENTS, PING]
+    stream = [*events, _event("Hi", "stop"), b"data: [DONE]\n\n"]
+    at_gate = []
+    label, sent = _relayed(stream, lambda sent: at_gate.append(len(sent)))
+    assert label == "200" and _body(sent) == b"".join(stream)
+    assert at_gate[:3] == [0, 0, 2]  # after the 4,097th event: the head and the held events were sent
+
+
+def test_a_stream_s_held_leading_events_cost_at_most_2_mib_however_small_they_are():
+    """1 MiB of SSE comments (`: ping`, 8 bytes each) before output, in 64 KiB reads: the
+    relay holds them in at most 2 MiB (before: an object per event, 18 MiB, and 0.3 s of
+    CPU per stream)."""
+    data = PING * (MiB // len(PING))
+    stream = [data[i : i + 65536] for i in range(0, len(data), 65536)] + [_event("Hi", "stop"), b"data: [DONE]\n\n"]
+    del data
+    tracemalloc.start()
+    try:
+        label, sent = _relayed(stream)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert label == "200" and _body(sent) == b"".join(stream)
+    assert peak < 2 * MiB, f"{peak / MiB:.1f} MiB"
+
+
+def test_an_endless_event_sent_a_few_bytes_at_a_time_is_held_in_about_its_size():
+    """A comment without end, 1 MiB in 16-byte reads, is looked at as an event at the
+    byte bound: its pieces are held in one buffer, not as 65,536 objects (7 MiB)."""
+    data = b": " + b"p" * MiB
+    stream = [data[i : i + 16] for i in range(0, len(data), 16)] + [b"\n\n", _event("Hi", "stop"), b"data: [DONE]\n\n"]
+    tracemalloc.start()
+    try:
+        label, sent = _relayed(stream)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert label == "200" and _body(sent) == b"".join(stream)
+    assert peak < 2.5 * MiB, f"{peak / MiB:.1f} MiB"

@@ -113,6 +113,37 @@ def test_a_duplicate_key_exits_2_naming_its_path(document, path, tmp_path):
     refused(done, f"TINYGW_CONFIG_FILE {path}: ")
 
 
+# ---- careless configuration is refused, never a crash ---------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["check", "serve"])
+def test_a_document_nested_1000_deep_exits_2_naming_the_bound_of_64(command, tmp_path):
+    """Before: a RecursionError traceback from msgspec, exit 1."""
+    deep = "[" * 1000 + "]" * 1000
+    document = '{"providers": {"a": {"base_url": "https://x.example", "api": "openai", "headers": {"x": %s}}}}' % deep  # noqa: UP031 -- JSON's braces
+    line = refused(
+        run_tinygw([command], {"TINYGW_CONFIG": document, "TINYGW_PORT": str(free_port())}), "TINYGW_CONFIG: "
+    )
+    assert "64" in line
+    (tmp_path / "config.json").write_text(document)
+    done = run_tinygw([command], {"TINYGW_CONFIG_FILE": str(tmp_path / "config.json"), "TINYGW_PORT": str(free_port())})
+    assert "64" in refused(done, "TINYGW_CONFIG_FILE: ")
+
+
+@pytest.mark.parametrize("command", ["check", "serve"])
+@pytest.mark.parametrize(
+    "extra,where",
+    [
+        ({"TINYGW_PORT": "\uff18\uff10\uff18\uff10"}, "TINYGW_PORT: "),
+        ({"TINYGW_API_KEYS": "gw-key with-space"}, "TINYGW_API_KEYS: "),
+        ({"TINYGW_API_KEYS": "gw-key\x1b[2J"}, "TINYGW_API_KEYS: "),
+    ],
+)
+def test_a_number_in_other_digits_or_a_gateway_key_with_a_space_exits_2_naming_the_variable(extra, where, command):
+    line = refused(run_tinygw([command], env(**{"TINYGW_PORT": str(free_port()), **extra})), where)
+    assert "gw-key" not in line
+
+
 # ---- plaintext only to loopback, unless said -----------------------------------------------
 
 

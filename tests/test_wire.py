@@ -37,6 +37,47 @@ def test_bad_heads(body):
         read_head(body)
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model": "m", "stream": true, "x": "\\ud83d"}',
+        b'{"x": ["\\udfff", {"y": "\\ud800"}], "stream": true, "model": "m"}',
+        b'{"model": "m", "stream": true, "x": "\\\\ud83d \\ud83d\\ude00 \\uDBFF"}',
+    ],
+)
+def test_a_lone_surrogate_escape_is_json_read_and_rewritten_byte_exact(body):
+    """msgspec refuses `"\\ud83d"` alone, which RFC 8259's grammar allows: the standard
+    library's parser reads the head then; the rewrite still splices the model's bytes."""
+    head = read_head(body)
+    assert (head.model, head.stream) == ("m", True)
+    assert rewrite_model(body, "m", "up/x") == body.replace(b'"model": "m"', b'"model": "up/x"')
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model": "m", "x": "\\ud83d", "y": NaN}',  # the standard library's parser takes NaN: refused still
+        b'{"model": "m", "x": "\\ud83d", "y": Infinity}',
+        b'{"model": "m", "x": "\\ud83d", }',
+        b'{"model": "m", "x": "\\ud83d\x01"}',  # a control character in a string
+        b'{"model": "m", "x": "\\ud83d", "y": "\xff"}',  # not UTF-8
+        b'["\\ud83d"]',
+        b'{"model": 1, "x": "\\ud83d"}',
+        b'{"model": "m\\ud83d"}',  # a model is a label: Unicode text
+        b'{"model": "m", "x": "\\ud83d", "y": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+    ],
+)
+def test_a_body_with_a_lone_surrogate_is_still_judged_as_json(body):
+    with pytest.raises(BadBody):
+        read_head(body)
+
+
+def test_an_ambiguous_body_with_a_lone_surrogate_is_re_encoded_in_meaning():
+    body = b'{"model": "m", "tools": [{"model": "t"}], "x": "\\ud83d caf\xc3\xa9", "n": 1.5}'
+    out = rewrite_model(body, "m", "up")
+    assert json.loads(out) == {**json.loads(body), "model": "up"}
+
+
 def test_head_reads_model_and_stream():
     head = read_head(b'{"messages": [], "stream": true, "model": "m"}')
     assert (head.model, head.stream) == ("m", True)

@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     if "--version" in rest:
         _version()
         return
-    port_given = command == "fake" and rest and rest[0].isdigit() and int(rest[0]) <= 65535
+    port_given = command == "fake" and rest and rest[0].isascii() and rest[0].isdigit() and int(rest[0]) <= 65535
     extra = rest[1:] if port_given else rest
     if extra:
         _usage_error(f"unexpected argument {extra[0]!r}", command_help(command))

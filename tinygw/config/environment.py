@@ -71,20 +71,28 @@ _GATEWAY_KEY = re.compile(r"[\x21-\x7e]+")  # visible ASCII, no space
 _CLIENT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
+# Numbers in variables are written in ASCII digits (docs/configuration.md): int() and
+# float() also take other scripts' digits ('８０８０'), '_' between digits, 'inf' and 'nan'.
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_ASCII_SPACE = " \t\r\n"
+
+
 def _number(env: Mapping[str, str], name: str, default, *, kind=float, low=None, high=None):
     raw = env.get(name)
-    if raw is None or raw.strip() == "":
+    text = None if raw is None else raw.strip(_ASCII_SPACE)
+    if not text:
         return default
-    try:
-        value = kind(raw.strip())
-    except ValueError:
-        raise ConfigError(name, f"not {'an integer' if kind is int else 'a number'}: {raw!r}") from None
-    if value != value or value in (float("inf"), float("-inf")):
+    if not (_INTEGER if kind is int else _DECIMAL).fullmatch(text):
+        what = "an integer" if kind is int else "a number"
+        raise ConfigError(name, f"not {what} in ASCII digits: {raw!r}")
+    value = kind(text)
+    if value in (float("inf"), float("-inf")):  # 1e999
         raise ConfigError(name, f"not a finite number: {raw!r}")
     if low is not None and value < low:
-        raise ConfigError(name, f"must be at least {low}, got {raw.strip()}")
+        raise ConfigError(name, f"must be at least {low}, got {text}")
     if high is not None and value > high:
-        raise ConfigError(name, f"must be at most {high}, got {raw.strip()}")
+        raise ConfigError(name, f"must be at most {high}, got {text}")
     return value
 
 
@@ -127,13 +135,15 @@ def _secret(env: Mapping[str, str], name: str) -> Secret:
 
 
 def _gateway_key(name: str, word: str) -> Secret:
-    """One of the gateway's own keys (TINYGW_API_KEYS', a client's), from the variable
-    `name`: visible ASCII with no space, so that a client sends it in a header as it is
-    written (docs/design.md section 16). The one rule for every gateway key."""
-    if not _GATEWAY_KEY.fullmatch(word):
+    """One of the gateway's own keys (TINYGW_API_KEYS', a client's: a line or a comma-separated
+    entry of the variable `name`), the ASCII spaces around it dropped: visible ASCII with no
+    space, so that a client sends it in a header as it is written (docs/design.md section
+    16). The one rule for every gateway key."""
+    key = word.strip(_ASCII_SPACE)
+    if not _GATEWAY_KEY.fullmatch(key):
         # Said without the value: a key must never reach a message.
-        raise ConfigError(name, "holds a key with a space or a character outside visible ASCII")
-    return Secret(word)
+        raise ConfigError(name, "holds a key that is not visible ASCII without spaces")
+    return Secret(key)
 
 
 def _inbound_keys(env: Mapping[str, str]) -> tuple[tuple[Secret, ...], str]:
@@ -142,12 +152,12 @@ def _inbound_keys(env: Mapping[str, str]) -> tuple[tuple[Secret, ...], str]:
     if inline is not None and file_path is not None:
         raise ConfigError("TINYGW_API_KEYS", "both TINYGW_API_KEYS and TINYGW_API_KEYS_FILE are set; set one")
     if file_path is not None:
-        name, words = "TINYGW_API_KEYS_FILE", read_file("TINYGW_API_KEYS_FILE", file_path).splitlines()
+        name, words = "TINYGW_API_KEYS_FILE", read_file("TINYGW_API_KEYS_FILE", file_path).split("\n")
     elif inline is not None:
         name, words = "TINYGW_API_KEYS", inline.split(",")
     else:
         return (), "TINYGW_API_KEYS"
-    keys = tuple(_gateway_key(name, w.strip()) for w in words if w.strip())
+    keys = tuple(_gateway_key(name, w) for w in words if w.strip(_ASCII_SPACE))
     if not keys:
         raise ConfigError(name, "set but holds no key")
     return keys, name
@@ -155,8 +165,8 @@ def _inbound_keys(env: Mapping[str, str]) -> tuple[tuple[Secret, ...], str]:
 
 def _client_keys(env: Mapping[str, str], name: str) -> tuple[Secret, ...]:
     """The keys of a client's variable `name` (or `NAME_FILE`): a comma list."""
-    words = [w.strip() for w in _secret(env, name).reveal().split(",")]
-    keys = tuple(_gateway_key(name, w) for w in words if w)
+    words = _secret(env, name).reveal().split(",")
+    keys = tuple(_gateway_key(name, w) for w in words if w.strip(_ASCII_SPACE))
     if not keys:
         raise ConfigError(name, "holds no key")
     return keys
@@ -363,6 +373,7 @@ def from_environ(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     try:
         where, raw = _config_document(env)
+        strict.refuse_deep_nesting(where, raw)
         doc = _decode(where, raw, _CONFIG_DECODER)
     except ConfigError:
         strict.refuse_misspelled_variables(env)  # TINYGW_CONFIG_FIEL is why, not "TINYGW_CONFIG: unset"

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections.abc import Mapping
+from itertools import accumulate
 
 from tinygw.config.settings import (
     METRICS_DIR_VARIABLE,
@@ -75,6 +77,23 @@ def _unread(env: Mapping[str, str], named: set[str]) -> list[str]:
 
 def _not_read(closest: list[str]) -> str:
     return "not a variable tinygw reads" + (f"; did you mean {closest[0]}?" if closest else "")
+
+
+# How deeply the configuration's objects and arrays may nest (docs/design.md section 13): the
+# document's real shape is 4 levels deep; deeper is a mistake or a test of the parser, and
+# a parser's recursion (msgspec's, json's) must never be what stops it.
+MAX_DEPTH = 64
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')  # a JSON string: the brackets in it are text
+_NOT_BRACKET = bytes(sorted(set(range(256)) - set(b"[]{}")))
+_LEVEL = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+def refuse_deep_nesting(where: str, raw: bytes) -> None:
+    """ConfigError when the document nests objects and arrays more than MAX_DEPTH deep;
+    read before any parser sees it (and without recursion)."""
+    brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKET)
+    if len(brackets) > MAX_DEPTH and max(accumulate(map(_LEVEL.__getitem__, brackets))) > MAX_DEPTH:
+        raise ConfigError(where, f"nested deeper than {MAX_DEPTH} levels")
 
 
 class _Pairs(list):

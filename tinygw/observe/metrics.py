@@ -90,6 +90,11 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     ),
     "tinygw_client_limited_total": (COUNTER, "Requests refused by a client's limit.", ("client", "limit")),
     "tinygw_client_in_flight": (LIVE_SUM, "Each named client's requests being answered now.", ("client",)),
+    "tinygw_secret_redactions_total": (
+        COUNTER,
+        "Places in provider answers where a configured secret was replaced by [redacted].",
+        ("provider",),
+    ),
 }
 
 
@@ -316,6 +321,9 @@ class Metrics:
 
     def count_retry(self, provider: str, provider_model: str, reason: str) -> None:
         self.store.add(("tinygw_provider_retries_total", (provider, provider_model, reason), ""))
+
+    def count_redactions(self, provider: str, places: int) -> None:
+        self.store.add(("tinygw_secret_redactions_total", (provider,), ""), places)
 
     def count_transition(self, provider: str, provider_model: str, state: str) -> None:
         self.store.add(("tinygw_circuit_transitions_total", (provider, provider_model, state), ""))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Iterator
 
 import msgspec
 
@@ -57,37 +58,37 @@ _LITERAL_HITS = (*_END_OR_FAIL_BYTES, b'"usage"')
 _CHECKED_HITS = tuple(re.compile(pattern) for pattern in _END_OR_FAIL_PATTERNS)
 
 
-def _hits(block: bytes, end: int) -> list[int]:
-    """Where in `block[:end]` a match of _MAY_END_OR_FAIL or `"usage"` starts (each
+def _hits(block: bytes, end: int, start: int = 0) -> list[int]:
+    """Where in `block[start:end]` a match of _MAY_END_OR_FAIL or `"usage"` starts (each
     position where one does, maybe more than once), sorted."""
     hits = []
     for literal in _LITERAL_HITS:
-        i = block.find(literal, 0, end)
+        i = block.find(literal, start, end)
         while i >= 0:
             hits.append(i)
             i = block.find(literal, i + 1, end)
     for pattern in _CHECKED_HITS:
-        for match in pattern.finditer(block, 0, end):
+        for match in pattern.finditer(block, start, end):
             hits.append(match.start())
     hits.sort()
     return hits
 
 
-def suspects(block: bytes, end: int) -> list[bytes]:
-    """The events of `block[:end]` (complete events) that may end or fail the answer
-    or report usage, in order: those of `[e for e in split(block[:end])[0] if
-    may_end_or_fail(e) or b'"usage"' in e]`, and any where a match begins that spans
-    into the next event (a false alarm: kind() tells). One look at the bytes finds
+def suspects(block: bytes, end: int, start: int = 0) -> list[bytes]:
+    """The events of `block[start:end]` (complete events; `start` where one begins) that
+    may end or fail the answer or report usage, in order: those of `[e for e in
+    split(block[start:end])[0] if may_end_or_fail(e) or b'"usage"' in e]`, and any
+    where a match begins that spans into the next event (a false alarm: kind() tells). One look at the bytes finds
     them, instead of a look at each event; each hit's event is cut out around it."""
     found = []
-    done = 0
-    for hit in _hits(block, end):
+    done = start
+    for hit in _hits(block, end, start):
         if hit < done:
             continue
-        start = _event_start(block, hit)
+        begins = _event_start(block, hit)
         boundary = _EVENT_END.search(block, hit, end)
         done = boundary.end() if boundary is not None else end
-        found.append(block[start:done])
+        found.append(block[begins:done])
     return found
 
 
@@ -117,18 +118,24 @@ def _event_start(buffer: bytes, pos: int) -> int:
     return start
 
 
+# The pieces that Pending holds as they came; later ones are appended to one bytearray.
+_SEPARATE_PARTS = 16
+
+
 class Pending:
     """A stream's bytes since its last complete event, as they come: `feed` returns the
     events each piece completes. Only a piece's own bytes (and the 3 held before them,
     where an event end may begin) are looked at for an end, and held pieces are joined
     once, when an event ends: a stream costs time in proportion to its bytes, however
-    small the pieces a provider sends it in. What `feed` returns, joined, is what
-    `split` of everything fed returns as events."""
+    small the pieces a provider sends it in. Past _SEPARATE_PARTS pieces, the rest are
+    gathered in one bytearray: a megabyte sent a byte at a time is held in about a
+    megabyte, not in an object per byte. What `feed` returns, joined, is what `split` of
+    everything fed returns as events."""
 
     __slots__ = ("_parts", "size", "_tail")
 
     def __init__(self) -> None:
-        self._parts: list[bytes] = []
+        self._parts: list[bytes | bytearray] = []
         self.size = 0  # bytes held
         self._tail = b""  # the last (up to 3) bytes held: an event end may begin there
 
@@ -155,15 +162,24 @@ class Pending:
         return data[:end]
 
     def _hold(self, piece: bytes) -> None:
-        self._parts.append(piece)
+        parts = self._parts
+        if len(parts) < _SEPARATE_PARTS:
+            parts.append(piece)
+        elif isinstance(parts[-1], bytearray):
+            parts[-1] += piece
+        else:
+            parts.append(bytearray(piece))
         self.size += len(piece)
         self._tail = (self._tail + piece[-3:])[-3:]
 
     def peek(self) -> bytes:
         """The bytes held, left held."""
-        if len(self._parts) > 1:
-            self._parts[:] = [b"".join(self._parts)]
-        return self._parts[0] if self._parts else b""
+        parts = self._parts
+        if not parts:
+            return b""
+        if len(parts) > 1 or isinstance(parts[0], bytearray):
+            parts[:] = [b"".join(parts)]
+        return parts[0]  # type: ignore[return-value]  # bytes: joined above
 
     def take(self) -> bytes:
         """The bytes held, no longer held: an event end that begins in them is no longer looked for."""
@@ -197,6 +213,20 @@ def split(buffer: bytes) -> tuple[list[bytes], bytes]:
         events.append(buffer[start : match.end()])
         start = match.end()
     return events, buffer[start:]
+
+
+def ends(buffer: bytes) -> Iterator[int]:
+    """Where each complete event of `buffer` ends, in order: the events of `split(buffer)[0]`
+    are `buffer[0:e1]`, `buffer[e1:e2]`, ..., without a list of them (a held stream of tiny
+    events costs no object per event: tinygw.worker.relay)."""
+    if b"\r" not in buffer:  # the usual line ends: bytes.find does what the regex would
+        end = buffer.find(b"\n\n")
+        while end >= 0:
+            yield end + 2
+            end = buffer.find(b"\n\n", end + 2)
+        return
+    for match in _EVENT_END.finditer(buffer):
+        yield match.end()
 
 
 def _fields(event: bytes) -> tuple[bytes, bytes]:

@@ -7,6 +7,7 @@ replacing its bytes in place when that is unambiguous, and by re-encoding otherw
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -48,9 +49,56 @@ class BadBody(ValueError):
     """The client's body is not a JSON object with a string `model`."""
 
 
+# A lone surrogate escape (`"\ud83d"`: JavaScript's JSON.stringify writes one for an emoji
+# cut in half) is JSON by RFC 8259's grammar, but msgspec refuses to decode it into a str,
+# even in a field it skips. A body that msgspec refuses and that holds one is read by the
+# standard library's parser instead (_loads): the body is still forwarded as it came.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _head_of(body: bytes) -> RequestHead:
+    """The fields the gateway reads, by msgspec (its errors raised as they are), or by
+    the standard library when msgspec refused a surrogate escape (BadBody then)."""
+    try:
+        return _decode_head.decode(body)
+    except msgspec.ValidationError:
+        raise
+    except msgspec.DecodeError:
+        if _SURROGATE_ESCAPE.search(body) is None:
+            raise
+    document = _loads(body)
+    if not isinstance(document, dict):
+        raise BadBody("invalid request body: Expected `object`")
+    try:
+        head = msgspec.convert({k: document[k] for k in ("model", "stream") if k in document}, RequestHead)
+    except msgspec.ValidationError as e:
+        raise BadBody(f"invalid request body: {e}") from None
+    if head.model and _SURROGATE.search(head.model):
+        raise BadBody("the request's 'model' holds a lone surrogate: a name must be Unicode text")
+    return head
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _loads(body: bytes) -> object:
+    """`body` by the standard library's parser, held to RFC 8259 as msgspec holds it
+    (UTF-8, no NaN or Infinity; it takes lone surrogates, which is why it is asked)."""
+    try:
+        return json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
+    except RecursionError:
+        raise BadBody(TOO_DEEP) from None
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError among them
+        raise BadBody("the request body is not valid JSON") from None
+
+
 def read_head(body: bytes) -> RequestHead:
     try:
-        head = _decode_head.decode(body)
+        head = _head_of(body)
     except msgspec.ValidationError as e:
         raise BadBody(f"invalid request body: {e}") from None
     except msgspec.DecodeError:
@@ -87,16 +135,33 @@ def rewrite_model(body: bytes, requested: str, upstream: str) -> bytes:
             and _MODEL_LETTER_ESCAPE.search(body) is None
         ):
             spliced = body[: match.start(1)] + _encode.encode(upstream) + body[match.end(1) :]
-            if _decode_head.decode(spliced).model == upstream:
+            if _head_of(spliced).model == upstream:
                 return spliced
         # Ambiguous (a nested "model" key, escapes): re-encode the whole document.
         document = _decode_any.decode(body)
-    except msgspec.MsgspecError as e:  # valid JSON that Python cannot hold (1e400)
+    except msgspec.ValidationError as e:
         raise BadBody(f"invalid request body: {e}") from None
+    except msgspec.DecodeError as e:  # valid JSON that Python cannot hold (1e400), or a lone surrogate
+        if _SURROGATE_ESCAPE.search(body) is None:
+            raise BadBody(f"invalid request body: {e}") from None
+        return _reencoded(body, upstream)
     except RecursionError:
         raise BadBody(TOO_DEEP) from None
     document["model"] = upstream
     return _encode.encode(document)
+
+
+def _reencoded(body: bytes, upstream: str) -> bytes:
+    """An ambiguous body with a lone surrogate, re-encoded with `upstream` as its model by
+    the standard library (non-ASCII text as escapes: a lone surrogate has no UTF-8)."""
+    document = _loads(body)
+    if not isinstance(document, dict):
+        raise BadBody("invalid request body: Expected `object`")
+    document["model"] = upstream
+    try:
+        return json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError as e:  # a number Python cannot hold as JSON (1e400 read as inf)
+        raise BadBody(f"invalid request body: {e}") from None
 
 
 # ---- headers --------------------------------------------------------------------------

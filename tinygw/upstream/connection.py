@@ -69,6 +69,17 @@ class Connection:
             and parser.trailing_data == (b"", False)
         )
 
+    def rest(self, now: float) -> bool:
+        """The exchange is over and the connection waits for the next request: from now
+        on, a byte from the provider closes it (docs/design.md section 10). False, and
+        closed, when it has news already (a byte or the end came after the answer)."""
+        if self.has_news():
+            self.close()
+            return False
+        self.idle_since = now
+        self._stream.idle = True
+        return True
+
     def _finish_cycle(self) -> None:
         parser = self._h11
         if parser is not None and parser.our_state is h11.DONE and parser.their_state is h11.DONE:

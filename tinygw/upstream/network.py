@@ -55,6 +55,9 @@ class Stream(asyncio.Protocol):
         self._write_waiter: asyncio.Future | None = None  # set when the transport's buffer first filled
         self._writing_paused = False  # the transport's buffer is full: a writer must drain
         self._reading_paused = False
+        # Set while no request is outstanding (Connection.rest): a byte from the provider then
+        # closes the stream at once, never to be read as the next request's answer.
+        self.idle = False
 
     # ---- asyncio.Protocol --------------------------------------------------------------
 
@@ -65,6 +68,9 @@ class Stream(asyncio.Protocol):
         waiter = self._read_waiter
         if not waiter.done():  # the usual read: a reader waits, and takes it as it is
             waiter.set_result(data)
+            return
+        if self.idle:  # the provider speaks out of turn: the connection is done
+            self.close()
             return
         self._chunks.append(data)
         self._buffered += len(data)
@@ -167,6 +173,7 @@ class Stream(asyncio.Protocol):
         transport = self._transport
         if transport.is_closing():  # closing once lost, too
             raise errors.WriteError("the connection is closed")
+        self.idle = False  # a request is outstanding: its answer is awaited
         transport.write(data)
         return self._writing_paused
 

@@ -163,11 +163,12 @@ class Pool:
 
     def _give_back(self, connection: Connection, reusable: bool) -> None:
         """The exchange on `connection` is over: it waits for the next request when its
-        answer ended exactly where its framing said, else it is closed. Whether the
-        provider closed it meanwhile is checked when it is taken (`_take_idle`)."""
+        answer ended exactly where its framing said and nothing came after it, else it is
+        closed. While it waits, a byte from the provider closes it (Connection.rest);
+        whether the provider closed it is checked when it is taken (`_take_idle`)."""
         if reusable and connection.ended_cleanly():
-            connection.idle_since = (self._loop or asyncio.get_running_loop()).time()
-            self._idle.append(connection)
+            if connection.rest((self._loop or asyncio.get_running_loop()).time()):
+                self._idle.append(connection)
         else:
             connection.close()
         self._release_slot()

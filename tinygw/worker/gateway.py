@@ -13,6 +13,7 @@ import os
 import re
 import ssl
 import time
+from collections.abc import Callable
 from urllib.parse import quote, unquote_to_bytes
 
 from msgspec import Struct
@@ -29,9 +30,11 @@ from tinygw.protocol.wire import NOT_FORWARDED, RequestIds
 from tinygw.resilience.breaker import Breakers, Circuit, Clock, State
 from tinygw.resilience.keys import KeyRing
 from tinygw.resilience.strategy import Strategies
+from tinygw.secret import Secret
 from tinygw.trust.attestation import artifact_digests
 from tinygw.trust.auth import InboundAuth
 from tinygw.trust.evidence_queue import EvidenceQueue, RateLimitedWarning
+from tinygw.trust.redact import Redactor
 from tinygw.upstream.pool import Pool, Timeouts, tls_context
 
 _FIRST_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+-----END CERTIFICATE-----")
@@ -43,6 +46,7 @@ class Upstream(Struct, frozen=True):
     provider: Provider
     pool: Pool
     keys: KeyRing
+    redactor: Redactor  # the provider's secrets, kept out of its answers (tinygw.trust.redact)
     # The provider's `query`, percent-encoded (b"" when none), and its names (lower case).
     query: bytes = b""
     query_names: frozenset[bytes] = frozenset()
@@ -114,7 +118,18 @@ def _auth_headers(provider: Provider) -> tuple[list[tuple[bytes, bytes]], ...]:
     return tuple([(b"authorization", b"Bearer " + k.reveal().encode())] for k in provider.keys)
 
 
-def _upstream(p: Provider, context: ssl.SSLContext | None, loop: asyncio.AbstractEventLoop | None) -> Upstream:
+def _secrets(p: Provider) -> list[str]:
+    """Every secret the provider is sent: its keys and the credentials of its headers and query."""
+    credentials = [v for v in (*p.headers.values(), *p.query.values()) if isinstance(v, Secret)]
+    return [secret.reveal() for secret in (*p.keys, *credentials)]
+
+
+def _upstream(
+    p: Provider,
+    context: ssl.SSLContext | None,
+    loop: asyncio.AbstractEventLoop | None,
+    on_redacted: Callable[[int], None],
+) -> Upstream:
     pool = Pool(
         p.origin,
         max_connections=p.doc.max_connections,
@@ -137,6 +152,7 @@ def _upstream(p: Provider, context: ssl.SSLContext | None, loop: asyncio.Abstrac
         provider=p,
         pool=pool,
         keys=KeyRing(len(p.keys)),
+        redactor=Redactor(_secrets(p), on_redacted),
         query=encode_query({k: plain(v) for k, v in p.query.items()}),
         query_names=frozenset(k.lower().encode() for k in p.query),
         fixed_headers=tuple(static_headers + auth for auth in auth_headers),
@@ -233,7 +249,9 @@ class Gateway:
         # provider -> model ids of its last successful listing, absent before one (tinygw.worker.discovery)
         self.listings: dict[str, list[str]] = {}
         context = tls_context() if any(p.origin.scheme == "https" for p in settings.providers.values()) else None
-        self.upstreams = {name: _upstream(p, context, self.loop) for name, p in settings.providers.items()}
+        self.upstreams = {
+            name: _upstream(p, context, self.loop, self._on_redacted(name)) for name, p in settings.providers.items()
+        }
         self.timeouts = model_timeouts(settings)  # (Resolution.model, provider) -> the exchange's bounds
 
     def _on_change(self, circuit: Circuit) -> None:
@@ -242,6 +260,19 @@ class Gateway:
         self.board.publish_circuit(circuit)
         if circuit.forgotten:
             self.metrics.set_circuit_open_until(circuit.provider, circuit.label, 0.0)
+
+    def _on_redacted(self, provider: str) -> Callable[[int], None]:
+        """What follows a secret of `provider` found in its answer: counted, and a warning
+        naming the provider (at most one line a minute, with the count of answers)."""
+        warning = RateLimitedWarning()
+
+        def found(places: int) -> None:
+            self.metrics.count_redactions(provider, places)
+            answers = warning.note(self.clock())
+            if answers is not None:
+                logs.log(logging.WARNING, "provider answer held a secret", provider=provider, answers=answers)
+
+        return found
 
     def _on_transition(self, circuit: Circuit, old: State, new: State) -> None:
         self.metrics.count_transition(circuit.provider, circuit.label, new.value)

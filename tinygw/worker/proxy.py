@@ -247,7 +247,7 @@ async def _attempt(
     if inbound.stream and response.status == 200:
         content_type = header(response.headers, b"content-type") or b""
         if content_type.startswith(b"text/event-stream"):
-            return await _relay(gateway, response, send, record, target, elapsed)
+            return await _relay(gateway, upstream, response, send, record, target, elapsed)
     first_byte: float | None = elapsed  # observed with the attempt's count (_make_attempt), or now
     data = response.whole_body(HOLD_BYTES)  # the usual answer: all of it came with its head, taken without a wait
     rest = None  # the answer still to be read, when it is not held whole
@@ -267,24 +267,32 @@ async def _attempt(
         return Attempt(judged.verdict, judged.label, error=judged.error, first_byte_seconds=first_byte)
     if judged.usage is not None:  # a success, which is sent: its tokens count
         record.counted(judged.usage)
+    redact = upstream.redactor
     return Attempt(
         judged.verdict,
         judged.label,
-        answer=Answer(judged.status, relay_headers(response.headers), data, rest),
+        # a provider's secrets never reach the client (tinygw.trust.redact)
+        answer=Answer(judged.status, redact.headers(relay_headers(response.headers)), redact.body(data), rest),
         other_key=response.status == 429 and _rest_key(gateway, upstream, key_index, response),
         first_byte_seconds=first_byte,
     )
 
 
 async def _relay(
-    gateway: Gateway, response: Response, send: Send, record: Record, target: Target, first_byte_seconds: float
+    gateway: Gateway,
+    upstream: Upstream,
+    response: Response,
+    send: Send,
+    record: Record,
+    target: Target,
+    first_byte_seconds: float,
 ) -> Attempt:
     """A stream's attempt: relayed as it comes (tinygw.worker.relay). Its first byte is
     observed now, since the attempt ends much later."""
     gateway.metrics.observe_first_byte(target.provider, first_byte_seconds)
     loop = gateway.loop or asyncio.get_running_loop()
     try:
-        return await Relay(response, record.timed(send, loop), record, target, loop).run()
+        return await Relay(response, record.timed(send, loop), record, target, loop, upstream.redactor).run()
     finally:
         await response.aclose()
 

@@ -20,21 +20,25 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from itertools import chain
 
 from tinygw import errors, logs
 from tinygw.config.settings import Target
 from tinygw.protocol import sse, usage
 from tinygw.protocol.wire import relay_headers, sse_error_event
 from tinygw.resilience import outcome
+from tinygw.trust.redact import Redactor
 from tinygw.upstream.pool import Response
 from tinygw.worker.record import Answer, Attempt, Record
 
 Send = Callable[[dict], Awaitable[None]]
 
-# Leading events held back before output are bounded: past this, they are sent on. An
-# event without an end in sight is looked at (as an event) once it is this large.
+# Leading events held back before output are bounded in bytes and in count: past either,
+# they are sent on (the stream commits, docs/design.md section 10). An event without an end
+# in sight is looked at (as an event) once it is MAX_HELD_BYTES large.
 MAX_HELD_BYTES = 1024 * 1024
+MAX_HELD_EVENTS = 4096
 
 
 class State(enum.Enum):
@@ -47,6 +51,7 @@ class Relay:
 
     __slots__ = (
         "state",
+        "_redactor",
         "_response",
         "_send",
         "_record",
@@ -55,23 +60,32 @@ class Relay:
         "_pending",
         "_held",
         "_held_bytes",
+        "_held_events",
         "_tokens",
         "_finished",
         "_failed",
     )
 
     def __init__(
-        self, response: Response, send: Send, record: Record, target: Target, loop: asyncio.AbstractEventLoop
+        self,
+        response: Response,
+        send: Send,
+        record: Record,
+        target: Target,
+        loop: asyncio.AbstractEventLoop,
+        redactor: Redactor,
     ) -> None:
         self.state = State.HOLDING
+        self._redactor = redactor
         self._response = response
         self._send = send
         self._record = record
         self._target = target
         self._loop = loop
         self._pending = sse.Pending()  # bytes after the last complete event
-        self._held: list[bytes] = []  # HOLDING: the events held back
+        self._held: list[bytes] = []  # HOLDING: the events held back, a piece per read
         self._held_bytes = 0
+        self._held_events = 0
         self._tokens = usage.Tokens()
         self._finished = False  # an event marked the answer's end
         self._failed = False  # RELAYING: an error event was relayed
@@ -100,38 +114,63 @@ class Relay:
                 return failure
             if self.state is State.RELAYING:
                 return None
-        answer = Answer(502, relay_headers(self._response.headers), b"".join(self._held) + self._pending.take())
+        answer = self._answer(b"".join(self._held) + self._pending.take())
         return Attempt(outcome.ERROR_EVENT, "200+no_output", answer=answer)
 
+    def _headers(self) -> list[tuple[bytes, bytes]]:
+        """The provider's headers that the client gets, its secrets redacted (tinygw.trust.redact)."""
+        return self._redactor.headers(relay_headers(self._response.headers))
+
+    def _answer(self, held: bytes) -> Answer:
+        """The 502 answer made of the events held, sent if no other attempt is made."""
+        return Answer(502, self._headers(), self._redactor.body(held))
+
     async def _hold(self, chunk: bytes) -> Attempt | None:
-        """Hold the events `chunk` completes, until one carries output (then the held
-        events go out: RELAYING); an Attempt when one is an error."""
-        block = self._pending.feed(chunk)
-        events = sse.split(block)[0] if block else []
-        if self._pending.size > MAX_HELD_BYTES:  # no event end in sight: stop looking
-            events.append(self._pending.take())
-        for i, event in enumerate(events):
+        """Hold the events `chunk` completes, until one carries output or a bound is passed
+        (then the held events go out: RELAYING); an Attempt when one is an error. What a
+        read completes is held as one piece, not as an object per event: 4,096 events of
+        a few bytes cost what their bytes cost."""
+        pending = self._pending
+        block = pending.feed(chunk)
+        if pending.size > MAX_HELD_BYTES:  # no event end in sight: what came is looked at as an event
+            block += pending.take()
+            ends: Iterable[int] = chain(sse.ends(block), (len(block),))
+        elif block:
+            ends = sse.ends(block)
+        else:
+            return None
+        start = 0
+        for end in ends:
+            if end <= start:  # the taken bytes were empty
+                continue
+            event = block[start:end]
             kind, done = sse.kind(event)
             if kind is sse.Kind.ERROR:
-                answer = Answer(502, relay_headers(self._response.headers), b"".join(self._held) + event)
-                return Attempt(outcome.ERROR_EVENT, "200+error_event", answer=answer)
-            self._held.append(event)
-            self._held_bytes += len(event)
+                return Attempt(
+                    outcome.ERROR_EVENT, "200+error_event", answer=self._answer(b"".join(self._held) + block[:end])
+                )
+            self._held_events += 1
+            self._held_bytes += end - start
             self._finished |= done
             self._tokens.add(usage.of_event(event))
-            if kind is sse.Kind.OUTPUT or self._held_bytes > MAX_HELD_BYTES:
-                await self._commit(b"".join(events[i + 1 :]))
-                break
+            start = end
+            if kind is sse.Kind.OUTPUT or self._held_bytes > MAX_HELD_BYTES or self._held_events > MAX_HELD_EVENTS:
+                await self._commit(block, end)
+                return None
+        self._held.append(block)
         return None
 
-    async def _commit(self, later: bytes) -> None:
-        """Output arrived: the held events, the `later` ones of the same read and the
-        bytes after them go out, and the answer is the client's."""
+    async def _commit(self, block: bytes, held_end: int) -> None:
+        """Output arrived (or a bound was passed) at `held_end` of `block`, the events of the
+        read that completed it: the held events, that block and the bytes after it go out,
+        and the answer is the client's. The events of `block` after `held_end` are read
+        as a relayed stream's are."""
         self.state = State.RELAYING
         record = self._record
-        self._scan(later)
-        await self._send(record.head(200, relay_headers(self._response.headers), "200"))
-        body = b"".join([*self._held, later, self._pending.peek()])
+        self._scan(block, held_end)
+        await self._send(record.head(200, self._headers(), "200"))
+        held, rest = self._held, self._pending.peek()
+        body = b"".join([*held, block, rest]) if held or rest else block  # no copy of a lone block
         self._held = []
         await self._send({"type": "http.response.body", "body": body, "more_body": True})
         record.output(self._tokens, self._loop.time())  # counted from here on
@@ -148,10 +187,10 @@ class Relay:
                 self._read(pending.take())
             await send({"type": "http.response.body", "body": chunk, "more_body": True})  # all that came, at once
 
-    def _scan(self, block: bytes) -> None:
-        """Read the events of `block` (complete events, sent on) that may end or fail
+    def _scan(self, block: bytes, start: int = 0) -> None:
+        """Read the events of `block[start:]` (complete events, sent on) that may end or fail
         the answer or report usage: one look at the bytes finds them (sse.suspects)."""
-        for event in sse.suspects(block, len(block)):
+        for event in sse.suspects(block, len(block), start):
             self._read(event)
 
     def _read(self, event: bytes) -> None:
