@@ -160,7 +160,9 @@ def _store(data: bytes, package: Package, cache: Path) -> Path:
 
 def mirror(main: str, security: str, names: set[str]) -> Place:
     suites = [(main, RELEASE), (main, f"{RELEASE}-updates"), (security, f"{RELEASE}-security")]
-    label = f"the mirror ({main.rstrip('/')} {RELEASE}, {RELEASE}-updates; {security.rstrip('/')} {RELEASE}-security)"
+    label = (
+        f"the mirror ({main.rstrip('/')} {RELEASE}, {RELEASE}-updates and {security.rstrip('/')} {RELEASE}-security)"
+    )
     return Archive(label, suites, names)
 
 
