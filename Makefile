@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: all demo test test-clients lint fuzz bench bench-floor bench-outage bench-overhead soak verifier rehearse lock clean build reproduce test-frozen
+.PHONY: all demo test test-clients lint fuzz bench bench-floor bench-outage bench-overhead soak verifier rehearse lock clean build reproduce release-check test-frozen
 
 all: $(STAMP)
 
@@ -60,9 +60,17 @@ build:
 	sh build/build.sh
 
 # Two builds from two fresh build roots, two copies of the tree and two host Pythons first on
-# PATH must be byte-identical. REFERENCE=path/to/release.json also compares with that release.
+# PATH must be byte-identical. REFERENCE=path/to/release.json instead rebuilds that release (its
+# source_commit, from its own package manifest: each .deb from the host's mirror, else
+# DEBIAN_SNAPSHOT's archive, else DEBS_DIR) and compares: exit 0 when identical.
 reproduce: $(STAMP)
 	$(PY) build/reproduce.py $(if $(REFERENCE),--reference $(REFERENCE))
+
+# The release's build root against the mirror's bookworm, bookworm-updates and bookworm-security
+# now: each package with a newer version is named, and exit 1 says to cut a new release.
+RELEASE ?= release/release.json
+release-check:
+	sh build/buildroot.sh check $(RELEASE)
 
 # Build, then test the executable: its own tests, then every suite against it (TINYGW_BINARY).
 test-frozen: build $(STAMP)

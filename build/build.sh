@@ -1,11 +1,16 @@
 #!/bin/sh
 # Build the one-file executable and its release.json inside a Debian build root (docs/design.md section 8).
 #
-#   build/build.sh [OUTDIR]     OUTDIR defaults to build/dist of this source tree
+#   build/build.sh [--source DIR] [--root-manifest FILE] [OUTDIR]
+#       DIR      the tree to build (default: this one); its build/in-root.sh runs in the root
+#       FILE     the build root's packages (build/buildroot.sh's manifest, e.g. a release's:
+#                `make reproduce REFERENCE=`) instead of those the mirror lists now
+#       OUTDIR   default DIR/build/dist
 #
 # Needs root and apt. Nothing of the host's Python, libraries or pip configuration is used:
-#   1. build/buildroot.sh lists the root's Debian packages as the mirror has them now and
-#      gives a tarball of a root made of exactly those (cached, keyed by the list);
+#   1. build/buildroot.sh lists the root's Debian packages as the mirror has them now (or
+#      takes FILE's) and gives a tarball of a root made of exactly those (cached, keyed by
+#      the list);
 #   2. the tarball is unpacked into a fresh directory, with the files of this tree that the
 #      build reads (tinygw/, build/, requirements/: tracked or not ignored, uncommitted
 #      edits included);
@@ -22,7 +27,17 @@
 #                       is installed
 set -eu
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+TOOLS=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$TOOLS/.." && pwd)
+ROOT_MANIFEST=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --source) ROOT=$(cd "$2" && pwd); shift 2 ;;
+        --root-manifest) ROOT_MANIFEST=$2; shift 2 ;;
+        -*) echo "usage: build.sh [--source DIR] [--root-manifest FILE] [OUTDIR]" >&2; exit 2 ;;
+        *) break ;;
+    esac
+done
 OUTDIR=${1:-$ROOT/build/dist}
 
 if [ -e "$ROOT/.git" ]; then
@@ -42,8 +57,12 @@ trap 'exit 130' INT TERM  # through the EXIT trap
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 
-sh "$ROOT/build/buildroot.sh" resolve "$WORK/build-root.txt"
-TARBALL=$(sh "$ROOT/build/buildroot.sh" make "$WORK/build-root.txt")
+if [ -n "$ROOT_MANIFEST" ]; then
+    cp "$ROOT_MANIFEST" "$WORK/build-root.txt"
+else
+    sh "$TOOLS/buildroot.sh" resolve "$WORK/build-root.txt"
+fi
+TARBALL=$(sh "$TOOLS/buildroot.sh" make "$WORK/build-root.txt")
 
 BR=$WORK/root
 mkdir "$BR"

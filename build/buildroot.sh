@@ -8,23 +8,36 @@
 #                                          they were listed
 #   build/buildroot.sh make MANIFEST      print the path of a tarball of the root made of
 #                                          exactly those packages: the cached one when there is
-#                                          one, else one made now by mmdebstrap (then cached);
-#                                          appends its sha256 to MANIFEST as "tar SHA256"
+#                                          one, else one made now (then cached); adds to
+#                                          MANIFEST the mmdebstrap and recipe that make it and
+#                                          "tar SHA256"
+#   build/buildroot.sh check RELEASE_JSON  resolve now (the host's mirror, never a snapshot)
+#                                          and name each package of the release's root that
+#                                          has a newer version (`make release-check`); exit 1
+#                                          when there is one: the release is stale
 #
+# A root is made from the .debs themselves, never from today's package lists: build/debs.py
+# fetches each by its exact version and checks its sha256 (from the host's mirror, else the
+# snapshot archive when DEBIAN_SNAPSHOT is set, else DEBS_DIR), and mmdebstrap installs
+# them from a local repository of exactly those files. So any manifest makes its root for as
+# long as its .debs exist somewhere, a release's manifest (`make reproduce REFERENCE=`) too.
 # Debian 12 "bookworm": its python3 is 3.11, the Python the locks are compiled for
 # (cp311 wheels), and it gets security fixes (Debian LTS) until mid-2028.
 # Inputs, from the environment:
 #   DEBIAN_MIRROR, DEBIAN_SECURITY_MIRROR   default: the host's apt sources for bookworm and
 #                                           bookworm-security, else deb.debian.org
-#   DEBIAN_SNAPSHOT=20261130T084402Z        both from snapshot.debian.org as they were then
-#                                           (an auditor's rebuild of an older release)
+#   DEBIAN_SNAPSHOT=20261130T084402Z        resolve: both from snapshot.debian.org as they
+#                                           were then; make: the second place for a .deb
+#   DEBS_DIR                                make: the third place, a folder of .debs (any
+#                                           names, any depth: matched by sha256)
 #   BUILDROOT_CACHE                         default /var/cache/tinygw-buildroot
 #   BUILDROOT_FRESH=1                       make the root now even when one is cached
 #                                           (`make reproduce`); it replaces the cached one
 # The cache key is the sha256 of everything that decides the tarball's bytes: the package
-# list, the options given to mmdebstrap, its version and this script. mmdebstrap makes
-# the same tarball from the same packages (SOURCE_DATE_EPOCH is fixed), so a cached
-# root is the root a fresh one would be; its sha256 is checked before each use.
+# list, the suites its sources.list names, the options given to mmdebstrap, its version and
+# this script. mmdebstrap makes the same tarball from the same packages (SOURCE_DATE_EPOCH
+# is fixed), so a cached root is the root a fresh one would be; its sha256 is checked before
+# each use. The fetched .debs are kept in $BUILDROOT_CACHE/debs as SHA256.deb.
 # shellcheck disable=SC2016  # $(FIELD) in apt formats and $1 in hooks are not for this shell
 set -eu
 
@@ -72,17 +85,32 @@ apt_options() {
     true
 }
 
-sources() {
-    if [ -n "${DEBIAN_SNAPSHOT:-}" ]; then
-        main=http://snapshot.debian.org/archive/debian/$DEBIAN_SNAPSHOT
-        security=http://snapshot.debian.org/archive/debian-security/$DEBIAN_SNAPSHOT
-    else
-        main=${DEBIAN_MIRROR:-$(host_mirror $RELEASE http://deb.debian.org/debian)}
-        security=${DEBIAN_SECURITY_MIRROR:-$(host_mirror $RELEASE-security http://deb.debian.org/debian-security)}
-    fi
+# The host's mirror for bookworm(-updates) and for bookworm-security, unless DEBIAN_MIRROR or
+# DEBIAN_SECURITY_MIRROR name others.
+main_mirror() { echo "${DEBIAN_MIRROR:-$(host_mirror $RELEASE http://deb.debian.org/debian)}"; }
+security_mirror() { echo "${DEBIAN_SECURITY_MIRROR:-$(host_mirror $RELEASE-security http://deb.debian.org/debian-security)}"; }
+
+# The three suites' sources.list lines, from "MAIN SECURITY" on stdin.
+source_lines() {
+    read -r main security
     for line in "${main%/} $RELEASE" "${main%/} $RELEASE-updates" "${security%/} $RELEASE-security"; do
         echo "deb [arch=$ARCH signed-by=$KEYRING] $line main"
     done
+}
+
+# Where resolve lists the packages: the host's mirror, or the snapshot archive at DEBIAN_SNAPSHOT.
+sources() {
+    if [ -n "${DEBIAN_SNAPSHOT:-}" ]; then
+        echo "http://snapshot.debian.org/archive/debian/$DEBIAN_SNAPSHOT http://snapshot.debian.org/archive/debian-security/$DEBIAN_SNAPSHOT"
+    else
+        echo "$(main_mirror) $(security_mirror)"
+    fi | source_lines
+}
+
+# The sources.list a root of MANIFEST holds: the suites its packages were listed from.
+root_sources() {
+    awk -v r=$RELEASE '$1 == "source" && $3 == r { m = $2 } $1 == "source" && $3 == r "-security" { s = $2 }
+                       END { print m, s }' "$1" | source_lines
 }
 
 resolve() {
@@ -125,8 +153,6 @@ resolve() {
     {
         echo "release $RELEASE"
         echo "include $INCLUDE"
-        echo "mmdebstrap $(mmdebstrap --version | awk '{ print $2 }')"
-        echo "recipe $(sha256sum "$HERE/buildroot.sh" | cut -d' ' -f1)"
         apt_options | sed 's/^/aptopt /'
         echo "fetched $fetched"
         for packages in $lists; do  # "source URI SUITE DATE", the date from the suite's Release file
@@ -140,11 +166,20 @@ resolve() {
     say "$(wc -l <"$apt/debs") packages of $RELEASE, lists fetched $fetched from $(sources | awk '{ print $4 }' | sort -u | tr '\n' ' ')"
 }
 
-# The lines of MANIFEST that decide the tarball's bytes (not when or where they were listed).
-identity() { grep -E '^(release|include|mmdebstrap|recipe|aptopt|package) ' "$1"; }
+# The lines of MANIFEST that decide the tarball's bytes (not when the lists were fetched).
+identity() {
+    awk '$1 ~ /^(release|include|mmdebstrap|recipe|aptopt|package)$/ { print; next }
+         $1 == "source" { print $1, $2, $3 }' "$1"
+}
 
 make_root() {
     manifest=$1
+    # The tools that make the root now, whoever wrote MANIFEST (a release made by older ones).
+    grep -v -E '^(mmdebstrap|recipe|tar) ' "$manifest" >"$manifest.new" || true
+    echo "mmdebstrap $(mmdebstrap --version | awk '{ print $2 }')" >>"$manifest.new"
+    echo "recipe $(sha256sum "$HERE/buildroot.sh" | cut -d' ' -f1)" >>"$manifest.new"
+    mv -f "$manifest.new" "$manifest"
+    grep -q '^source .* '$RELEASE'-security ' "$manifest" || die "$manifest names no $RELEASE-security source"
     key=$(identity "$manifest" | sha256sum | cut -d' ' -f1)
     entry=$CACHE/$key
     if [ -z "${BUILDROOT_FRESH:-}" ] && [ -f "$entry/root.tar.sha256" ]; then
@@ -166,13 +201,22 @@ make_root() {
     while read -r option; do [ -z "$option" ] || set -- "$@" --aptopt="$option"; done <<EOF
 $(sed -n 's/^aptopt //p' "$manifest")
 EOF
-    sources >"$tmp/sources.list"
+    # Each .deb by its version and sha256, then a repository of exactly those for mmdebstrap.
+    python3 "$HERE/debs.py" fetch "$manifest" "$CACHE/debs" --mirror "$(main_mirror)" \
+        --security-mirror "$(security_mirror)" ${DEBIAN_SNAPSHOT:+--snapshot "$DEBIAN_SNAPSHOT"} \
+        ${DEBS_DIR:+--debs-dir "$DEBS_DIR"} || die "a .deb of the manifest is missing (above)"
+    python3 "$HERE/debs.py" repo "$manifest" "$CACHE/debs" "$tmp/repo"
+    echo "deb [trusted=yes] copy:$tmp/repo ./" >"$tmp/sources.list"
+    # The root names the suites its packages were listed from, not the local repository, in
+    # the file mmdebstrap writes for a sources file named sources.list.
+    root_sources "$manifest" >"$tmp/root-sources.list"
     say "making a build root with mmdebstrap (about a minute)"
-    BUILDROOT_INSTALLED=$tmp/installed SOURCE_DATE_EPOCH=$ROOT_EPOCH mmdebstrap \
+    BUILDROOT_INSTALLED=$tmp/installed BUILDROOT_SOURCES=$tmp/root-sources.list SOURCE_DATE_EPOCH=$ROOT_EPOCH mmdebstrap \
         --variant=custom --architectures=$ARCH --include="$pins" --aptopt='Acquire::Languages "none"' "$@" \
         --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
         --customize-hook='chroot "$1" dpkg-query -W -f "\${Package} \${Version} \${Architecture}\n" >"$BUILDROOT_INSTALLED"' \
-        $RELEASE "$tmp/root.tar" "$tmp/sources.list" >&2 || die "mmdebstrap failed (a pinned version gone from the mirror since the lists were fetched? run again)"
+        --customize-hook='cat "$BUILDROOT_SOURCES" >"$1/etc/apt/sources.list.d/0000sources.list"' \
+        $RELEASE "$tmp/root.tar" "$tmp/sources.list" >&2 || die "mmdebstrap failed"
     # The root holds exactly the pinned packages: a package mmdebstrap added or left out is named.
     awk '$1 == "package" { print $2, $3, $4 }' "$manifest" | sort >"$tmp/pinned"
     sort "$tmp/installed" | diff "$tmp/pinned" - >&2 || die "the root's packages (>) are not the pinned ones (<)"
@@ -182,13 +226,24 @@ EOF
     identity "$manifest" >"$entry/manifest"
     say "build root cached in $entry"
     # Roots unused for 30 days (older package versions, mostly) are removed.
-    find "$CACHE" -mindepth 1 -maxdepth 1 -type d ! -name "$key" -mtime +30 -exec rm -rf {} +
+    find "$CACHE" -mindepth 1 -maxdepth 1 -type d ! -name "$key" ! -name debs -mtime +30 -exec rm -rf {} +
+    find "$CACHE/debs" -name '*.deb' -mtime +30 -delete
     echo "tar $(cut -d' ' -f1 "$entry/root.tar.sha256")" >>"$manifest"
     echo "$entry/root.tar"
+}
+
+check_release() {
+    now=$(mktemp "${TMPDIR:-/tmp}/tinygw-now.XXXXXX")
+    (DEBIAN_SNAPSHOT='' resolve "$now") || { rm -f "$now"; exit 1; }
+    status=0
+    python3 "$HERE/debs.py" stale "$1" "$now" || status=$?
+    rm -f "$now"
+    return $status
 }
 
 case ${1:-}:${2:-} in
     resolve:?*) need_tools; resolve "$2" ;;
     make:?*) need_tools; make_root "$2" ;;
-    *) echo "usage: buildroot.sh resolve|make MANIFEST" >&2; exit 2 ;;
+    check:?*) need_tools; check_release "$2" ;;
+    *) echo "usage: buildroot.sh resolve|make MANIFEST, buildroot.sh check RELEASE_JSON" >&2; exit 2 ;;
 esac

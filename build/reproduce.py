@@ -1,7 +1,7 @@
 """`make reproduce`: build this tree twice, from two fresh build roots, and compare.
 
     reproduce.py                      build twice and compare (what `make reproduce` runs)
-    reproduce.py --reference RELEASE  the same, then compare with that release.json too
+    reproduce.py --reference RELEASE  build that release (its commit, its packages) and compare
     reproduce.py ARTIFACT ARTIFACT    compare two executables built anywhere
 
 docs/design.md section 8: two builds of one commit from two fresh build roots of the same package
@@ -16,11 +16,15 @@ differs (and, inside the PYZ or base_library.zip, the first entry that differs),
 keep the copies. Their release.json files must match too, but for when and from where
 the package lists were fetched.
 
-Given a release (`make reproduce REFERENCE=release/release.json`), the first build is
-also compared with it; on a difference it names, in this order, the build root's
-packages whose versions differ, the other inputs that moved (source commit, locks, ...),
-and the first differing archive member when the release's artifact lies beside its
-release.json.
+Given a release (`make reproduce REFERENCE=release/release.json`), it builds that release
+instead, once: the release's `source_commit`, taken from this clone's git history (`git
+archive`; exit 2 when the commit is not there), in a root of the release's own packages
+(`build_root.packages`: each .deb fetched by its exact version and checked by its sha256,
+build/debs.py), not of today's package lists, with this tree's build/build.sh. Exit 0,
+printing both sha256s, when the artifact is the release's; else exit 1 naming what
+differs: the build root's packages, the other inputs that moved (mmdebstrap, the recipe,
+the locks, ...), and the first differing archive member when the release's artifact lies
+beside its release.json.
 
 What is copied is what `make build` builds: the working tree's files that git tracks
 or would track (`git ls-files --cached --others --exclude-standard`), so uncommitted
@@ -36,6 +40,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -44,6 +49,7 @@ import time
 import zipfile
 from pathlib import Path
 
+import debs
 from PyInstaller.archive.readers import CArchiveReader
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -245,8 +251,10 @@ def compare_with_reference(reference_path: Path, artifact: Path) -> int:
     reference = json.loads(reference_path.read_text())
     built = json.loads((artifact.parent / "release.json").read_text())
     wanted, got = reference["artifact"]["sha256"], built["artifact"]["sha256"]
+    print(f"reproduce: this build  sha256 {got}  {artifact}")
+    print(f"reproduce: the release sha256 {wanted}  {reference_path}")
     if wanted == got:
-        print(f"reproduce: identical to the release in {reference_path}: sha256 {got}")
+        print(f"reproduce: identical to the release in {reference_path}")
         return 0
     print(
         f"reproduce: DIFFERENT from the release in {reference_path}: its sha256 is {wanted}, this build's {got}",
@@ -257,13 +265,6 @@ def compare_with_reference(reference_path: Path, artifact: Path) -> int:
     )
     for line in packages:
         print(f"reproduce:   build root: {line}", file=sys.stderr)
-    if packages:
-        fetched = (reference.get("build_root") or {}).get("package_lists", {}).get("fetched") or ""
-        print(
-            f"reproduce:   (the reference's package lists were fetched {fetched}: rebuild from Debian's snapshot "
-            f"archive of that time with DEBIAN_SNAPSHOT={fetched.replace('-', '').replace(':', '')}; see README)",
-            file=sys.stderr,
-        )
     ignored = ("artifact", "measurement", "build_root.packages", *FETCH_FIELDS)
     for field in differing_fields(_without(reference, ignored), _without(built, ignored)):
         print(
@@ -287,7 +288,72 @@ def _get(record: dict, field: str):
     return record
 
 
-def reproduce(reference: Path | None) -> int:
+def git(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", "-C", str(ROOT), *args], check=False, capture_output=True, text=True)
+
+
+def reproduce_release(reference_path: Path) -> int:
+    """Build a release's source commit in a root of the release's own packages, and compare."""
+    reference = json.loads(reference_path.read_text())
+    commit = str(reference.get("source_commit") or "")
+    if not re.fullmatch(r"[0-9a-f]{40}", commit) or git("cat-file", "-e", f"{commit}^{{commit}}").returncode:
+        print(
+            f"reproduce: the release's source commit {commit or '(none)'} is not in the git history of {ROOT}: "
+            f"fetch it (git fetch origin {commit}) or clone the repository it was built from",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        manifest = debs.manifest_from_release(reference)
+    except (KeyError, TypeError, ValueError) as error:
+        print(f"reproduce: {reference_path}: cannot build its root: {error}", file=sys.stderr)
+        return 2
+    if reference.get("source_tree_clean") is not True:
+        print(
+            f"reproduce: warning: the release says source_tree_clean={reference.get('source_tree_clean')}: "
+            "it may have been built from changes that are not in the commit",
+            file=sys.stderr,
+        )
+    work = Path(tempfile.mkdtemp(prefix="tinygw-reproduce-"))
+    source = work / "source"
+    source.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(source)], input=archive, check=True)
+    (work / "build-root.txt").write_text(manifest)
+    env = {key: value for key, value in os.environ.items() if key not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    env.update(
+        SOURCE_COMMIT=commit,
+        SOURCE_DATE_EPOCH=git("log", "-1", "--format=%ct", commit).stdout.strip(),
+        SOURCE_TREE_CLEAN="true",
+    )
+    print(f"reproduce: building {commit} in {source} from the release's {manifest.count('package ')} packages")
+    started = time.monotonic()
+    built = subprocess.run(
+        [
+            "sh",
+            str(ROOT / "build" / "build.sh"),
+            "--source",
+            str(source),
+            "--root-manifest",
+            str(work / "build-root.txt"),
+            str(source / "build" / "dist"),
+        ],
+        check=False,
+        env=env,
+    )
+    if built.returncode:
+        print(f"reproduce: the build failed (exit {built.returncode}); kept in {work}", file=sys.stderr)
+        return 1
+    print(f"reproduce: built in {time.monotonic() - started:.1f} s", flush=True)
+    status = compare_with_reference(reference_path, source / "build" / "dist" / "tinygw")
+    if status:
+        print(f"reproduce: the build is kept in {work}", file=sys.stderr)
+    else:
+        shutil.rmtree(work)
+    return status
+
+
+def reproduce() -> int:
     """Build twice from two copies of this tree, two fresh roots and two host Pythons, and compare."""
     pythons = host_pythons()
     work = Path(tempfile.mkdtemp(prefix="tinygw-reproduce-"))
@@ -314,21 +380,20 @@ def reproduce(reference: Path | None) -> int:
         )
         return 1
     print("reproduce: identical")
-    status = compare_with_reference(reference, first) if reference else 0
     shutil.rmtree(work)
-    return status
+    return 0
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="reproduce.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--reference", type=Path, help="a release.json to compare the build with")
+    parser.add_argument("--reference", type=Path, help="a release.json to rebuild and compare with")
     parser.add_argument("artifacts", type=Path, nargs="*", help="two executables to compare instead of building")
     args = parser.parse_args(argv)
     if args.artifacts:
         if len(args.artifacts) != 2 or args.reference:
             parser.error("give two artifacts, or none")
         return compare(*args.artifacts)
-    return reproduce(args.reference)
+    return reproduce_release(args.reference) if args.reference else reproduce()
 
 
 if __name__ == "__main__":
