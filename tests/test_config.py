@@ -39,7 +39,7 @@ def test_defaults():
     assert (settings.health_check_seconds, settings.listing_seconds) == (10, 60)
     provider = settings.providers["a"]
     assert (provider.doc.weight, provider.doc.connect_timeout_s, provider.doc.first_byte_timeout_s) == (1, 10, 120)
-    assert (provider.doc.timeout_s, provider.doc.max_connections, provider.doc.listing) == (600, 64, True)
+    assert (provider.doc.timeout_s, provider.doc.max_connections, provider.doc.listing) == (600, None, True)
     assert (provider.origin.host, provider.origin.port, provider.origin.path) == ("api.example.com", 443, "/v1")
     assert settings.models["m"].strategy == "failover"
     assert settings.routing.max_attempts == 2 and settings.routing.debug is False

@@ -87,9 +87,10 @@ class RemoteProtocolError(UpstreamError):
 
 
 class PoolTimeout(UpstreamError):
-    """Every one of the provider's `max_connections` stayed busy until the deadline."""
+    """Every one of the provider's `max_connections` stayed busy for `pool_timeout_s`: the
+    target is busy, which is no verdict on its health (docs/design.md section 17)."""
 
-    cause = "timeout"
+    cause = "provider_busy"
 
 
 class EvidenceUnavailable(Exception):

@@ -32,6 +32,7 @@ from tinygw import lifecycle, logs
 from tinygw.config import environment
 from tinygw.config.settings import Settings
 from tinygw.errors import ConfigError
+from tinygw.upstream.pool import connection_budget
 
 if TYPE_CHECKING:
     from tinygw.trust.tls import Served
@@ -40,10 +41,9 @@ APP_TARGET = "tinygw.api.app:app"
 
 # Connections a worker holds open at once (Granian's `backpressure`: a connection
 # takes a permit from accept to close, idle keep-alive ones included). Bounded by the
-# open-file limit less what the worker needs for its own upstream connections and
-# files; and at most this many, since every connection costs some memory.
+# clients' half of the open-file limit (client_connections); and at most this many,
+# since every connection costs some memory.
 MAX_CLIENT_CONNECTIONS = 32768
-RESERVED_FILES = 256
 
 # Connections waiting to be accepted (the kernel's listen backlog; it caps it at
 # net.core.somaxconn).
@@ -187,9 +187,10 @@ def raise_open_file_limit() -> int:
 
 
 def client_connections(settings: Settings, open_files: int) -> int:
-    """Granian's `backpressure` for a worker with this open-file limit."""
-    upstream = sum(p.doc.max_connections for p in settings.providers.values())
-    return max(64, min(MAX_CLIENT_CONNECTIONS, open_files - upstream - RESERVED_FILES))
+    """Granian's `backpressure` for a worker with this open-file limit: its half of the
+    files (tinygw.upstream.pool.connection_budget; the providers' connections take the
+    other), at most MAX_CLIENT_CONNECTIONS."""
+    return max(64, min(MAX_CLIENT_CONNECTIONS, connection_budget(open_files)))
 
 
 def _metrics_dir(workers: int) -> tuple[str, int] | None:

@@ -67,7 +67,10 @@ class ProviderDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     timeout_s: Seconds = 600.0
     # The longest pause between two reads of a streamed answer once it began.
     stall_timeout_s: Seconds = 120.0
-    max_connections: Annotated[int, Meta(ge=1, le=65536)] = 64
+    # None: derived from the open-file limit at start (tinygw.upstream.pool.default_max_connections).
+    max_connections: Annotated[int, Meta(ge=1, le=65536)] | None = None
+    # How long a request waits for one of those connections before the target counts as busy.
+    pool_timeout_s: Seconds = 10.0
     listing: bool = True
     health_path: str | None = None
     # http:// to an address that is not loopback: the host of a confidential VM reads

@@ -77,6 +77,16 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "1 while the circuit is open (per worker: circuits are).",
         ("provider", "provider_model"),
     ),
+    "tinygw_pool_waiting": (
+        LIVE_SUM,
+        "Requests waiting now for one of a provider's connections, all busy.",
+        ("provider",),
+    ),
+    "tinygw_pool_wait_seconds": (
+        HISTOGRAM,
+        "How long a request waited for one of a provider's connections (with a connection or without).",
+        ("provider",),
+    ),
     "tinygw_listing_up": (GAUGE, "1 when the provider's last model listing succeeded (per worker).", ("provider",)),
     "tinygw_client_requests_total": (
         COUNTER,
@@ -233,6 +243,12 @@ class Metrics:
             values[series.prompt] += prompt  # type: ignore[index]
         if completion:
             values[series.completion] += completion  # type: ignore[index]
+
+    def add_pool_waiting(self, provider: str, change: int) -> None:
+        self.store.add(("tinygw_pool_waiting", (provider,), ""), change)
+
+    def observe_pool_wait(self, provider: str, seconds: float) -> None:
+        self._histogram("tinygw_pool_wait_seconds", (provider,)).observe(self.store.values, seconds)
 
     def add_in_flight(self, change: int) -> None:
         self.store.values[self._in_flight] += change

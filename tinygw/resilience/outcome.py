@@ -31,7 +31,9 @@ FAILURE = Verdict(Outcome.FAILURE, may_fall_back=True)  # not quick: a timeout, 
 ERROR_EVENT = FAILURE  # a stream's error event, or its end without output, before output
 CUT = Verdict(Outcome.FAILURE, may_fall_back=False)  # a failure after the client had part of the answer
 NO_VERDICT = Verdict(Outcome.NEUTRAL, may_fall_back=False)  # the client's own doing: returned to it
-RATE_LIMITED = Verdict(Outcome.NEUTRAL, may_fall_back=True)  # no verdict on the provider's health
+# No verdict on the provider's health, and another target may serve: a 429, or every
+# connection to the target busy for pool_timeout_s.
+RATE_LIMITED = Verdict(Outcome.NEUTRAL, may_fall_back=True)
 
 
 class Judgement(Struct, frozen=True):

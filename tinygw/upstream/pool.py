@@ -10,9 +10,11 @@ left never leaves a half-read connection behind).
 from __future__ import annotations
 
 import asyncio
+import resource
 import ssl
 import zlib
 from collections import deque
+from collections.abc import Callable
 from operator import itemgetter
 
 import certifi
@@ -40,6 +42,32 @@ DECODED_PIECE_BYTES = 64 * 1024
 _NAME_OF = itemgetter(0)
 
 
+# Open files a worker keeps for itself beyond its connections (its listening socket, the
+# log, the metric store's maps, TLS and configuration files).
+RESERVED_FILES = 256
+
+
+def connection_budget(open_files: int) -> int:
+    """Connections of each kind a worker may hold with `open_files` (its open-file limit):
+    half of the files beyond RESERVED_FILES for its clients' connections, half for its
+    providers'. A request holds one client connection and at most one provider connection
+    at a time, so no provider needs more than half (docs/configuration.md)."""
+    return max(0, open_files - RESERVED_FILES) // 2
+
+
+def default_max_connections(open_files: int) -> int:
+    """A provider's `max_connections` when the configuration leaves it out: the budget, within
+    the field's bounds (64 to 65536): 9,872 with the usual hard limit of 20,000, and at least
+    4,096 from 8,448 open files on."""
+    return max(64, min(65536, connection_budget(open_files)))
+
+
+def open_file_limit() -> int:
+    """The soft limit on open files now in force (`tinygw serve` raised it to the hard one)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
 class Timeouts(Struct, frozen=True):
     """The bounds of one exchange (docs/design.md section 16): a provider's, or a model's
     where it sets its own. The head of a non-streamed answer comes when generation is
@@ -51,6 +79,7 @@ class Timeouts(Struct, frozen=True):
     first_byte_seconds: float
     total_seconds: float
     stall_seconds: float = 120.0
+    pool_seconds: float = 10.0  # the wait for a free connection, past which the target is busy
 
 
 class UpstreamRequest(Struct, frozen=True):
@@ -81,7 +110,10 @@ class Pool:
         timeouts: Timeouts,
         ssl_context: ssl.SSLContext | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
+        on_wait: Callable[[int, float | None], None] | None = None,
     ) -> None:
+        """`on_wait(change, waited)` is told when a request starts to wait for a connection
+        (change 1, waited None) and when its wait ends (change -1, the seconds it waited)."""
         self._loop = loop  # the worker's, cached (tinygw.worker.gateway); else looked up per request
         self.origin = origin
         self.timeouts = timeouts
@@ -96,6 +128,7 @@ class Pool:
         self._free_slots = max_connections
         self._waiting: deque[asyncio.Future] = deque()
         self._idle: deque[Connection] = deque()
+        self._on_wait = on_wait
 
     def _take_idle(self, now: float) -> Connection | None:
         """The most recently used connection that may still carry a request; the idle
@@ -128,7 +161,7 @@ class Pool:
         if self._free_slots:
             self._free_slots -= 1
         else:
-            await self._wait_for_slot(deadline, loop)
+            await self._wait_for_slot(min(now + timeouts.pool_seconds, deadline), loop)
             now = loop.time()
         connection = None
         try:
@@ -178,6 +211,9 @@ class Pool:
         goes straight to the first in line (_release_slot)."""
         waiter = loop.create_future()
         self._waiting.append(waiter)
+        started = loop.time()
+        if self._on_wait is not None:
+            self._on_wait(1, None)
         try:
             async with asyncio.timeout_at(deadline):
                 await waiter
@@ -187,8 +223,11 @@ class Pool:
             else:
                 waiter.cancel()  # _release_slot skips it
             if isinstance(e, TimeoutError):
-                raise errors.PoolTimeout(f"all {self.max_connections} connections stayed busy") from None
+                raise errors.PoolTimeout(f"all of its {self.max_connections} connections stayed busy") from None
             raise
+        finally:
+            if self._on_wait is not None:
+                self._on_wait(-1, loop.time() - started)
 
     def _release_slot(self) -> None:
         while self._waiting:

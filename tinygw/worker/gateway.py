@@ -35,7 +35,7 @@ from tinygw.trust.attestation import artifact_digests
 from tinygw.trust.auth import InboundAuth
 from tinygw.trust.evidence_queue import EvidenceQueue, RateLimitedWarning
 from tinygw.trust.redact import Redactor
-from tinygw.upstream.pool import Pool, Timeouts, tls_context
+from tinygw.upstream.pool import Pool, Timeouts, default_max_connections, open_file_limit, tls_context
 
 _FIRST_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+-----END CERTIFICATE-----")
 
@@ -128,14 +128,17 @@ def _upstream(
     p: Provider,
     context: ssl.SSLContext | None,
     loop: asyncio.AbstractEventLoop | None,
+    max_connections: int,
+    on_wait: Callable[[int, float | None], None],
     on_redacted: Callable[[int], None],
 ) -> Upstream:
     pool = Pool(
         p.origin,
-        max_connections=p.doc.max_connections,
+        max_connections=max_connections,
         timeouts=_provider_timeouts(p),
         ssl_context=context,
         loop=loop,
+        on_wait=on_wait,
     )
     static_headers = [(b"accept-encoding", b"identity")] + [
         (k.lower().encode(), plain(v).encode()) for k, v in p.headers.items()
@@ -170,7 +173,9 @@ def encode_query(query: dict[str, str]) -> bytes:
 
 def _provider_timeouts(p: Provider) -> Timeouts:
     doc = p.doc
-    return Timeouts(doc.connect_timeout_s, doc.first_byte_timeout_s, doc.timeout_s, doc.stall_timeout_s)
+    return Timeouts(
+        doc.connect_timeout_s, doc.first_byte_timeout_s, doc.timeout_s, doc.stall_timeout_s, doc.pool_timeout_s
+    )
 
 
 def model_timeouts(settings: Settings) -> dict[tuple[str, str], Timeouts]:
@@ -187,6 +192,7 @@ def model_timeouts(settings: Settings) -> dict[tuple[str, str], Timeouts]:
                 first_byte if first_byte is not None else own.first_byte_seconds,
                 total if total is not None else own.total_seconds,
                 stall if stall is not None else own.stall_seconds,
+                own.pool_seconds,
             )
     return timeouts
 
@@ -249,10 +255,39 @@ class Gateway:
         # provider -> model ids of its last successful listing, absent before one (tinygw.worker.discovery)
         self.listings: dict[str, list[str]] = {}
         context = tls_context() if any(p.origin.scheme == "https" for p in settings.providers.values()) else None
+        # A provider's connections when its configuration does not bound them: what the
+        # worker's open-file limit allows (tinygw.upstream.pool.default_max_connections).
+        derived = default_max_connections(open_file_limit())
         self.upstreams = {
-            name: _upstream(p, context, self.loop, self._on_redacted(name)) for name, p in settings.providers.items()
+            name: _upstream(p, context, self.loop, p.doc.max_connections or derived, self._pool_watch(name), self._on_redacted(name))
+            for name, p in settings.providers.items()
         }
         self.timeouts = model_timeouts(settings)  # (Resolution.model, provider) -> the exchange's bounds
+
+    def _pool_watch(self, provider: str) -> Callable[[int, float | None], None]:
+        """What the pool of `provider` tells of requests waiting for a connection: the
+        gauge and histogram, and the warning, logged when a request first has to wait and
+        then at most once a minute, with the count of requests that waited meanwhile."""
+        exhausted = RateLimitedWarning()
+
+        def waiting(change: int, waited: float | None) -> None:
+            self.metrics.add_pool_waiting(provider, change)
+            if waited is not None:
+                self.metrics.observe_pool_wait(provider, waited)
+                return
+            count = exhausted.note(self.clock())
+            if count is not None:
+                pool = self.upstreams[provider].pool
+                logs.log(
+                    logging.WARNING,
+                    "provider connections exhausted",
+                    provider=provider,
+                    max_connections=pool.max_connections,
+                    waited=count,
+                    pool_timeout_s=self.settings.providers[provider].doc.pool_timeout_s,
+                )
+
+        return waiting
 
     def _on_change(self, circuit: Circuit) -> None:
         """What the status page shows of `circuit` changed (or it was forgotten: then its

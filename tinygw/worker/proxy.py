@@ -42,6 +42,10 @@ from tinygw.worker.relay import Relay
 
 Send = Callable[[dict], Awaitable[None]]
 
+# The status of the gateway's own answer when the last attempt ended without one, by its
+# error's cause (docs/design.md section 3): 502 unless named here.
+_STATUS_OF_CAUSE = {"timeout": 504, "provider_busy": 503}
+
 # The pause before the one quick retry (docs/design.md section 4).
 QUICK_RETRY_DELAY_SECONDS = 0.25
 
@@ -359,15 +363,19 @@ async def _send_final(send: Send, record: Record, last: Attempt, target: Target)
     e = last.error
     if e is None:  # an attempt ends with an answer or an error
         raise RuntimeError("an attempt ended with neither an answer nor an error")
+    busy = e.cause == "provider_busy"  # the shape of the circuit-open answer: retry in a second
     body = error_body(
-        f"provider {target.provider} failed: {e}",
+        f"provider {target.provider} is busy: {e}; retry after 1 s"
+        if busy
+        else f"provider {target.provider} failed: {e}",
         "provider_unavailable",
         e.cause,
         cause=e.cause,
         provider=target.provider,
         provider_model=target.upstream_model,
     )
-    await send(record.head(504 if e.cause == "timeout" else 502, JSON_HEADERS))
+    headers = [*JSON_HEADERS, (b"retry-after", b"1")] if busy else JSON_HEADERS
+    await send(record.head(_STATUS_OF_CAUSE.get(e.cause, 502), headers))
     await send({"type": "http.response.body", "body": body})
 
 

@@ -1,0 +1,136 @@
+"""Capacity at the defaults (docs/design.md section 17): no request waits silently for a
+provider connection. The defaults hold many streams at once; a target whose connections
+are all busy is busy, not failing: another target serves, or the client gets 503
+`provider_busy` with Retry-After, and the wait is seen in the metrics and the log."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+
+import pytest
+
+from conftest import call, metric_value, provider, second_fake, wait_until
+from tinygw.fake.upstream import Reply, openai_stream_events, well_behaved
+from tinygw.upstream.pool import default_max_connections
+
+KEY = "gw-key-capacity"
+CHAT = "/v1/chat/completions"
+
+backup = second_fake("backup")
+
+
+@pytest.mark.parametrize(
+    "open_files,connections",
+    [(20000, 9872), (8448, 4096), (1 << 20, 65536), (1024, 384), (300, 64)],
+)
+def test_a_providers_default_connections_are_its_half_of_the_open_file_limit(open_files, connections):
+    assert default_max_connections(open_files) == connections
+
+
+def held_streams(gate: threading.Event):
+    """A provider whose streams send their first event, then wait for `gate`."""
+    events = openai_stream_events("m", ["one", "two"])
+
+    def script(request):
+        if (request.json() or {}).get("stream"):
+            chunks = [(0, events[0] + events[1]), (gate, b"".join(events[2:]))]
+            return Reply(headers=[("content-type", "text/event-stream")], chunks=chunks)
+        return well_behaved("fake")(request)
+
+    return script
+
+
+def open_stream(port: int, model: str) -> socket.socket:
+    body = json.dumps({"model": model, "stream": True, "messages": []}).encode()
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(
+        b"POST %s HTTP/1.1\r\nhost: x\r\nauthorization: Bearer %s\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (CHAT.encode(), KEY.encode(), len(body), body)
+    )
+    return s
+
+
+def chat(gateway, model: str):
+    return call("POST", f"{gateway.url}{CHAT}", {"model": model, "messages": []}, {"Authorization": f"Bearer {KEY}"})
+
+
+def test_at_the_defaults_a_hundred_streams_at_once_all_reach_the_provider(fake, start_gateway):
+    """max_connections was 64: stream 65 and later waited silently in the pool until an
+    earlier one ended. At the defaults every one of them starts."""
+    gate = threading.Event()
+    fake.script = held_streams(gate)
+    gateway = start_gateway(
+        {"providers": {"p": provider(fake)}, "models": {"m": {"targets": ["p:m"]}}}, TINYGW_API_KEYS=KEY
+    )
+    sockets = []
+    try:
+        for _ in range(100):
+            sockets.append(open_stream(gateway.port, "m"))
+        wait_until(lambda: len(fake.requests) == 100, seconds=15, what="every stream to reach the provider")
+        assert metric_value(gateway, "tinygw_pool_waiting", provider="p") in (None, 0.0)
+        assert '"provider connections exhausted"' not in gateway.logs()
+    finally:
+        gate.set()
+        for s in sockets:
+            s.close()
+
+
+def test_a_target_whose_connections_are_all_busy_is_busy_not_failing(fake, backup, start_gateway):
+    gate = threading.Event()
+    fake.script = held_streams(gate)
+    busy = provider(fake, max_connections=2, pool_timeout_s=0.5)
+    config = {
+        "providers": {"busy": busy, "b": provider(backup), "patient": provider(fake, max_connections=2)},
+        "models": {
+            "m": {"targets": ["busy:m"]},
+            "with-backup": {"targets": ["busy:m", "b:m"]},
+            "patient": {"targets": ["patient:m"]},
+        },
+    }
+    gateway = start_gateway(config, TINYGW_API_KEYS=KEY, PROVIDER_BREAKER_FAILURES="1")
+    held = [open_stream(gateway.port, "m") for _ in range(2)]
+    try:
+        wait_until(lambda: len(fake.requests) == 2, what="two streams to hold both connections")
+        status, _, _ = chat(gateway, "with-backup")
+        assert status == 200 and len(backup.requests) == 1  # another target served it
+        for _ in range(2):
+            status, headers, body = chat(gateway, "m")
+            error = json.loads(body)["error"]
+            assert (status, headers["retry-after"]) == (503, "1")
+            assert (error["type"], error["cause"], error["provider"], error["provider_model"]) == (
+                "provider_unavailable",
+                "provider_busy",
+                "busy",
+                "m",
+            )
+        assert metric_value(gateway, "tinygw_circuit_open", provider="busy") == 0  # busy is no failure
+        assert metric_value(gateway, "tinygw_pool_wait_seconds_count", provider="busy") == 3
+        warnings = [r for r in gateway.log_records() if r.get("msg") == "provider connections exhausted"]
+        assert [(w["provider"], w["max_connections"], w["waited"]) for w in warnings] == [("busy", 2, 1)]
+    finally:
+        gate.set()
+        for s in held:
+            s.close()
+
+
+def test_a_request_waiting_for_a_connection_is_seen_waiting_and_served_when_one_frees(fake, start_gateway):
+    gate = threading.Event()
+    fake.script = held_streams(gate)
+    config = {"providers": {"patient": provider(fake, max_connections=1)}, "models": {"m": {"targets": ["patient:m"]}}}
+    gateway = start_gateway(config, TINYGW_API_KEYS=KEY)
+    held = open_stream(gateway.port, "m")
+    answers = []
+    try:
+        wait_until(lambda: len(fake.requests) == 1, what="the stream to hold the connection")
+        waiting = threading.Thread(target=lambda: answers.append(chat(gateway, "m")))
+        waiting.start()
+        wait_until(lambda: metric_value(gateway, "tinygw_pool_waiting", provider="patient") == 1, what="a waiter")
+        gate.set()  # the stream ends: its connection serves the waiting request
+        waiting.join(10)
+        assert answers and answers[0][0] == 200
+        assert metric_value(gateway, "tinygw_pool_waiting", provider="patient") == 0
+    finally:
+        gate.set()
+        held.close()
