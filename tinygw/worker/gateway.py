@@ -259,7 +259,9 @@ class Gateway:
         # worker's open-file limit allows (tinygw.upstream.pool.default_max_connections).
         derived = default_max_connections(open_file_limit())
         self.upstreams = {
-            name: _upstream(p, context, self.loop, p.doc.max_connections or derived, self._pool_watch(name), self._on_redacted(name))
+            name: _upstream(
+                p, context, self.loop, p.doc.max_connections or derived, self._pool_watch(name), self._on_redacted(name)
+            )
             for name, p in settings.providers.items()
         }
         self.timeouts = model_timeouts(settings)  # (Resolution.model, provider) -> the exchange's bounds
