@@ -79,7 +79,7 @@ class Exchange:
         self._now = now  # the wall clock, for the receipt's `created`
         self._sealer: Sealer | None = None
         self._record: Record | None = None
-        self._response: hashlib._Hash | None = None  # the answer's running sha256, once the body is opened with receipts on
+        self._response: hashlib._Hash | None = None  # the answer's sha256 so far (receipts on, body opened)
         self._request_sha256 = ""
         self._model = ""
         self._receipt_id: str | None = None
