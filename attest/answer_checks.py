@@ -10,6 +10,7 @@ import hashlib
 import re
 import urllib.parse
 
+import sealing
 import tdx
 
 try:
@@ -107,7 +108,10 @@ def check_report_data(answer, nonce, https, quote, no_quote, skip, checks):
         return checks.report(
             "report_data", "over https the report_data must bind the TLS key (v2), and this one does not"
         )
-    if with_tls:
+    keys = sealing.bound_digests(answer)  # EHBP's and receipts' keys: v3 (docs/confidential.md)
+    if keys is not None:
+        expected = sealing.report_data_v3(nonce, config, spki if with_tls else None, keys)
+    elif with_tls:
         expected = hashlib.sha512(DOMAIN_TLS + nonce + bytes.fromhex(config) + bytes.fromhex(spki)).digest()
     else:
         expected = hashlib.sha512(DOMAIN + nonce + bytes.fromhex(config)).digest()
@@ -202,6 +206,7 @@ def check_answer(answer, peer, nonce, url, sha384, policy, args, checks):
             "(TINYGW_TLS=attested) and verify its https:// URL, whose check tls channel binds it"
         )
     check_report_data(answer, nonce, https, quote, no_quote, skip, checks)
+    sealing.check_keys(answer, args, checks)
     if platform is None or platform.RUNTIME_REGISTER:  # SEV-SNP has none: snp.check says what binds the artifact
         check_event_log(answer, sha384, quote, no_quote, skip, checks)
     config = answer.get("config_sha256")

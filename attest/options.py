@@ -105,6 +105,16 @@ def _output_options(p):
         "--save-cert", metavar="FILE", help="write the attested TLS certificate here, only when every check PASSed"
     )
     p.add_argument(
+        "--save-hpke",
+        metavar="FILE",
+        help="write the attested EHBP key configuration here (application/ohttp-keys), only when every check PASSed",
+    )
+    p.add_argument(
+        "--save-attestation",
+        metavar="FILE",
+        help="write the /attestation answer here, only when every check PASSed (for `receipt --attestation`)",
+    )
+    p.add_argument(
         "--json",
         action="store_true",
         help="print the checks as one JSON document (name, result, reason, values) instead of lines",

@@ -338,7 +338,7 @@ def url(port: int, path: str) -> str:
     return f"{'https' if port in HTTPS_PORTS else 'http'}://{HOST}:{port}{path}"
 
 
-def start_gateway(upstream_port: int, tls: bool = False) -> tuple[Proc, int]:
+def start_gateway(upstream_port: int, tls: bool = False, extra_env: dict[str, str] | None = None) -> tuple[Proc, int]:
     port = free_port()
     if tls:
         HTTPS_PORTS.add(port)
@@ -355,6 +355,7 @@ def start_gateway(upstream_port: int, tls: bool = False) -> tuple[Proc, int]:
         TINYGW_DRAIN_SECONDS="2",  # bounds the shutdown at the end
         TINYGW_TLS="attested" if tls else "off",
     )
+    env.update(extra_env or {})
     env.pop("TINYGW_CONFIG_FILE", None)
     proc = Proc("tinygw-tls" if tls else "tinygw", [gateway_python(), "-m", "tinygw", "serve"], env=env)
     with proc.stopped_on_error():

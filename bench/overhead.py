@@ -4,7 +4,9 @@ interleaved, several rounds after a warm-up; per round and target the median lat
 gateway the median over rounds of (its round median - direct's round median), with the spread
 (lowest and highest round).
 
-Targets: the instant upstream direct, nginx (proxy_pass, keep-alive), tinygw at its defaults, and the
+Targets: the instant upstream direct, nginx (proxy_pass, keep-alive), tinygw at its defaults, tinygw with
+EHBP and receipts on (one request sealed by Tinfoil's client, its answers sealed; a `goal:` line says
+whether it adds at most 0.1 ms over plain tinygw), and the
 peers of bench/peers.py (LiteLLM, Portkey, TensorZero; installed on first use). One client, one
 keep-alive connection per target, plain chat requests, blocks of --block requests to each target in
 turn. Prints a markdown table. Loopback only; bounded in time.
@@ -30,12 +32,13 @@ class Connection:
     """One keep-alive HTTP/1.1 connection that sends a fixed request and reads whole answers (content-length
     or chunked), as little Python as can be per request: the same client cost for every target."""
 
-    def __init__(self, port: int, path: str, body: str, headers: dict[str, str] | None) -> None:
+    def __init__(self, port: int, path: str, body: str | bytes, headers: dict[str, str] | None) -> None:
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        raw = body if isinstance(body, bytes) else body.encode()
         self.request = (
             f"POST {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body.encode())}\r\n{extra}\r\n{body}"
-        ).encode()
+            f"Content-Length: {len(raw)}\r\n{extra}\r\n"
+        ).encode() + raw
         self.port, self.reconnects = port, -1
         self._connect()
 
@@ -101,6 +104,9 @@ def start_all(wanted: list[str], procs: list[Proc]) -> dict[str, Connection]:
     proc, port = start_gateway(up_port)
     procs.append(proc)
     targets["tinygw"] = Connection(port, PATH, BODY, None)
+    proc, port = start_gateway(up_port, extra_env={"TINYGW_EHBP": "on", "TINYGW_RECEIPTS": "on"})
+    procs.append(proc)
+    targets[SEALED] = sealed_connection(port)
     for name in wanted:
         peer = PEERS[name]
         info = peer.ensure()
@@ -116,6 +122,31 @@ def start_all(wanted: list[str], procs: list[Proc]) -> dict[str, Connection]:
         targets[name] = Connection(port, peer.path, peer.body(False), peer.headers(up_port))
         print(f"peer:    {info['describe']}")
     return targets
+
+
+SEALED = "tinygw+ehbp+receipts"
+# docs/confidential.md: with EHBP and receipts on, at most this much more than plain tinygw at one client.
+SEALED_GOAL_MS = 0.1
+
+
+def sealed_connection(port: int) -> Connection:
+    """A connection that sends one request sealed by Tinfoil's client (tinfoil-ehbp) to the gateway's key,
+    the same bytes every time (the gateway opens it anew each time, and seals each answer afresh)."""
+    import urllib.request
+
+    from ehbp import ServerIdentity
+
+    with urllib.request.urlopen(f"http://{HOST}:{port}/.well-known/hpke-keys", timeout=10) as r:
+        identity = ServerIdentity.unmarshal_public_config(r.read())
+    sealed = identity.encrypt_request_body(BODY.encode())
+    return Connection(port, PATH, sealed.body, {"Ehbp-Encapsulated-Key": sealed.encapsulated_key.hex()})
+
+
+def print_goal(results: list[dict]) -> None:
+    """The sealed line's cost over plain tinygw, round by round, against the goal."""
+    extra = statistics.median((r[SEALED] - r["tinygw"]) / 1e6 for r in results)
+    verdict = "MET" if extra <= SEALED_GOAL_MS else "NOT MET"
+    print(f"goal: {SEALED} at most +{SEALED_GOAL_MS} ms over tinygw at c=1: +{extra:.3f} ms, {verdict}")
 
 
 def measure(targets: dict[str, Connection], rounds: int, requests: int, warmup: int, block: int) -> list[dict]:
@@ -181,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         results = measure(targets, args.rounds, args.requests, args.warmup, args.block)
         print()
         print_table(results, [n for n in targets if n != "direct"])
+        print_goal(results)
         again = {n: c.reconnects for n, c in targets.items() if c.reconnects}
         if again:
             print(

@@ -120,11 +120,14 @@ def gateway_config(upstream_url: str) -> dict:
     }
 
 
-def launched_gateway(artifact: Path, upstream_url: str, env: dict[str, str], log_path: Path) -> conftest.Gateway:
-    """conftest's real gateway process, started as `attest/launch ARTIFACT serve`."""
+def launched_gateway(
+    artifact: Path, upstream_url: str, env: dict[str, str], log_path: Path, **config: object
+) -> conftest.Gateway:
+    """conftest's real gateway process, started as `attest/launch ARTIFACT serve`; `config`:
+    more fields of its configuration."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(conftest, "gateway_command", lambda: [str(LAUNCH), str(artifact)])
-        return conftest.Gateway(gateway_config(upstream_url), {"UP_KEY": SECRET, **env}, log_path)
+        return conftest.Gateway({**gateway_config(upstream_url), **config}, {"UP_KEY": SECRET, **env}, log_path)
 
 
 def launch(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen:

@@ -283,7 +283,7 @@ def test_the_request_line_has_the_query_and_the_user_agent(gateway):
 def test_every_route_of_the_table_that_asks_for_a_key_refuses_without_one(gateway):
     from tinygw.api import app
 
-    public = {"/", "/healthz", "/metrics", "/status", "/status.json", "/attestation"}
+    public = {"/", "/healthz", "/metrics", "/status", "/status.json", "/attestation", "/.well-known/hpke-keys"}
     assert {path for path, e in app.ROUTES.items() if not e.auth} == public
     for path, endpoint in app.ROUTES.items():
         url = f"{gateway.url}{path.replace('{id}', 'claude-x')}"

@@ -103,3 +103,15 @@ class Raced(EvidenceUnavailable):
     """The report entry's `generation` changed while it was read: someone else wrote."""
 
     code = "attestation_raced"
+
+
+class SealedBodyRefused(Exception):
+    """An EHBP-sealed request body that does not open (tinygw.trust.ehbp): the client's
+    fault, answered with the protocol's own error in the clear, before anything reads the
+    body: `status` 422 (sealed to another key configuration: the client fetches the key
+    again) or 400, and a fixed `title` that tells nothing of which step failed."""
+
+    def __init__(self, status: int, title: str) -> None:
+        super().__init__(title)
+        self.status = status
+        self.title = title

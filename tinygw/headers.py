@@ -24,8 +24,11 @@ HOP_BY_HOP = frozenset(
 CREDENTIALS = frozenset({"authorization", "x-api-key"})
 GATEWAY_SET = frozenset({"host", "content-length", "accept-encoding", "expect", "x-request-id"})
 
+# EHBP's (docs/confidential.md): the gateway opens the body with it; a provider never sees it.
+SEALING = frozenset({"ehbp-encapsulated-key"})
+
 # Never from a client, never in a provider's static `headers`.
-GATEWAY_HEADERS = HOP_BY_HOP | CREDENTIALS | GATEWAY_SET
+GATEWAY_HEADERS = HOP_BY_HOP | CREDENTIALS | GATEWAY_SET | SEALING
 
 # The headers that choose which account (organization, project) a provider key acts
 # for: the operator's to set, dropped from clients unless the provider lets them

@@ -49,7 +49,7 @@ STAGING_PREFIX = ".staging-"
 
 UNPACK_PREFIX = "_MEI"
 LAUNCH_PREFIX = "tinygw-launch."  # attest/launch's directory: the artifact's measured copy, and TMPDIR
-OWN_PREFIXES = ("tinygw-tls-", "tinygw-metrics-")
+OWN_PREFIXES = ("tinygw-tls-", "tinygw-metrics-", "tinygw-keys-")
 # A killed gateway may leave a staging directory (empty: it is renamed as soon as locked).
 STAGING_PREFIXES = tuple(STAGING_PREFIX + p for p in OWN_PREFIXES)
 PREFIXES = (*OWN_PREFIXES, UNPACK_PREFIX, LAUNCH_PREFIX, *STAGING_PREFIXES)

@@ -35,6 +35,7 @@ from tinygw.errors import ConfigError
 from tinygw.upstream.pool import connection_budget
 
 if TYPE_CHECKING:
+    from tinygw.trust.confidential import Made
     from tinygw.trust.tls import Served
 
 APP_TARGET = "tinygw.api.app:app"
@@ -57,7 +58,7 @@ def serve(settings: Settings) -> None:
     refuse_taken_port(settings.host, settings.port)
     remove_leftovers(settings)
     open_files = raise_open_file_limit()
-    served = metrics_dir = None
+    served = metrics_dir = keys = None
     locks: list[int] = []  # held for this process's life: tinygw.lifecycle tells dead gateways' directories by them
     try:
         served = _tls(settings)  # before the workers start: they all serve this one key
@@ -70,6 +71,10 @@ def serve(settings: Settings) -> None:
             environment.share_metrics_dir(metrics_dir)
         if served is not None:
             environment.share_served_cert(served.cert_path, served.spki_sha256, served.not_after)
+        keys = _confidential_keys(settings)  # EHBP's and receipts', made once as the TLS key is
+        if keys is not None:
+            locks.append(keys.lock)
+            environment.share_confidential_keys(keys.directory)
         # Each worker dies with this process (tinygw.lifecycle), whatever kills it.
         _granian(settings, open_files, served).serve(target_loader=functools.partial(_load_app, os.getpid()))
     finally:
@@ -79,6 +84,10 @@ def serve(settings: Settings) -> None:
             from tinygw.trust import tls
 
             tls.remove(served)
+        if keys is not None:
+            from tinygw.trust import confidential
+
+            confidential.remove(keys)
         for fd in locks:
             lifecycle.release(fd)
 
@@ -126,6 +135,17 @@ def _tls(settings: Settings) -> Served | None:
     served = tls.write_attested(settings.tls_names, list(settings.tls_key_dirs), datetime.datetime.now(datetime.UTC))
     logs.log(logging.INFO, "attested TLS key made", names=list(settings.tls_names), tls_spki_sha256=served.spki_sha256)
     return served
+
+
+def _confidential_keys(settings: Settings) -> Made | None:
+    """The EHBP and receipt keys for the workers, or None with both off (docs/confidential.md)."""
+    if settings.ehbp == "off" and not settings.receipts:
+        return None
+    from tinygw.trust import confidential  # pyhpke and cryptography only when one is on
+
+    made = confidential.make(settings.ehbp != "off", settings.receipts, list(settings.tls_key_dirs))
+    logs.log(logging.INFO, "confidential keys made", ehbp=settings.ehbp, receipts=settings.receipts)
+    return made
 
 
 # A certificate that expires within this many days is said at start (and its expiry is

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Awaitable
 
 from tinygw import logs
-from tinygw.api import models
+from tinygw.api import models, sealed
 from tinygw.api.attestation import attestation_page
 from tinygw.api.body import ClientLeft, ClientWatch, Refused, read_body
 from tinygw.api.models import MODEL_PREFIX
@@ -26,7 +26,7 @@ from tinygw.api.pages import healthz, metrics, root
 from tinygw.api.status import status_json, status_page
 from tinygw.config import environment
 from tinygw.config.settings import DEFAULT_CLIENT
-from tinygw.errors import ConfigError, EvidenceUnavailable, UnsendableRequest
+from tinygw.errors import ConfigError, EvidenceUnavailable, SealedBodyRefused, UnsendableRequest
 from tinygw.protocol import wire
 from tinygw.protocol.routing import Endpoint, Route, api_endpoint, page_endpoint
 from tinygw.protocol.wire import BadBody, read_head, send_error
@@ -61,10 +61,16 @@ def app(scope, receive, send) -> Awaitable[None]:
     first = dict(reversed(scope["headers"]))  # each header's first value, for the few read by name
     request_id = gateway.request_ids.of(first.get(b"x-request-id"))
     endpoint = ROUTES.get(scope["path"]) or (ROUTES[MODEL_ROUTE] if scope["path"].startswith(MODEL_PREFIX) else None)
+    if endpoint is None and scope["path"].startswith(sealed.RECEIPT_PREFIX):
+        endpoint = ROUTES[RECEIPT_ROUTE]
     if endpoint is None:
         not_found = 404, f"no route {scope['path']}; the routes are: {ROUTE_LIST}", "invalid_request_error", "not_found"
         return _refuse(gateway, None, scope, _with_request_id(send, request_id), first, request_id, not_found)
     route = endpoint.route
+    exchange = None  # EHBP and receipts (tinygw.api.sealed): innermost, next to the server's send
+    if route is not None and gateway.confidential is not None:
+        exchange = sealed.exchange(gateway, route.path, scope, first, send)
+        send = exchange.send
     if endpoint.anthropic_shaped(first):
         send = wire.anthropic_errors(send)
     if scope["method"] not in endpoint.methods:
@@ -72,7 +78,7 @@ def app(scope, receive, send) -> Awaitable[None]:
     elif endpoint.auth and (client := gateway.auth.client(scope["headers"])) is None:
         refusal = 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key"
     elif route is not None:  # the hot path (every route asks for a key: `client` is its owner's name)
-        return _proxy(gateway, route, scope, receive, send, first, request_id, client)  # type: ignore[arg-type]
+        return _proxy(gateway, route, scope, receive, send, first, request_id, client, exchange)  # type: ignore[arg-type]
     else:  # a row without a route is a page's (routing.page_endpoint)
         page: Awaitable[None] = endpoint.page(gateway, scope, _with_request_id(send, request_id))  # type: ignore[misc]
         return page
@@ -172,11 +178,19 @@ def _with_request_id(send, request_id: bytes):
 
 
 async def _proxy(
-    gateway: Gateway, route: Route, scope, receive, send, first: dict, request_id: bytes, client: str = DEFAULT_CLIENT
+    gateway: Gateway,
+    route: Route,
+    scope,
+    receive,
+    send,
+    first: dict,
+    request_id: bytes,
+    client: str = DEFAULT_CLIENT,
+    exchange=None,
 ) -> None:
     """A request to a proxied route (its gateway key checked at dispatch: that of `client`):
-    admitted (within its client's limits, its body read within its bounds, its model known
-    on the route), then forwarded, cancelled
+    admitted (within its client's limits, its body read within its bounds and opened when
+    it is sealed, its model known on the route), then forwarded, cancelled
     if its client leaves (its attempt's upstream connection is then closed at once);
     counted and logged from its record, whatever ended it. `first` is its headers by name
     (each one's first value)."""
@@ -197,6 +211,8 @@ async def _proxy(
             record.admitted_in()
             gateway.metrics.admit_client(client)
             body = await read_body(receive, first.get(b"content-length"), settings.max_body_bytes, watch)
+            if exchange is not None:  # opened (or refused) before anything reads it
+                body = exchange.open(body, record)
             head = read_head(body)
             model: str = head.model  # type: ignore[assignment]  # read_head refuses a body without one
             resolution = gateway.resolver.resolve(route, model)
@@ -225,6 +241,8 @@ async def _proxy(
         await _answer_error(send, record, 400, str(e), "invalid_request_error", "invalid_body")
     except UnsendableRequest as e:  # the client's head cannot be forwarded: found before any byte went out
         await _answer_error(send, record, 400, str(e), "invalid_request_error", "invalid_request")
+    except SealedBodyRefused as e:  # an EHBP body that does not open: the protocol's error, in the clear
+        await exchange.refuse(e, record)
     except Exception:  # an OSError too: Granian's send never raises one, so it is the gateway's own
         logs.log_exception("request failed inside the gateway", route=route.path)
         if not record.status:  # else the client sees its response end early
@@ -248,6 +266,8 @@ async def _proxy(
         record.failed()
         raise
     finally:
+        if exchange is not None:
+            exchange.close()
         _account(gateway, route, scope, first, record, loop)
 
 
@@ -324,6 +344,7 @@ def _account(gateway: Gateway, route, scope, first: dict, record: Record, loop: 
 
 
 MODEL_ROUTE = f"{MODEL_PREFIX}{{id}}"
+RECEIPT_ROUTE = f"{sealed.RECEIPT_PREFIX}{{id}}"
 # The one route table: every path the gateway answers.
 ROUTES: dict[str, Endpoint] = dict(
     [
@@ -341,6 +362,8 @@ ROUTES: dict[str, Endpoint] = dict(
         page_endpoint("/status", status_page),
         page_endpoint("/status.json", status_json),
         page_endpoint("/attestation", attestation_page),
+        page_endpoint(sealed.KEYS_PATH, sealed.hpke_keys_page),
+        page_endpoint(RECEIPT_ROUTE, sealed.receipt_page, auth=True),  # any path under sealed.RECEIPT_PREFIX
     ]
 )
 # Named in the 404 for an unknown path, so that a client learns what there is.

@@ -8,6 +8,7 @@ answers in JSON. A refusal is a 503 with Retry-After; its warning is rate-limite
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 
 import msgspec
@@ -21,6 +22,7 @@ from tinygw.trust.evidence_queue import RETRY_AFTER_SECONDS
 _encode = msgspec.json.Encoder()
 _HEADERS = [*JSON_HEADERS, (b"cache-control", b"no-store")]
 _SNP_FIELDS = ("platform", "report", "vcek", "ask", "ark")
+_KEY_DIGESTS = ("hpke_key_sha256", "receipt_key_sha256")
 _REFUSED_HEADERS = [*_HEADERS, (b"retry-after", b"%d" % RETRY_AFTER_SECONDS)]
 
 
@@ -31,7 +33,8 @@ async def attestation_page(gateway, scope, send) -> None:
         await _send(send, 400, error_body(str(e), "invalid_request_error", "invalid_nonce"))
         return
     config_sha256 = gateway.settings.config_sha256()
-    data = report_data(nonce, config_sha256, gateway.tls_spki_sha256)
+    keys = _confidential_keys(gateway.confidential)
+    data = report_data(nonce, config_sha256, gateway.tls_spki_sha256, *[keys.get(k) for k in _KEY_DIGESTS])
     try:
         artifact_sha256, artifact_sha384 = await gateway.artifact_hashes()
         client = scope.get("client")
@@ -60,7 +63,22 @@ async def attestation_page(gateway, scope, send) -> None:
     if gateway.tls_spki_sha256 is not None:
         answer["tls_spki_sha256"] = gateway.tls_spki_sha256
         answer["tls_certificate"] = gateway.tls_certificate
+    answer.update(keys)
     await _send(send, 200, _encode.encode(answer))
+
+
+def _confidential_keys(confidential) -> dict[str, str]:
+    """The EHBP key configuration and the receipt key, with their digests, of those on (docs/confidential.md)."""
+    if confidential is None:
+        return {}
+    keys = {}
+    if confidential.hpke is not None:
+        keys["hpke_key_config"] = base64.b64encode(confidential.hpke.config).decode()
+        keys["hpke_key_sha256"] = confidential.hpke.config_sha256
+    if confidential.signer is not None:
+        keys["receipt_public_key"] = confidential.signer.public_key.hex()
+        keys["receipt_key_sha256"] = confidential.signer.public_key_sha256
+    return keys
 
 
 async def _send(send, status: int, body: bytes, headers: list = _HEADERS) -> None:

@@ -19,9 +19,10 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from tinygw.config import strict, tlsmode
+from tinygw.config import sealing, strict, tlsmode
 from tinygw.config.files import MAX_SECRET_FILE_BYTES, read_file
 from tinygw.config.settings import (
+    CONFIDENTIAL_KEYS_VARIABLE,
     DEFAULT_CLIENT,
     DEFAULT_EVENT_LOG,
     DEFAULT_MAX_BODY_BYTES,
@@ -409,6 +410,7 @@ def from_environ(env: Mapping[str, str] | None = None) -> Settings:
         listing_seconds=_number(env, "PROVIDER_LISTING_SECONDS", 60.0, low=0, high=86400),
         metrics_dir=env.get(METRICS_DIR_VARIABLE) or None,
         **tlsmode.tls_fields(env),
+        **sealing.sealing_fields(env),
         rtmr_path=_path(env, "TINYGW_RTMR_PATH", DEFAULT_RTMR_PATH),
         tsm_report_dir=_path(env, "TINYGW_TSM_REPORT_DIR", DEFAULT_TSM_REPORT_DIR),
         event_log=_path(env, "TINYGW_EVENT_LOG", DEFAULT_EVENT_LOG),
@@ -483,3 +485,8 @@ def share_served_cert(path: str, spki_sha256: str, not_after: float) -> None:
     os.environ[SERVED_CERT_VARIABLE] = path
     os.environ[SERVED_SPKI_VARIABLE] = spki_sha256
     os.environ[SERVED_NOT_AFTER_VARIABLE] = repr(not_after)
+
+
+def share_confidential_keys(directory: str) -> None:
+    """Tell the workers where serve put the EHBP and receipt keys (docs/confidential.md)."""
+    os.environ[CONFIDENTIAL_KEYS_VARIABLE] = directory

@@ -25,6 +25,8 @@ SERVED_CERT_VARIABLE = "TINYGW_TLS_SERVED_CERT"
 SERVED_SPKI_VARIABLE = "TINYGW_TLS_SERVED_SPKI"
 # When the served certificate expires (its notAfter, Unix time): a metric of the workers.
 SERVED_NOT_AFTER_VARIABLE = "TINYGW_TLS_SERVED_NOT_AFTER"
+# Where serve put the EHBP and receipt keys for its workers (docs/confidential.md).
+CONFIDENTIAL_KEYS_VARIABLE = "TINYGW_CONFIDENTIAL_KEYS"
 
 # Where attestation measures and reports (docs/design.md section 8). attest/launch reads the same
 # variables with the same defaults; tests point them at fake trees.
@@ -256,6 +258,11 @@ class Settings(Struct, frozen=True, kw_only=True):
     served_cert: str | None = None
     served_spki_sha256: str | None = None
     served_not_after: float | None = None
+    # EHBP ("off" | "on" | "required") and signed receipts (docs/confidential.md); where serve
+    # put their keys for its workers (not configuration: not in the hash).
+    ehbp: str = "off"
+    receipts: bool = False
+    confidential_keys: str | None = None
     # Where the workers of one `tinygw serve` keep their metrics (tinygw.observe.metricstore);
     # set by serve itself for its workers, not configuration, so not in the hash.
     metrics_dir: str | None = None
@@ -300,6 +307,9 @@ class Settings(Struct, frozen=True, kw_only=True):
                 "client_timeout_seconds": self.client_timeout_seconds,
                 "tls": self.tls_mode,
                 "inbound_auth": any(c.keys for c in self.clients.values()) or bool(self.api_keys),
+                # only when on: with both off the hash is what it was before they existed
+                **({"ehbp": self.ehbp} if self.ehbp != "off" else {}),
+                **({"receipts": True} if self.receipts else {}),
             },
         }
 

@@ -35,6 +35,10 @@ from tinygw.errors import EvidenceUnavailable, Raced
 # with TLS on, SHA-512(DOMAIN_TLS || nonce || config_sha256 || tls_spki_sha256) (docs/design.md section 9).
 DOMAIN = b"tinygw.attest.v1"
 DOMAIN_TLS = b"tinygw.attest.v2"
+# With EHBP or receipts on, SHA-512(DOMAIN_KEYS || nonce || config_sha256 || tls_spki_sha256 ||
+# hpke_key_sha256 || receipt_key_sha256), 32 zero bytes for each key that is off (docs/confidential.md).
+DOMAIN_KEYS = b"tinygw.attest.v3"
+_OFF = "00" * 32
 NONCE_MIN_BYTES, NONCE_MAX_BYTES = 32, 64
 # A kernel makes the quote during the read of `outblob`; a slower provider (or a test's
 # fake) may take a moment. This bounds the whole fetch.
@@ -69,8 +73,17 @@ def parse_nonce(query_string: bytes) -> bytes:
     return nonce
 
 
-def report_data(nonce: bytes, config_sha256: str, tls_spki_sha256: str | None = None) -> bytes:
+def report_data(
+    nonce: bytes,
+    config_sha256: str,
+    tls_spki_sha256: str | None = None,
+    hpke_key_sha256: str | None = None,
+    receipt_key_sha256: str | None = None,
+) -> bytes:
     """The digests enter as raw bytes, not hex."""
+    if hpke_key_sha256 is not None or receipt_key_sha256 is not None:
+        digests = (config_sha256, tls_spki_sha256 or _OFF, hpke_key_sha256 or _OFF, receipt_key_sha256 or _OFF)
+        return hashlib.sha512(DOMAIN_KEYS + nonce + b"".join(bytes.fromhex(d) for d in digests)).digest()
     if tls_spki_sha256 is None:
         return hashlib.sha512(DOMAIN + nonce + bytes.fromhex(config_sha256)).digest()
     return hashlib.sha512(DOMAIN_TLS + nonce + bytes.fromhex(config_sha256) + bytes.fromhex(tls_spki_sha256)).digest()

@@ -14,6 +14,7 @@ import re
 import ssl
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote_to_bytes
 
 from msgspec import Struct
@@ -36,6 +37,9 @@ from tinygw.trust.auth import InboundAuth
 from tinygw.trust.evidence_queue import EvidenceQueue, RateLimitedWarning
 from tinygw.trust.redact import Redactor
 from tinygw.upstream.pool import Pool, Timeouts, default_max_connections, open_file_limit, tls_context
+
+if TYPE_CHECKING:
+    from tinygw.trust.confidential import Confidential
 
 _FIRST_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+-----END CERTIFICATE-----")
 
@@ -250,6 +254,20 @@ class Gateway:
             self.tls_certificate, self.tls_spki_sha256 = pem.group().decode("ascii") + "\n", settings.served_spki_sha256
             if settings.served_not_after is not None:
                 self.metrics.set_tls_certificate_expiry(settings.served_not_after)
+        # EHBP's key, the receipt key and this worker's receipts (docs/confidential.md); None with both off
+        self.confidential: Confidential | None = None
+        if settings.ehbp != "off" or settings.receipts:
+            from tinygw.trust.confidential import Confidential  # noqa: F811 -- pyhpke and cryptography only then
+
+            store = self.metrics.store  # receipts are shared as the metrics are: same directory, same slot
+            self.confidential = Confidential(
+                settings.ehbp,
+                settings.receipts,
+                settings.confidential_keys,
+                getattr(store, "directory", None),
+                store.slot,
+                settings.workers,
+            )
         self.strategies = Strategies(settings)
         self.resolver = Resolver(settings)  # a request's route and model to its targets
         # provider -> model ids of its last successful listing, absent before one (tinygw.worker.discovery)
@@ -355,3 +373,5 @@ class Gateway:
         for upstream in self.upstreams.values():
             await upstream.pool.aclose()
         self.clients.close()
+        if self.confidential is not None:
+            self.confidential.close()

@@ -1,0 +1,185 @@
+"""A proxied request's confidential side (docs/confidential.md): its EHBP body opened, its
+answer sealed, hashed and receipted; and the two pages, /.well-known/hpke-keys and
+/v1/receipts/{id}.
+
+`Exchange` wraps the request's ASGI `send` innermost, next to the server, so that every
+answer the request gets after its body was opened passes through it, whoever sends it
+(a held answer, a stream, the gateway's own errors, Anthropic-shaped or not): each body
+piece is hashed as it is sent (the receipt's `response_sha256`: before encryption, after
+the gateway's own shaping) and, for an EHBP request, sealed as one frame, the head's
+`content-length` dropped and `Ehbp-Response-Nonce` added. The receipt is kept before the
+answer's last piece goes out, so that a client that fetches it after reading its answer
+finds it. Answers before the body was opened (401, 413, 408: nothing of the client's was
+read) are neither sealed nor receipted. Nothing here logs, counts or keeps a body.
+
+The trust modules behind it (pyhpke, cryptography) are loaded only when EHBP or receipts
+are on (tinygw.worker.gateway); this module reaches them through the worker's
+`Confidential`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import TYPE_CHECKING
+
+from tinygw.api.body import Refused
+from tinygw.errors import SealedBodyRefused
+from tinygw.protocol.wire import JSON_HEADERS, BadBody, error_body, read_head
+
+if TYPE_CHECKING:
+    from tinygw.trust.confidential import Confidential
+    from tinygw.trust.ehbp import Sealer
+    from tinygw.worker.record import Record
+
+ENCAPSULATED_KEY_HEADER = b"ehbp-encapsulated-key"
+RESPONSE_NONCE_HEADER = b"ehbp-response-nonce"
+RECEIPT_ID_HEADER = b"x-tinygw-receipt-id"
+KEYS_PATH = "/.well-known/hpke-keys"
+RECEIPT_PREFIX = "/v1/receipts/"
+_KEYS_HEADERS = [(b"content-type", b"application/ohttp-keys")]
+_PROBLEM_HEADERS = [(b"content-type", b"application/problem+json")]
+_RECEIPT_HEADERS = [*JSON_HEADERS, (b"cache-control", b"no-store")]
+KEY_CONFIG_PROBLEM = b"urn:ietf:params:ehbp:error:key-config"
+def _owner(client: str) -> bytes:
+    """What a receipt is kept under: its client's name, as a fixed-size digest."""
+    return hashlib.sha256(client.encode()).digest()
+
+
+def exchange(gateway, route: str, scope, first: dict, send) -> Exchange:
+    """A proxied request's Exchange; `send` is the server's own."""
+    return Exchange(gateway.confidential, route, first, send, time.time)
+
+
+class Exchange:
+    """One proxied request's confidential side, from its dispatch to its end (see the
+    module's doc). Made only when EHBP or receipts are on."""
+
+    def __init__(self, confidential: Confidential, route: str, first: dict, send, now) -> None:
+        self._confidential = confidential
+        self._inner = send
+        self._encapsulated_key = first.get(ENCAPSULATED_KEY_HEADER)
+        self._route = route
+        self._now = now  # the wall clock, for the receipt's `created`
+        self._sealer: Sealer | None = None
+        self._record: Record | None = None
+        self._response: hashlib._Hash | None = None  # the answer's sha256 so far (receipts on, body opened)
+        self._request_sha256 = ""
+        self._model = ""
+        self._receipt_id: str | None = None
+        self._status = 0
+
+    def open(self, body: bytes, record: Record) -> bytes:
+        """The request body as the gateway routes it: opened when sealed. Raises
+        SealedBodyRefused when it does not open, and Refused for a plain request when
+        EHBP is `required`."""
+        confidential = self._confidential
+        if self._encapsulated_key is not None and body and confidential.hpke is not None:
+            opened = confidential.hpke.open(self._encapsulated_key, body)
+            body = opened.plaintext
+            self._sealer = opened.sealer()
+        elif confidential.ehbp_mode == "required":
+            raise Refused(
+                400,
+                "this gateway takes only EHBP-encrypted requests (TINYGW_EHBP=required): seal the body to "
+                f"the key at {KEYS_PATH} and send Ehbp-Encapsulated-Key",
+                "ehbp_required",
+            )
+        if confidential.ring is not None:
+            self._record = record
+            self._request_sha256 = hashlib.sha256(body).hexdigest()
+            self._response = hashlib.sha256()
+            try:
+                self._model = str(read_head(body).model)
+            except BadBody:
+                self._model = ""
+        return body
+
+    async def send(self, message) -> None:
+        """The request's `send`: its answer sealed and hashed as it goes out."""
+        if message["type"] == "http.response.start":
+            headers = message["headers"]
+            if self._sealer is not None:
+                headers = [(name, value) for name, value in headers if name != b"content-length"]
+                headers.append((RESPONSE_NONCE_HEADER, self._sealer.nonce_header))
+            if self._response is not None:
+                self._receipt_id = self._confidential.allocate()
+                self._status = message["status"]
+                headers = [*headers, (RECEIPT_ID_HEADER, self._receipt_id.encode())]
+            message = {**message, "headers": headers}
+        elif message["type"] == "http.response.body" and (self._sealer is not None or self._response is not None):
+            body = message.get("body", b"")
+            if self._response is not None:
+                self._response.update(body)
+                if not message.get("more_body"):
+                    self._keep()
+            if self._sealer is not None:
+                message = {**message, "body": self._sealer.seal(body)}
+        await self._inner(message)
+
+    def close(self) -> None:
+        """The request is over: an answer cut short gets its receipt, of what was sent."""
+        self._keep()
+
+    def _keep(self) -> None:
+        receipt_id, record, response = self._receipt_id, self._record, self._response
+        if receipt_id is None or record is None or response is None:
+            return
+        self._receipt_id = None
+        target = record.target
+        self._confidential.keep(
+            receipt_id,
+            _owner(record.client),  # served to its client only (receipt_page)
+            {
+                "v": 1,
+                "id": receipt_id,
+                "created": int(self._now()),
+                "client": record.client,
+                "route": self._route,
+                "model": self._model,
+                "provider": target.provider if target is not None else "",
+                "provider_model": target.upstream_model if target is not None else "",
+                "status": self._status,
+                "request_sha256": self._request_sha256,
+                "response_sha256": response.hexdigest(),
+            },
+        )
+
+    async def refuse(self, e: SealedBodyRefused, record: Record) -> None:
+        """The protocol's own error, in the clear (the client has no key to read another),
+        with the head a proxied answer gets (x-request-id)."""
+        kind = KEY_CONFIG_PROBLEM if e.status == 422 else b"about:blank"
+        body = b'{"type":"%s","title":"%s","status":%d}' % (kind, e.title.encode(), e.status)
+        await self._inner(record.head(e.status, _PROBLEM_HEADERS))
+        await self._inner({"type": "http.response.body", "body": body})
+
+
+async def hpke_keys_page(gateway, scope, send) -> None:
+    """GET /.well-known/hpke-keys: the key configuration to seal requests to (no auth)."""
+    confidential = gateway.confidential
+    if confidential is None or confidential.hpke is None:
+        await _not_found(send, "EHBP is off on this gateway (TINYGW_EHBP)", "not_found")
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": _KEYS_HEADERS})
+    await send({"type": "http.response.body", "body": confidential.hpke.config})
+
+
+async def receipt_page(gateway, scope, send) -> None:
+    """GET /v1/receipts/{id}: a receipt, to the client that made its request only."""
+    confidential = gateway.confidential
+    if confidential is None or confidential.ring is None:
+        await _not_found(send, "receipts are off on this gateway (TINYGW_RECEIPTS)", "not_found")
+        return
+    receipt_id = scope["path"][len(RECEIPT_PREFIX) :]
+    client = gateway.auth.client(scope["headers"])  # the dispatch let it in: it is one
+    receipt = confidential.receipt(receipt_id, _owner(client or ""))
+    if receipt is None:  # never kept, dropped, or another client's: said alike
+        await _not_found(send, "no such receipt (the oldest are dropped)", "receipt_not_found")
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": _RECEIPT_HEADERS})
+    await send({"type": "http.response.body", "body": receipt})
+
+
+async def _not_found(send, message: str, code: str) -> None:
+    await send({"type": "http.response.start", "status": 404, "headers": JSON_HEADERS})
+    await send({"type": "http.response.body", "body": error_body(message, "invalid_request_error", code)})

@@ -1,0 +1,120 @@
+"""The keys of EHBP and of receipts (docs/confidential.md): made once by serve, before its
+workers start, so that every worker serves the same ones; and what one worker holds of them.
+
+serve makes them in memory and hands them to its workers as the attested TLS key is handed
+(tinygw.trust.tls): a 0600 file each in a fresh 0700 directory on a memory file system,
+locked while serve lives and removed at exit; never logged, shown, or put in a page, a
+metric or an error. A worker not started by serve (a test's) makes its own.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import shutil
+
+from msgspec import Struct
+
+from tinygw import lifecycle
+from tinygw.errors import ConfigError
+from tinygw.trust import ehbp, receipts, tls
+
+HPKE_FILE, RECEIPT_FILE = "hpke.key", "receipt.key"
+KEY_BYTES = 32
+
+
+class Made(Struct, frozen=True):
+    """The directory serve made for the keys, and the descriptor that holds its lock."""
+
+    directory: str
+    lock: int
+
+
+def make(ehbp_on: bool, receipts_on: bool, candidates: list[str]) -> Made:
+    """The keys that are on, made and written for the workers (see the module's doc)."""
+    try:
+        # 0700, locked before it bears its name: serve holds it (tinygw.lifecycle tells dead gateways' by it)
+        directory, lock = lifecycle.make_held(tls.memory_directory(candidates), "tinygw-keys-")
+    except OSError as e:
+        raise ConfigError("TINYGW_EHBP", f"cannot make the keys' directory: {e.strerror}") from None
+    try:
+        if ehbp_on:
+            _write_new(os.path.join(directory, HPKE_FILE), ehbp.KeyPair.generate().private_bytes())
+        if receipts_on:
+            _write_new(os.path.join(directory, RECEIPT_FILE), receipts.Signer.generate().private_bytes())
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        lifecycle.release(lock)
+        raise
+    return Made(directory, lock)
+
+
+def remove(made: Made | None) -> None:
+    if made is not None:
+        shutil.rmtree(made.directory, ignore_errors=True)
+
+
+class Confidential:
+    """One worker's EHBP key, receipt key and receipt ring (None for what is off)."""
+
+    def __init__(
+        self,
+        ehbp_mode: str,
+        receipts_on: bool,
+        keys_dir: str | None,
+        ring_dir: str | None,
+        slot: int,
+        workers: int,
+    ) -> None:
+        self.ehbp_mode = ehbp_mode  # "off" | "on" | "required"
+        self.hpke: ehbp.KeyPair | None = None
+        self.signer: receipts.Signer | None = None
+        self.ring: receipts.Ring | None = None
+        if ehbp_mode != "off":
+            raw = _read(keys_dir, HPKE_FILE)
+            self.hpke = ehbp.KeyPair.from_private_bytes(raw) if raw else ehbp.KeyPair.generate()
+        if receipts_on:
+            raw = _read(keys_dir, RECEIPT_FILE)
+            self.signer = receipts.Signer.from_private_bytes(raw) if raw else receipts.Signer.generate()
+            count, size = receipts.shares(workers)
+            self.ring = receipts.Ring(ring_dir, slot, count, size)
+
+    def allocate(self) -> str:
+        """A new receipt's id (receipts on)."""
+        if self.ring is None:
+            raise RuntimeError("receipts are off")
+        return self.ring.allocate()
+
+    def keep(self, receipt_id: str, owner: bytes, fields: dict) -> None:
+        """Keep a receipt's fields (receipts on), for the client whose key digest is `owner`."""
+        if self.ring is not None:
+            self.ring.put(receipt_id, owner, receipts.canonical(fields))
+
+    def receipt(self, receipt_id: str, owner: bytes) -> bytes | None:
+        """The signed receipt, JSON, when it is kept and `owner` made its request; else None."""
+        if self.ring is None or self.signer is None:
+            return None
+        found = self.ring.find(receipt_id)
+        if found is None or not hmac.compare_digest(found[0], owner):
+            return None
+        return self.signer.signed(found[1])
+
+    def close(self) -> None:
+        if self.ring is not None:
+            self.ring.close()
+
+
+def _read(directory: str | None, name: str) -> bytes | None:
+    if directory is None:
+        return None
+    with open(os.path.join(directory, name), "rb") as f:
+        raw = f.read(KEY_BYTES + 1)
+    if len(raw) != KEY_BYTES:
+        raise ValueError(f"the key file {name} does not hold {KEY_BYTES} bytes")
+    return raw
+
+
+def _write_new(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)

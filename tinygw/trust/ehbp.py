@@ -1,0 +1,164 @@
+"""Tinfoil's Encrypted HTTP Body Protocol, the server's half, sans I/O (docs/confidential.md).
+
+EHBP (github.com/tinfoilsh/encrypted-http-body-protocol, SPEC.md) seals HTTP bodies end to
+end while headers stay in the clear: the client seals its request body to the gateway's
+X25519 HPKE key (RFC 9180 base mode, HKDF-SHA256, AES-256-GCM, info "ehbp request") and
+sends the encapsulated key in `Ehbp-Encapsulated-Key`; the body is frames of
+`LEN (u32, big-endian) || CIPHERTEXT`, each sealed in turn with empty AAD. The answer's key
+is derived as OHTTP's (RFC 9458): the request context exports 32 bytes ("ehbp response"),
+a random 32-byte response nonce goes out in `Ehbp-Response-Nonce`, and HKDF over
+(salt = enc || nonce) gives the AES-256-GCM key ("key") and base nonce ("nonce"); frame i
+is sealed with the base nonce XOR i. Streams stay streams: each piece of the answer is
+one frame.
+
+Here, over bytes only: the key configuration served at /.well-known/hpke-keys (`KeyPair`),
+a request body opened whole (`open_request`, `KeyPair.open`, which raises `SealedBodyRefused`: 422
+key-config when the first frame cannot be opened, as Tinfoil's server answers, so that a
+client re-fetches the key; 400 for bad framing, a bad encapsulated key or a later frame),
+and an answer's sealer fed its pieces (`Opened.sealer`). The HPKE context comes from pyhpke
+(cryptography's HPKE is single-shot: no export); the rest from cryptography. The HTTP
+side (headers, the problem answers) is tinygw.api.sealed's; this module is imported only
+when EHBP is on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF, HKDFExpand
+from pyhpke import AEADId, CipherSuite, KDFId, KEMId
+
+from tinygw.errors import SealedBodyRefused
+
+# The suite, as RFC 9180 numbers it, and the labels: the protocol's, never to be changed.
+KEY_ID = 0
+KEM_X25519_HKDF_SHA256 = 0x0020
+KDF_HKDF_SHA256 = 0x0001
+AEAD_AES_256_GCM = 0x0002
+REQUEST_INFO = b"ehbp request"
+EXPORT_LABEL = b"ehbp response"
+EXPORT_BYTES = 32
+ENC_BYTES = 32  # an X25519 public key
+RESPONSE_NONCE_BYTES = 32  # max(Nn, Nk) for AES-256-GCM, as OHTTP
+AEAD_KEY_BYTES, AEAD_NONCE_BYTES = 32, 12
+_LENGTH = struct.Struct(">I")
+
+_SUITE = CipherSuite.new(KEMId.DHKEM_X25519_HKDF_SHA256, KDFId.HKDF_SHA256, AEADId.AES256_GCM)
+
+
+class KeyPair:
+    """The gateway's HPKE key: made at start, the same in every worker. Its private half is
+    never shown (`repr` included)."""
+
+    def __init__(self, private: X25519PrivateKey) -> None:
+        raw = private.private_bytes(
+            serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+        )
+        public = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        self._private = _SUITE.kem.deserialize_private_key(raw)
+        # RFC 9458's key_config, one of them, as Tinfoil's server serves it: key id, KEM,
+        # public key, then the length of the cipher suites and the one suite (KDF, AEAD).
+        self.config = (
+            struct.pack(">BH", KEY_ID, KEM_X25519_HKDF_SHA256)
+            + public
+            + struct.pack(">HHH", 4, KDF_HKDF_SHA256, AEAD_AES_256_GCM)
+        )
+        self.config_sha256 = hashlib.sha256(self.config).hexdigest()
+
+    @classmethod
+    def generate(cls) -> KeyPair:
+        return cls(X25519PrivateKey.generate())
+
+    @classmethod
+    def from_private_bytes(cls, raw: bytes) -> KeyPair:
+        return cls(X25519PrivateKey.from_private_bytes(raw))
+
+    def private_bytes(self) -> bytes:
+        """For serve to hand the key to its workers (tinygw.trust.confidential), nothing else."""
+        return self._private.to_private_bytes()
+
+    def open(self, encapsulated_key: bytes, body: bytes) -> Opened:
+        """`open_request` with this key."""
+        return open_request(self, encapsulated_key, body)
+
+    def __repr__(self) -> str:
+        return f"KeyPair(config_sha256={self.config_sha256[:16]}...)"
+
+
+class Opened:
+    """A request body opened: its plaintext, and what seals the answer to that request."""
+
+    def __init__(self, plaintext: bytes, enc: bytes, exported: bytes) -> None:
+        self.plaintext = plaintext
+        self._enc = enc
+        self._exported = exported
+
+    def sealer(self, nonce: bytes | None = None) -> Sealer:
+        """The answer's sealer, with a fresh random response nonce (`nonce` for tests only)."""
+        return Sealer(self._enc, self._exported, os.urandom(RESPONSE_NONCE_BYTES) if nonce is None else nonce)
+
+
+class Sealer:
+    """Seals one answer's pieces, in order, one frame each (docs/confidential.md)."""
+
+    def __init__(self, enc: bytes, exported: bytes, nonce: bytes) -> None:
+        self.nonce = nonce
+        self.nonce_header = nonce.hex().encode()
+        prk = HKDF.extract(hashes.SHA256(), enc + nonce, exported)
+        self._aead = AESGCM(HKDFExpand(hashes.SHA256(), AEAD_KEY_BYTES, b"key").derive(prk))
+        self._base = int.from_bytes(HKDFExpand(hashes.SHA256(), AEAD_NONCE_BYTES, b"nonce").derive(prk), "big")
+        self._sequence = 0
+
+    def seal(self, piece: bytes) -> bytes:
+        """The frame of the answer's next piece; b"" for an empty piece (no frame)."""
+        if not piece:
+            return b""
+        nonce = (self._base ^ self._sequence).to_bytes(AEAD_NONCE_BYTES, "big")
+        self._sequence += 1
+        sealed = self._aead.encrypt(nonce, piece, None)
+        return _LENGTH.pack(len(sealed)) + sealed
+
+
+# The messages a client sees: fixed, so that they tell nothing of which step failed
+# (the protocol's section 5.4.4).
+KEY_CONFIG_TITLE = "the request was not sealed to this gateway's key configuration: fetch /.well-known/hpke-keys again"
+BAD_REQUEST_TITLE = "the encrypted request body is malformed or does not open"
+
+
+def open_request(key: KeyPair, encapsulated_key: bytes, body: bytes) -> Opened:
+    """Open a whole sealed request body. SealedBodyRefused (the client's fault) when it
+    does not open: 422 when its first frame fails (a key configuration that is not this
+    gateway's), 400 for a bad encapsulated key, bad framing or any later frame."""
+    try:
+        enc = bytes.fromhex(encapsulated_key.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise SealedBodyRefused(400, BAD_REQUEST_TITLE) from None
+    if len(enc) != ENC_BYTES:
+        raise SealedBodyRefused(400, BAD_REQUEST_TITLE)
+    try:
+        context = _SUITE.create_recipient_context(enc, key._private, info=REQUEST_INFO)
+    except Exception:  # pyhpke's own errors (a low-order point): the client's key, refused
+        raise SealedBodyRefused(400, BAD_REQUEST_TITLE) from None
+    pieces = []
+    at, end, first = 0, len(body), True
+    while at < end:
+        if end - at < _LENGTH.size:
+            raise SealedBodyRefused(400, BAD_REQUEST_TITLE)
+        (length,) = _LENGTH.unpack_from(body, at)
+        at += _LENGTH.size
+        if length == 0:  # an empty write: ignored, as the protocol says
+            continue
+        if length > end - at:
+            raise SealedBodyRefused(400, BAD_REQUEST_TITLE)
+        try:
+            pieces.append(context.open(body[at : at + length], b""))
+        except Exception:  # pyhpke's OpenError: the frame does not authenticate
+            raise SealedBodyRefused(422 if first else 400, KEY_CONFIG_TITLE if first else BAD_REQUEST_TITLE) from None
+        at += length
+        first = False
+    return Opened(b"".join(pieces), enc, context.export(EXPORT_LABEL, EXPORT_BYTES))
