@@ -41,6 +41,8 @@ _KEYS_HEADERS = [(b"content-type", b"application/ohttp-keys")]
 _PROBLEM_HEADERS = [(b"content-type", b"application/problem+json")]
 _RECEIPT_HEADERS = [*JSON_HEADERS, (b"cache-control", b"no-store")]
 KEY_CONFIG_PROBLEM = b"urn:ietf:params:ehbp:error:key-config"
+
+
 def _owner(client: str) -> bytes:
     """What a receipt is kept under: its client's name, as a fixed-size digest."""
     return hashlib.sha256(client.encode()).digest()
