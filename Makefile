@@ -3,10 +3,12 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+PROJECT := $(VENV)/.project
 
 .PHONY: all demo test test-clients lint fuzz bench bench-floor bench-outage bench-overhead soak verifier rehearse lock clean build reproduce release-check test-frozen
 
-all: $(STAMP)
+# The virtualenv and the `tinygw` command in it (.venv/bin/tinygw).
+all: $(STAMP) $(PROJECT)
 
 # The virtualenv, from the hashed locks alone: runtime and test dependencies.
 $(STAMP): requirements/runtime.lock requirements/dev.lock requirements/verify.lock
@@ -15,6 +17,12 @@ $(STAMP): requirements/runtime.lock requirements/dev.lock requirements/verify.lo
 	$(PY) -m pip install --quiet --disable-pip-version-check --require-hashes --no-deps \
 		-r requirements/runtime.lock -r requirements/dev.lock -r requirements/verify.lock
 	@touch $(STAMP)
+
+# tinygw itself, editable (the venv runs this clone's sources): no download, no dependency resolved,
+# built by the lock's setuptools (pyproject.toml's build backend) already in the venv.
+$(PROJECT): $(STAMP) pyproject.toml
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-index --no-deps --no-build-isolation -e .
+	@touch $(PROJECT)
 
 demo: $(STAMP)
 	$(PY) -m tinygw demo

@@ -7,11 +7,15 @@ import os
 import subprocess
 import sys
 import time
+from typing import Annotated, Literal, get_args, get_type_hints
 
+import msgspec
 import pytest
 
-from conftest import ROOT, free_port, run_tinygw
+from conftest import ROOT, Gateway, free_port, run_tinygw
+from tinygw.config import environment
 from tinygw.config.environment import from_environ
+from tinygw.config.settings import ModelDoc, ProviderDoc
 from tinygw.errors import ConfigError
 from tinygw.secret import Secret
 
@@ -247,6 +251,77 @@ def test_check_exits_2_with_one_line_naming_the_path():
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "$.routing.max_attempts" in lines[0]
+
+
+def allowed(struct, field: str) -> str:
+    """The values a Literal field allows, as the message names them: read from its type."""
+    return ", ".join(json.dumps(v) for v in get_args(get_type_hints(struct)[field]))
+
+
+@pytest.mark.parametrize(
+    "doc,where,values",
+    [
+        ({"providers": {"a": {**PROVIDERS["a"], "api": "bedrok"}}}, "$.providers.a.api", allowed(ProviderDoc, "api")),
+        ({"providers": {"a": {**PROVIDERS["a"], "api": 1}}}, "$.providers.a.api", allowed(ProviderDoc, "api")),
+        (
+            {"providers": PROVIDERS, "models": {"m": {"targets": ["a:x"], "strategy": "random"}}},
+            "$.models.m.strategy",
+            allowed(ModelDoc, "strategy"),
+        ),
+    ],
+)
+def test_check_names_the_values_a_literal_allows(doc, where, values):
+    done = run_cli(["check"], env(doc))
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"tinygw: configuration error: TINYGW_CONFIG {where}: ")
+    assert line.endswith(f" (allowed: {values})")
+    assert '"openai"' in allowed(ProviderDoc, "api") and '"round_robin"' in allowed(ModelDoc, "strategy")
+
+
+class Inner(msgspec.Struct, forbid_unknown_fields=True):
+    mode: Literal["a", "b"] | None = None
+
+
+class Outer(msgspec.Struct, forbid_unknown_fields=True):
+    kind: Annotated[Literal["x", "y"], msgspec.Meta(title="kind")] = "x"
+    by_name: dict[str, Inner] = {}
+    items: list[Inner] = []
+    count: int = 0
+
+
+@pytest.mark.parametrize(
+    "raw,where,named",
+    [
+        (b'{"kind": "z"}', "W $.kind", ' (allowed: "x", "y")'),
+        (b'{"by_name": {"n": {"mode": "c"}}}', "W $.by_name[...].mode", ' (allowed: "a", "b")'),
+        (b'{"items": [{}, {"mode": 3}]}', "W $.items[1].mode", ' (allowed: "a", "b")'),
+        (b'{"count": "many"}', "W $.count", None),  # not a Literal: msgspec's message alone
+    ],
+)
+def test_every_literal_field_names_its_values_wherever_it_is(raw, where, named):
+    with pytest.raises(ConfigError) as info:
+        environment._decode("W", raw, msgspec.json.Decoder(Outer))
+    assert info.value.where == where
+    assert info.value.reason.endswith(named) if named else "allowed" not in info.value.reason
+
+
+def test_a_configuration_that_serves_nothing_is_said_at_check_and_at_serve(tmp_path):
+    warning = "nothing can be served: the configuration has no providers and no models"
+    done = run_cli(["check"], {"TINYGW_CONFIG": "{}"})
+    assert done.returncode == 0 and done.stderr == f"tinygw: warning: {warning}\n"
+    assert "warning" not in run_cli(["check"], env()).stderr
+    gateway = Gateway({}, {}, tmp_path / "gateway.log")
+    try:
+        records = gateway.log_records()
+        assert [r["level"] for r in records if r.get("msg") == warning] == ["warning"]
+    finally:
+        gateway.stop()
+    served = Gateway(GOOD, {"A_KEY": "secret-a"}, tmp_path / "served.log")
+    try:
+        assert not [r for r in served.log_records() if r.get("msg") == warning]
+    finally:
+        served.stop()
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])

@@ -54,3 +54,11 @@ def test_peek_is_the_key_pick_would_return_without_moving_the_rotation():
     ring.rest(0, now=1.0, seconds=30.0)
     ring.rest(2, now=1.0, seconds=20.0)
     assert ring.peek(now=2.0) == ring.pick(now=2.0) == 1  # all rest: the one free soonest
+
+
+def test_each_rest_is_told_with_its_end_for_the_status_page():
+    told: list[tuple[int, float]] = []
+    ring = KeyRing(2, lambda index, until: told.append((index, until)))
+    ring.rest(1, now=10.0, seconds=30.0)
+    ring.rest(0, now=11.0, seconds=None)
+    assert told == [(1, 40.0), (0, 11.0 + DEFAULT_REST_SECONDS)]

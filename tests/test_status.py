@@ -24,7 +24,7 @@ import pytest
 from conftest import ROOT, call, second_fake, wait_until
 from tinygw import __version__
 from tinygw.api.status import render_html
-from tinygw.fake.upstream import json_reply
+from tinygw.fake.upstream import json_reply, well_behaved
 
 CHAT = "/v1/chat/completions"
 PROVIDER_KEY = "sk-status-secret"
@@ -116,6 +116,7 @@ def test_every_reload_shows_every_workers_circuits(outage_on_two_workers):
             (1, "Qwen3", "Circuit Open", "502"),
             (2, "Qwen3", "Circuit Open", "502"),
         ]
+        assert data["summary"]["open_circuits"] == 1  # one circuit, open on both workers
         up = provider_entry(data, "up")
         assert [(c["worker"], c["state"]) for c in up["circuits"]] == [(1, "Circuit Closed"), (2, "Circuit Closed")]
         assert up["listing"] == {"enabled": True, "up": True, "models": 1}
@@ -214,11 +215,22 @@ def test_every_value_of_the_html_is_escaped():
             "uptime_seconds": 3.5,
             "workers": [{"slot": 1, "pid": 7, "started_at": hostile}],
             "models": [{"name": hostile, "strategy": "failover", "targets": [hostile]}],
+            "summary": {
+                "open_circuits": 0,
+                "half_open_circuits": 1,
+                "providers_listing_down": [hostile],
+                "keys_resting": {hostile: 1},
+            },
             "providers": [
                 {
                     "name": hostile,
                     "api": "openai",
                     "listing": {"enabled": True, "up": False, "models": None},
+                    "key_pool": {
+                        "keys": 2,
+                        "resting_keys": 1,
+                        "resting": [{"key": 1, "worker": 1, "seconds_left": 3.5, "until": hostile}],
+                    },
                     "circuits": [
                         {
                             "worker": 1,
@@ -237,8 +249,110 @@ def test_every_value_of_the_html_is_escaped():
         }
     )
     assert hostile not in page and "<img" not in page
-    assert page.count("&lt;img src=x onerror=alert(1)&gt;") == 10
+    assert page.count("&lt;img src=x onerror=alert(1)&gt;") == 13
     assert "Circuit Half-Open" in page and "not up" in page
+
+
+# ---- what on-call reads first: the summary, open circuits on top, the key pools -----------------
+
+POOL_KEYS = {"K1": "sk-pool-first", "K2": "sk-pool-second"}
+
+
+def _mixed_script():
+    """`zz`'s fake: its listing fails, `zulu` answers 502, the first key gets a 429 with
+    Retry-After 120 for `alpha`, everything else is healthy."""
+    healthy = well_behaved("zz")
+
+    def script(r):
+        if r.method == "GET":
+            return json_reply(502, {"error": {"message": "listing down", "type": "server_error"}})
+        model = r.json().get("model")
+        if model == "zulu":
+            return json_reply(502, {"error": {"message": "upstream down", "type": "server_error"}})
+        if model == "alpha" and r.headers.get("authorization") == f"Bearer {POOL_KEYS['K1']}":
+            return json_reply(429, {"error": {"message": "slow down", "type": "rate_limit"}}, [("retry-after", "120")])
+        return healthy(r)
+
+    return script
+
+
+@pytest.fixture
+def mixed(fake, healthy, start_gateway):
+    """Provider `aa` (first by name, healthy, one closed circuit) and `zz`: a key pool of two
+    keys, the first resting 120 s; `zz:alpha` closed (configured first), `zz:zulu` open; its
+    listing down."""
+    fake.script = _mixed_script()
+    config = {
+        "providers": {
+            "aa": {"base_url": f"{healthy.url}/v1", "api": "openai", "listing": False},
+            "zz": {"base_url": f"{fake.url}/v1", "api": "openai", "api_key_env": ["K1", "K2"]},
+        },
+        "models": {
+            "alpha": {"targets": ["zz:alpha"]},
+            "zulu": {"targets": ["zz:zulu"]},
+            "first": {"targets": ["aa:fake-model"]},
+        },
+    }
+    gateway = start_gateway(
+        config,
+        **POOL_KEYS,
+        PROVIDER_RETRY_FAST_FAILURES="false",
+        PROVIDER_BREAKER_FAILURES="2",
+        PROVIDER_BREAKER_OPEN_SECONDS="300",
+        PROVIDER_HEALTH_CHECK_SECONDS="0",
+    )
+    chat = f"{gateway.url}{CHAT}"
+    assert call("POST", chat, {"model": "first"})[0] == 200
+    assert call("POST", chat, {"model": "alpha"})[0] == 200  # the first key's 429, then the second key
+    for _ in range(2):
+        assert call("POST", chat, {"model": "zulu"})[0] == 502
+    wait_until(lambda: status_json(gateway)["summary"]["open_circuits"] == 1, what="zz:zulu open")
+    return gateway
+
+
+def test_status_json_sums_up_what_is_down_and_puts_it_first(mixed):
+    data = status_json(mixed)
+    assert list(data)[:4] == ["version", "artifact_sha256", "config_sha256", "summary"]
+    assert data["summary"] == {
+        "open_circuits": 1,
+        "half_open_circuits": 0,
+        "providers_listing_down": ["zz"],
+        "keys_resting": {"zz": 1},
+    }
+    assert [p["name"] for p in data["providers"]] == ["zz", "aa"]  # the provider with an open circuit first
+    zz = data["providers"][0]
+    assert [(c["provider_model"], c["state"]) for c in zz["circuits"]] == [
+        ("zulu", "Circuit Open"),
+        ("alpha", "Circuit Closed"),
+    ]
+
+
+def test_status_json_shows_each_key_pool_and_never_a_key(mixed):
+    data = status_json(mixed)
+    pool = provider_entry(data, "zz")["key_pool"]
+    assert (pool["keys"], pool["resting_keys"]) == (2, 1)
+    [rest] = pool["resting"]
+    assert (rest["key"], rest["worker"]) == (1, 1)  # the first key of api_key_env, by its place
+    assert 60 < rest["seconds_left"] <= 120
+    until = datetime.fromisoformat(rest["until"].replace("Z", "+00:00")).timestamp()
+    assert time.time() + 60 < until <= time.time() + 121
+    assert provider_entry(data, "aa")["key_pool"] == {"keys": 0, "resting_keys": 0, "resting": []}
+    for path in ("/status", "/status.json"):
+        text = call("GET", f"{mixed.url}{path}")[2].decode()
+        for secret in (*POOL_KEYS.values(), *POOL_KEYS):
+            assert secret not in text, (path, secret)
+
+
+def test_status_html_has_the_summary_on_top_and_open_circuits_first(mixed):
+    page = call("GET", f"{mixed.url}/status")[2].decode()
+    summary = re.search(r'<p class="summary">(.*?)</p>', page)
+    assert summary, page[:2000]
+    text = re.sub(r"<[^>]+>", "", summary.group(1))
+    assert text == "1 circuit open · 0 half-open · listing down: zz · keys resting: zz 1"
+    assert page.index('class="summary"') < page.index('class="facts"') < page.index("<section>")
+    assert page.index("Circuit Open") < page.index("Circuit Closed")
+    assert page.index("<h2>zz ") < page.index("<h2>aa ")
+    assert re.search(r"Key pool: 2 keys, 1 resting: key 1 on worker 1 until \S+Z \(\d+ s\)", page)
 
 
 # ---- a real browser --------------------------------------------------------------------
@@ -299,6 +413,9 @@ def test_chromium_renders_the_open_circuit_and_the_seconds_to_its_probe(outage_o
     shown = re.search(r"next probe in (\d+) s", dom.stdout)
     assert shown, dom.stdout[-2000:]
     assert math.ceil(after) <= int(shown.group(1)) <= math.ceil(before)
+
+    assert "1 circuit open" in dom.stdout
+    assert dom.stdout.index('class="summary"') < dom.stdout.index("Circuit Open") < dom.stdout.index("Circuit Closed")
 
     screenshot = tmp_path / "status.png"
     shot = headless(chromium, tmp_path / "profile-shot", "--window-size=1200,900", f"--screenshot={screenshot}", url)

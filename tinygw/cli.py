@@ -134,7 +134,11 @@ def main(argv: list[str] | None = None) -> None:
     elif command == "check":
         import msgspec
 
+        from tinygw.config import environment
+
         settings = _settings_or_exit()
+        for warning in environment.start_warnings(settings):
+            print(f"tinygw: warning: {warning}", file=sys.stderr)
         effective = settings.effective()
         print(msgspec.json.format(msgspec.json.encode(effective, order="sorted"), indent=2).decode())
         print(f"config_sha256: {settings.config_sha256()}")

@@ -55,6 +55,8 @@ def serve(settings: Settings) -> None:
     """Run until SIGTERM or SIGINT; in-flight requests get `drain_seconds` to end.
     Raises ConfigError when the port is taken."""
     logs.configure(settings.log_level)
+    for warning in environment.start_warnings(settings):
+        logs.log(logging.WARNING, warning)
     refuse_taken_port(settings.host, settings.port)
     remove_leftovers(settings)
     open_files = raise_open_file_limit()

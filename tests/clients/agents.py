@@ -104,7 +104,7 @@ check_for_update_on_startup = false
 [model_providers.tinygw]
 name = "tinygw"
 base_url = "{url}/v1"
-env_key = "TINYGW_API_KEY"
+env_key = "GATEWAY_API_KEY"
 wire_api = "responses"
 
 [analytics]
@@ -119,7 +119,7 @@ def test_codex(gateway, tmp_path):
     (home / "config.toml").write_text(CODEX_CONFIG.format(url=gateway.url))
     out = run(
         ["node", str(NODE / "@openai" / "codex" / "bin" / "codex.js"), "exec", "--skip-git-repo-check", "Say hello"],
-        {"CODEX_HOME": str(home), "TINYGW_API_KEY": GATEWAY_KEY},
+        {"CODEX_HOME": str(home), "GATEWAY_API_KEY": GATEWAY_KEY},
         tmp_path,
     )
     assert ANSWER in out
@@ -132,6 +132,7 @@ LLM_MODELS = """\
   model_name: gpt-4o-mini
   api_base: "{url}/v1"
   api_key_name: tinygw
+  supports_tools: true
 - model_id: tinygw-instruct
   model_name: gpt-3.5-turbo-instruct
   api_base: "{url}/v1"
@@ -150,3 +151,17 @@ def test_llm(gateway, tmp_path, model, route):
     out = run([str(LLM), "-m", model, "Say hello"], {"LLM_USER_PATH": str(tmp_path)}, tmp_path)
     assert out.strip() == ANSWER
     assert wait_until(lambda: requests(gateway, route, "OpenAI/Python"), 5, "llm's requests")
+
+
+def test_llm_calls_a_tool_through_the_gateway(gateway, tmp_path):
+    """`supports_tools: true` (docs/clients.md): llm sends the tool, the fake calls it once,
+    llm runs it and sends its result, and the fake's answer ends the loop: two requests."""
+    (tmp_path / "extra-openai-models.yaml").write_text(LLM_MODELS.format(url=gateway.url))
+    (tmp_path / "keys.json").write_text(json.dumps({"tinygw": GATEWAY_KEY}))
+    before = len(requests(gateway, "/v1/chat/completions", "OpenAI/Python"))
+    command = [str(LLM), "-m", "tinygw-chat", "-T", "llm_version", "Which version?"]
+    out = run(command, {"LLM_USER_PATH": str(tmp_path)}, tmp_path)
+    assert out.strip() == ANSWER
+    wait_until(
+        lambda: len(requests(gateway, "/v1/chat/completions", "OpenAI/Python")) >= before + 2, 5, "the tool's round"
+    )

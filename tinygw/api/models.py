@@ -1,52 +1,93 @@
 """The model list (docs/design.md sections 3 and 6): GET /v1/models and /v1/models/{id}.
 
-Every configured alias, then `provider/upstream_model` for each model of each provider
-whose last listing succeeded, each with its `availability` from the circuits of its
-targets; in OpenAI's shape, or Anthropic's (paged) when the request carries
-`anthropic-version`.
+The list: every configured alias but the patterns, the listed models that a pattern
+serves by their own names, then `provider/upstream_model` for each model of each
+provider whose last listing succeeded; one model: any name a request may use (routed as
+a request is). Each with its `availability` from the circuits of its targets; in
+OpenAI's shape, or Anthropic's (paged) when the request carries `anthropic-version`.
 """
 
 from __future__ import annotations
 
 from urllib.parse import parse_qs
 
+from tinygw.config.settings import Settings
+from tinygw.protocol.routing import WILDCARD, Route, resolve
 from tinygw.protocol.wire import header, send_error, send_json
 from tinygw.worker.gateway import Gateway
 
 MODEL_PREFIX = "/v1/models/"
 
 
-def _model_entries(gateway: Gateway) -> list[dict]:
-    """docs/design.md section 6: every model alias, then `provider/upstream_model` for each model
-    of each provider whose last listing succeeded, each with its `availability`: true
-    if any of its targets' circuits admits an attempt now, else `retry_after`, whole
+def _entry(model_id: str, owner: str, targets: list[tuple[str, str]], circuits: dict) -> dict:
+    """One model object: its `availability` is true if any of its targets' circuits admits an
+    attempt now (a circuit no attempt has made yet is closed), else `retry_after`, whole
     seconds until the soonest probe."""
-    # Circuits are looked up, not made: a circuit that no attempt has made yet is closed,
-    # and reading this page must not add circuits (and metric series) for every listed model.
-    circuits = {(c.provider, c.provider_model): c for c in gateway.breakers.all()}
-    models = gateway.settings.models
+    known = [circuits[t] for t in targets if t in circuits]
+    available = len(known) < len(targets) or any(c.available() for c in known)
+    retry_after = None if available else min(c.retry_after_header() for c in known)
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": 0,
+        "owned_by": owner,
+        "availability": {"available": available, "retry_after": retry_after},
+    }
+
+
+def _circuits(gateway: Gateway) -> dict:
+    # Circuits are looked up, not made: reading the list must not add circuits (and metric
+    # series) for every listed model.
+    return {(c.provider, c.provider_model): c for c in gateway.breakers.all()}
+
+
+def _served(settings: Settings, model_id: str) -> tuple[str, list[tuple[str, str]]] | None:
+    """(owner, targets) of `model_id` as a request naming it is routed (tinygw.protocol.routing:
+    an alias, `provider/upstream_model`, or a pattern's match), on any of the providers'
+    APIs; None when no route serves it."""
+    targets: list[tuple[str, str]] = []
+    model = None
+    for api in sorted({p.doc.api for p in settings.providers.values()}):
+        resolution = resolve(settings, Route(MODEL_PREFIX, api, ""), model_id)
+        if resolution is not None:
+            model = resolution.model
+            targets += [(t.provider, t.upstream_model) for t in resolution.targets]
+    if model is None:
+        return None
+    provider, slash, _ = model_id.partition("/")
+    qualified = slash and model_id not in settings.models and provider in settings.providers
+    return (provider if qualified else "tinygw"), targets
+
+
+def _model_entries(gateway: Gateway) -> list[dict]:
+    """docs/design.md section 6: every model alias but the patterns (a client would send
+    `claude-*` as a model's name); then each model of a provider's last successful listing
+    that a pattern sends to that provider as it came (`claude-sonnet-4-5` by `"claude-*":
+    ["an:*"]`), by its own name; then `provider/upstream_model` for each model of each
+    provider whose last listing succeeded. Each with its `availability`."""
+    settings = gateway.settings
+    models = settings.models
     entries = [
-        (name, "tinygw", [(t.provider, t.upstream_model) for t in models[name].targets]) for name in sorted(models)
+        (name, "tinygw", [(t.provider, t.upstream_model) for t in models[name].targets])
+        for name in sorted(models)
+        if not name.endswith(WILDCARD)
     ]
+    by_pattern = set()
+    for name, alias in models.items():
+        if name.endswith(WILDCARD):
+            for target in alias.targets:
+                if target.upstream_model == WILDCARD:
+                    by_pattern |= {m for m in gateway.listings.get(target.provider, ()) if m.startswith(name[:-1])}
+    for model_id in sorted(by_pattern - models.keys()):
+        served = _served(settings, model_id)
+        if served is not None and served[0] == "tinygw":  # else a pattern does not serve it: a longer one, say
+            entries.append((model_id, *served))
     for provider in sorted(gateway.listings):
         for upstream_model in gateway.listings[provider]:
             if f"{provider}/{upstream_model}" not in models:  # else the alias is what a request gets
                 entries.append((f"{provider}/{upstream_model}", provider, [(provider, upstream_model)]))
-    data = []
-    for model_id, owner, targets in entries:
-        known = [circuits[t] for t in targets if t in circuits]
-        available = len(known) < len(targets) or any(c.available() for c in known)
-        retry_after = None if available else min(c.retry_after_header() for c in known)
-        data.append(
-            {
-                "id": model_id,
-                "object": "model",
-                "created": 0,
-                "owned_by": owner,
-                "availability": {"available": available, "retry_after": retry_after},
-            }
-        )
-    return data
+    circuits = _circuits(gateway)
+    return [_entry(model_id, owner, targets, circuits) for model_id, owner, targets in entries]
 
 
 # The models' creation time is not known to the gateway: 0 in OpenAI's shape, the
@@ -108,11 +149,14 @@ async def model_list(gateway: Gateway, scope, send) -> None:
 
 
 async def one_model(gateway: Gateway, scope, send) -> None:
-    """GET /v1/models/{id}: one entry of the list (the id may hold '/'), or 404."""
+    """GET /v1/models/{id} (the id may hold '/'): any model a request may name, whether the
+    list shows it or not (a pattern's match, a provider's model that no listing gave), with
+    its availability; else 404."""
     model_id = scope["path"][len(MODEL_PREFIX) :]
-    for entry in _model_entries(gateway):
-        if entry["id"] == model_id:
-            anthropic = header(scope["headers"], b"anthropic-version") is not None
-            await send_json(send, _anthropic_entry(entry) if anthropic else entry)
-            return
+    served = _served(gateway.settings, model_id)
+    if served is not None:
+        entry = _entry(model_id, *served, _circuits(gateway))
+        anthropic = header(scope["headers"], b"anthropic-version") is not None
+        await send_json(send, _anthropic_entry(entry) if anthropic else entry)
+        return
     await send_error(send, 404, f"the model {model_id!r} does not exist", "invalid_request_error", "model_not_found")

@@ -1,7 +1,7 @@
 """The status page (docs/design.md section 7): `/status` in HTML and `/status.json`.
 
-Both show every live worker's circuits and listings in one view, read from the shared
-metric store where each worker publishes them (tinygw.observe.board), whichever worker answers;
+Both show every live worker's circuits, listings and resting keys in one view, read from the
+shared metric store where each worker publishes them (tinygw.observe.board), whichever worker answers;
 and the gateway: version, artifact sha256 (when frozen), config hash, start and uptime,
 live workers (slot and PID) and each model alias's strategy and targets. Times in
 status.json are wall-clock ISO 8601 (UTC). For each provider: its listing state (on or
@@ -12,7 +12,12 @@ Open" etc.), the consecutive failures, the current pause, the seconds until the 
 probe and when that is (null unless open), when it opened, and the last error. For
 each named client (docs/design.md section 16), summed over the workers: its requests in
 flight, its admitted requests and its tokens of the last minute, and its limits (null:
-none); a client is shown by its name, never by a key.
+none); a client is shown by its name, never by a key. On top, a summary: circuits open and
+half-open (each provider and upstream model once, in its worst state over the workers),
+providers whose listing is down, resting keys per pool. Providers come in the order of
+their worst circuit, and each provider's circuits open first, then half-open, then closed;
+each provider's key pool shows how many keys it has and each resting key by its place in
+the pool (never the key), with its worker and when its rest ends.
 
 `snapshot` builds the plain data from the gateway and is the only reader of it; the
 two handlers render that data. The pages show names, states, counts and error labels
@@ -72,13 +77,54 @@ def _circuit(c: board.CircuitView, slot: int, now: float, wall: float) -> dict:
     }
 
 
+# Circuits, and providers by their worst circuit, are shown in this order: what is down first.
+_STATE_RANK = {STATE_WORDS[State.OPEN]: 0, STATE_WORDS[State.HALF_OPEN]: 1, STATE_WORDS[State.CLOSED]: 2}
+
+
+def _key_pool(name: str, size: int, workers: list[board.WorkerView], now: float, wall: float) -> dict:
+    """A provider's keys: how many, and each that rests after a 429 on some worker (by its
+    place in the pool, 1 to `size`: never the key) with when its rest ends."""
+    resting = sorted(
+        (
+            {
+                "key": index + 1,
+                "worker": w.slot,
+                "seconds_left": round(until - now, 1),
+                "until": _iso(wall + (until - now)),
+            }
+            for w in workers
+            for (provider, index), until in w.key_rests.items()
+            if provider == name and until > now and index < size
+        ),
+        key=lambda r: (r["key"], r["worker"]),
+    )
+    return {"keys": size, "resting_keys": len({r["key"] for r in resting}), "resting": resting}
+
+
+def _summary(providers: list[dict]) -> dict:
+    """What on-call reads first: circuits open and half-open (each (provider, upstream model)
+    once, in its worst state over the workers), providers whose listing is down, and the
+    resting keys of each provider's pool."""
+    worst: dict[tuple[str, str], int] = {}
+    for p in providers:
+        for c in p["circuits"]:
+            key = (p["name"], c["provider_model"])
+            worst[key] = min(worst.get(key, 2), _STATE_RANK[c["state"]])
+    return {
+        "open_circuits": sum(1 for rank in worst.values() if rank == 0),
+        "half_open_circuits": sum(1 for rank in worst.values() if rank == 1),
+        "providers_listing_down": [p["name"] for p in providers if p["listing"]["up"] is False],
+        "keys_resting": {p["name"]: p["key_pool"]["resting_keys"] for p in providers if p["key_pool"]["keys"]},
+    }
+
+
 def snapshot(gateway: Gateway, pid: int, artifact_sha256: str | None = None) -> dict:
     """What both pages show, as plain data (the shape of /status.json): every live
     worker's circuits and listings, read from the shared store (tinygw.observe.board)."""
     settings = gateway.settings
     now, wall = gateway.clock(), time.time()  # wall: for display only
     workers = board.read(gateway.metrics.store)
-    providers = []
+    providers: list[dict] = []
     for name in sorted(settings.providers):
         provider = settings.providers[name]
         enabled = provider.doc.listing and settings.listing_seconds > 0
@@ -86,7 +132,7 @@ def snapshot(gateway: Gateway, pid: int, artifact_sha256: str | None = None) -> 
         counts = [n for n in listed if n is not None]
         up = bool(listed) and len(counts) == len(listed)
         circuits = [_circuit(c, w.slot, now, wall) for w in workers for c in w.circuits if c.provider == name]
-        circuits.sort(key=lambda c: (c["provider_model"], c["worker"]))
+        circuits.sort(key=lambda c: (_STATE_RANK[c["state"]], c["provider_model"], c["worker"]))
         providers.append(
             {
                 "name": name,
@@ -96,14 +142,17 @@ def snapshot(gateway: Gateway, pid: int, artifact_sha256: str | None = None) -> 
                     "up": up if enabled else None,
                     "models": min(counts) if enabled and up else None,
                 },
+                "key_pool": _key_pool(name, len(provider.keys), workers, now, wall),
                 "circuits": circuits,
             }
         )
+    providers.sort(key=lambda p: (min((_STATE_RANK[c["state"]] for c in p["circuits"]), default=2), p["name"]))
     started = min((w.started_at for w in workers if w.started_at is not None), default=gateway.started_at)
     return {
         "version": __version__,
         "artifact_sha256": artifact_sha256,
         "config_sha256": settings.config_sha256(),
+        "summary": _summary(providers),
         "generated_at": _iso(wall),
         "started_at": _iso(started),
         "uptime_seconds": round(max(0.0, wall - started), 1),
@@ -155,6 +204,8 @@ th:nth-child(1) { width: 18%; } th:nth-child(2) { width: 7%; } th:nth-child(4), 
 th:nth-child(5) { width: 12%; }
 th.num, td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .state { font-weight: 600; }
+.summary { font-size: 1.1em; font-weight: 600; margin: .4em 0 1em; }
+.keys { color: #555; margin: .2em 0; }
 th, td.num, td.state, td.probe { white-space: nowrap; }
 td { overflow-wrap: anywhere; }
 .closed { color: #17692c; }
@@ -208,6 +259,20 @@ def _circuit_row(c: dict) -> str:
     return "<tr>" + "".join(cells) + "</tr>"
 
 
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _key_pool_text(pool: dict) -> str:
+    if not pool["resting"]:
+        return f"{_plural(pool['keys'], 'key')}, none resting"
+    rests = "; ".join(
+        f"key {r['key']} on worker {r['worker']} until {r['until']} ({math.ceil(r['seconds_left'])} s)"
+        for r in pool["resting"]
+    )
+    return f"{_plural(pool['keys'], 'key')}, {pool['resting_keys']} resting: {rests}"
+
+
 def _provider_section(p: dict) -> str:
     head = "".join(f"<th{cls}>{h}</th>" for h, cls in _COLUMNS)
     rows = "".join(_circuit_row(c) for c in p["circuits"])
@@ -216,10 +281,33 @@ def _provider_section(p: dict) -> str:
         if rows
         else '<p class="meta">No circuits yet.</p>'
     )
+    pool = p.get("key_pool")
+    keys = f'<p class="keys">Key pool: {escape(_key_pool_text(pool))}</p>' if pool and pool["keys"] else ""
     return (
         f'<section><h2>{escape(p["name"])} <small class="meta">({escape(p["api"])})</small></h2>'
-        f'<p class="listing">Listing: {escape(_listing_text(p["listing"]))}</p>{table}</section>'
+        f'<p class="listing">Listing: {escape(_listing_text(p["listing"]))}</p>{keys}{table}</section>'
     )
+
+
+def _summary_line(summary: dict | None) -> str:
+    """The line on top: what is down, or that nothing is."""
+    if summary is None:
+        return ""
+    down = summary["providers_listing_down"]
+    resting = {name: n for name, n in summary["keys_resting"].items() if n}
+    parts = [
+        (f"{_plural(summary['open_circuits'], 'circuit')} open", "open" if summary["open_circuits"] else "closed"),
+        (f"{summary['half_open_circuits']} half-open", "half-open" if summary["half_open_circuits"] else "closed"),
+        ("listing down: " + ", ".join(down) if down else "every listing up", "open" if down else "closed"),
+        (
+            "keys resting: " + ", ".join(f"{name} {n}" for name, n in sorted(resting.items()))
+            if resting
+            else "no key resting",
+            "half-open" if resting else "closed",
+        ),
+    ]
+    cells = " · ".join(f'<span class="{cls}">{escape(text)}</span>' for text, cls in parts)
+    return f'<p class="summary">{cells}</p>'
 
 
 def _uptime(seconds: float) -> str:
@@ -298,6 +386,7 @@ def render_html(data: dict) -> str:
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>tinygw status</title><style>{_STYLE}</style></head><body>"
         "<h1>tinygw status</h1>"
+        f"{_summary_line(data.get('summary'))}"
         f'<p class="meta">Answered by worker PID {pid}, at {escape(str(data.get("generated_at")))}. Each worker '
         f"keeps its own circuits; this page shows every live worker&#x27;s and reloads every {REFRESH_SECONDS} s.</p>"
         f"{_overview(data)}{sections}</body></html>\n"

@@ -14,7 +14,8 @@ import os
 import re
 import socket
 from collections.abc import Mapping
-from typing import Literal, TypeVar
+from types import UnionType
+from typing import Annotated, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 from urllib.parse import urlsplit
 
 import msgspec
@@ -241,10 +242,52 @@ def _decode(where: str, raw: bytes, decoder: msgspec.json.Decoder[_Doc], prefix:
         return decoder.decode(raw)
     except msgspec.ValidationError as e:
         message, _, path = str(e).partition(" - at `")
-        path = prefix + path.rstrip("`").removeprefix("$")
-        raise ConfigError(f"{where} {path}", message) from None
+        path = path.rstrip("`")
+        allowed = _allowed_values(decoder.type, path)
+        if allowed:
+            message += f" (allowed: {', '.join(msgspec.json.encode(v).decode() for v in allowed)})"
+        raise ConfigError(f"{where} {prefix}{path.removeprefix('$')}", message) from None
     except msgspec.DecodeError as e:
         raise ConfigError(where, f"malformed JSON: {e}") from None
+
+
+# A step of msgspec's error path: `.field`, `[index]` of a list, `[...]` for a dict's value.
+_PATH_STEP = re.compile(r"\.([^.\[]+)|\[([0-9]+|\.\.\.)\]")
+
+
+def _allowed_values(doc_type: object, path: str) -> tuple:
+    """The values a `Literal` field at `path` (`$.api`, `$.routing.debug`) of the document
+    type `doc_type` allows, read from the type itself (so a value added to a Literal is named
+    at once); () when the field is not a Literal, or the path leads nowhere."""
+    field: object = doc_type
+    for name, index in _PATH_STEP.findall(path.removeprefix("$")):
+        field = _step(field, name, index)
+        if field is None:
+            return ()
+    return tuple(v for member in _members(field) if get_origin(member) is Literal for v in get_args(member))
+
+
+def _members(field: object) -> list:
+    """A type's alternatives, Annotated's metadata dropped: `Literal[...] | None` is two."""
+    while get_origin(field) is Annotated:
+        field = get_args(field)[0]
+    if get_origin(field) in (Union, UnionType):
+        return [m for member in get_args(field) for m in _members(member)]
+    return [field]
+
+
+def _step(field: object, name: str, index: str) -> object:
+    """The type one step (a field `name`, a list's `index`, a dict's `...`) into `field`, or None."""
+    for member in _members(field):
+        if name and isinstance(member, type) and issubclass(member, msgspec.Struct):
+            hints = get_type_hints(member, include_extras=True)
+            if name in hints:
+                return hints[name]
+        elif index == "..." and get_origin(member) is dict:
+            return get_args(member)[1]
+        elif index.isdigit() and get_origin(member) is list:
+            return get_args(member)[0]
+    return None
 
 
 # A host name as DNS and the URL standard allow it (letters, digits, '-', '.', '_'),
@@ -415,6 +458,17 @@ def from_environ(env: Mapping[str, str] | None = None) -> Settings:
         tsm_report_dir=_path(env, "TINYGW_TSM_REPORT_DIR", DEFAULT_TSM_REPORT_DIR),
         event_log=_path(env, "TINYGW_EVENT_LOG", DEFAULT_EVENT_LOG),
     )
+
+
+# What a configuration that starts but can serve no request is told (docs/design.md section 2):
+# `serve` logs it as a warning, `tinygw check` prints it.
+NOTHING_SERVED = "nothing can be served: the configuration has no providers and no models"
+
+
+def start_warnings(settings: Settings) -> list[str]:
+    """What is valid but almost surely not meant: said at start, never refused. A model
+    needs a provider, so no provider is no model, and every request would be a 404."""
+    return [NOTHING_SERVED] if not settings.providers else []
 
 
 def _breaker(env: Mapping[str, str]) -> Breaker:

@@ -15,6 +15,8 @@ Entries (family, labels, part):
 - ("status_error", (provider, provider_model, label), ""): when `label` became the
   circuit's last error (a sequence number: the largest is the last)
 - ("status_listing", (provider,), "models"): models of the last successful listing, or -1
+- ("status_key", (provider, index), "rest_until"): until when a key of the provider's pool
+  rests after a 429 (monotonic; `index` its place in the pool, never the key)
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ class WorkerView(Struct):
     started_at: float | None  # wall clock
     circuits: list[CircuitView]
     listings: dict[str, int | None]  # provider -> models listed, None while not up
+    # (provider, index of the key in its pool) -> until when it rests (monotonic); past values too
+    key_rests: dict[tuple[str, int], float] = {}
 
 
 class Board:
@@ -91,6 +95,9 @@ class Board:
             self._errors += 1
             set_(("status_error", (*key, last_error), ""), float(self._errors))
 
+    def publish_key_rest(self, provider: str, index: int, until: float) -> None:
+        self.store.set(("status_key", (provider, str(index)), "rest_until"), until)
+
     def publish_listing(self, provider: str, models: int | None) -> None:
         self.store.set(("status_listing", (provider,), "models"), -1.0 if models is None else float(models))
 
@@ -104,6 +111,7 @@ def read(store) -> list[WorkerView]:
         fields: dict[tuple[str, str], dict[str, float]] = {}
         errors: dict[tuple[str, str], tuple[float, str]] = {}
         listings: dict[str, int | None] = {}
+        key_rests: dict[tuple[str, int], float] = {}
         started_at = None
         for (name, labels, part), value in values.items():
             if name == "status_circuit" and len(labels) == 2:
@@ -114,6 +122,8 @@ def read(store) -> list[WorkerView]:
                     errors[key] = (value, labels[2])
             elif name == "status_listing" and len(labels) == 1:
                 listings[labels[0]] = None if value < 0 else int(value)
+            elif name == "status_key" and len(labels) == 2 and labels[1].isdigit():
+                key_rests[(labels[0], int(labels[1]))] = value
             elif name == "status_worker" and part == "started_at":
                 started_at = value
         circuits = [
@@ -129,5 +139,9 @@ def read(store) -> list[WorkerView]:
             for (p, m), f in sorted(fields.items())
             if f.get("state", 0) != _FORGOTTEN
         ]
-        views.append(WorkerView(pid=pid, slot=slot, started_at=started_at, circuits=circuits, listings=listings))
+        views.append(
+            WorkerView(
+                pid=pid, slot=slot, started_at=started_at, circuits=circuits, listings=listings, key_rests=key_rests
+            )
+        )
     return sorted(views, key=lambda v: v.slot)

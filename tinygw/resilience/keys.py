@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 # A key answered 429 without a Retry-After rests this long.
 DEFAULT_REST_SECONDS = 1.0
 
 
 class KeyRing:
-    """Indexes into a provider's keys (the keys themselves stay in the Gateway)."""
+    """Indexes into a provider's keys (the keys themselves stay in the Gateway). `on_rest`
+    is told each rest, (index, until), for the status page."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, on_rest: Callable[[int, float], None] | None = None) -> None:
         self.size = max(1, size)
         self._next = 0
         self._rest_until = [0.0] * self.size
+        self._on_rest = on_rest
 
     def peek(self, now: float) -> int:
         """The key `pick` would return now, without moving the rotation on (for the
@@ -34,6 +38,8 @@ class KeyRing:
 
     def rest(self, index: int, now: float, seconds: float | None) -> None:
         self._rest_until[index] = now + (DEFAULT_REST_SECONDS if seconds is None else max(0.0, seconds))
+        if self._on_rest is not None:
+            self._on_rest(index, self._rest_until[index])
 
     def has_other(self, index: int, now: float) -> bool:
         """Is a key other than `index` free to use now?"""

@@ -8,6 +8,7 @@ model listings, the metrics. There is no module-level state: tests build their o
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import re
@@ -135,6 +136,7 @@ def _upstream(
     max_connections: int,
     on_wait: Callable[[int, float | None], None],
     on_redacted: Callable[[int], None],
+    on_rest: Callable[[int, float], None],
 ) -> Upstream:
     pool = Pool(
         p.origin,
@@ -158,7 +160,7 @@ def _upstream(
     return Upstream(
         provider=p,
         pool=pool,
-        keys=KeyRing(len(p.keys)),
+        keys=KeyRing(len(p.keys), on_rest),
         redactor=Redactor(_secrets(p), on_redacted),
         query=encode_query({k: plain(v) for k, v in p.query.items()}),
         query_names=frozenset(k.lower().encode() for k in p.query),
@@ -278,7 +280,13 @@ class Gateway:
         derived = default_max_connections(open_file_limit())
         self.upstreams = {
             name: _upstream(
-                p, context, self.loop, p.doc.max_connections or derived, self._pool_watch(name), self._on_redacted(name)
+                p,
+                context,
+                self.loop,
+                p.doc.max_connections or derived,
+                self._pool_watch(name),
+                self._on_redacted(name),
+                functools.partial(self.board.publish_key_rest, name),  # for the status page
             )
             for name, p in settings.providers.items()
         }
