@@ -1,4 +1,4 @@
-"""`make bench-neighbours`: no client can hurt another (docs/design.md section 15), measured.
+"""`make bench-neighbours`: no client can hurt another (docs/design.md section 16), measured.
 
 16 well-behaved clients send ordinary chat requests (one in four streamed) to the alias `bench`
 of a `tinygw serve` at its defaults, each at most `--rate` requests a second on a keep-alive
@@ -476,12 +476,14 @@ def hostile_got(phases: list[dict]) -> str:
     for phase in phases:
         for status, n in phase["hostile"].items():
             totals[status] = totals.get(status, 0) + n
-    parts = [f"{n:,} {'failed' if s == '0' else s}" for s, n in sorted(totals.items()) if n]
+    parts = [f"{'no answer' if s == '0' else s} ×{n:,}" for s, n in sorted(totals.items()) if n]
     if phases[0]["attack"] == "streams":
-        parts.append(f"{sum(p['cut_499'] for p in phases):,.0f} cut (499)")
+        parts.append(f"cut (499) ×{sum(p['cut_499'] for p in phases):,.0f}")
         held = [b for p in phases for b in p["provider"]["long_bytes"]]
         if held:
-            parts.append(f"{statistics.median(held) / 2**20:.1f} MiB sent a stream before the cut (median)")
+            parts.append(
+                f"the provider wrote {statistics.median(held) / 2**20:.1f} MiB of each before it was cut (median)"
+            )
     return ", ".join(parts)
 
 
@@ -559,10 +561,11 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"method:  {CLIENTS} well-behaved clients, each at most {args.rate:g} requests/s on a keep-alive connection "
         f"(1 in {STREAM_EVERY} streamed), to `bench` -> up:bench-model (bench/neighbour_upstream.py); one hostile "
-        f"client at {args.hostile_rate:g} requests/s (the streams phase: {UNREAD_STREAMS} held); per phase a fresh "
-        f"tinygw at its defaults (log level info, access log on) but TINYGW_CLIENT_TIMEOUT_SECONDS="
-        f"{CLIENT_TIMEOUT_SECONDS} (default 30), {WARMUP_SECONDS:g} s warm-up, {args.seconds:g} s without the "
-        f"hostile client, {args.seconds:g} s with it; {args.rounds} rounds",
+        f"client at {args.hostile_rate:g} requests/s (the streams phase: {UNREAD_STREAMS} held), attacking and "
+        f"resting in turn ({SLICE_SECONDS:g} s slices; streams: {slice_seconds('streams'):g} s), about "
+        f"{args.seconds:g} s of each; per phase a fresh tinygw at its defaults (log level info, access log on) but "
+        f"TINYGW_CLIENT_TIMEOUT_SECONDS={CLIENT_TIMEOUT_SECONDS} (default 30), {WARMUP_SECONDS:g} s warm-up; "
+        f"{args.rounds} rounds",
         flush=True,
     )
     upstream = Proc("neighbour-upstream", [sys.executable, str(HERE / "neighbour_upstream.py")], stdout=subprocess.PIPE)
@@ -589,7 +592,8 @@ def main(argv: list[str] | None = None) -> int:
                     f" / {phase['with']['success_pct']:.2f}%, p99 {phase['without']['p99_ms']:.1f} / "
                     f"{phase['with']['p99_ms']:.1f} ms ({phase['without']['requests']} / {phase['with']['requests']} "
                     f"requests), circuits opened {phase['circuits_opened']:.0f}, hostile {phase['hostile']}, "
-                    f"provider { ({k: v for k, v in phase['provider'].items() if k != 'long_bytes' and v}) }"
+                    f"provider { ({k: v for k, v in phase['provider'].items() if k != 'long_bytes' and v}) }, "
+                    f"gateway peak RSS {phase['gateway_peak_rss_mib']:.0f} MiB"
                 )
     finally:
         upstream.stop()
@@ -606,6 +610,15 @@ def main(argv: list[str] | None = None) -> int:
     failures = [(a, s) for a, s in failures if s]
     if failures:
         print("well-behaved failures, by phase (0: no answer within 10 s or a broken connection): " + repr(failures))
+    print(
+        "gateway peak RSS (serve and its worker), median by phase: "
+        + ", ".join(f"{a} {median([p['gateway_peak_rss_mib'] for p in ps]):.0f} MiB" for a, ps in results.items())
+    )
+    if "streams" in results:
+        print(
+            f"the streams phase ran with TINYGW_CLIENT_TIMEOUT_SECONDS={CLIENT_TIMEOUT_SECONDS}: at the default (30) "
+            "the gateway waits up to 30 s for such a client before it cuts it"
+        )
     if "limits" in results and not any(p["hostile"].get("429") for p in results["limits"]):
         print("WARNING: the hostile client over its limits got no 429")
     if args.json:
