@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -63,6 +64,7 @@ from lib import (  # noqa: E402
     Proc,
     bench_config,
     check_once,
+    fmt,
     log,
     machine,
     median,
@@ -220,6 +222,7 @@ async def well_behaved(port: int, rate: float, out: str) -> None:
             client.close()
 
     tasks = [asyncio.create_task(one(i)) for i in range(CLIENTS)]
+    gc.disable()  # a run of seconds: no collector's pause of this process counts as the gateway's latency
     print("ready", flush=True)
     await stop.wait()
     for task in tasks:
@@ -494,7 +497,7 @@ def report(results: dict[str, list[dict]], rounds: int, skipped: bool) -> list[s
         "| circuits opened | the hostile client got |"
     )
     print("| --- | --- | --- | --- | --- | --- |")
-    worst_ratio, lowest, opened = (None, ""), (100.0, ""), 0.0
+    judged: dict[str, tuple[float, float | None, float]] = {}  # attack: (lowest success, median ratio, circuits)
     for attack, phases in results.items():
         ratios = [ratio(p) for p in phases]
         mid = median(ratios)
@@ -505,26 +508,27 @@ def report(results: dict[str, list[dict]], rounds: int, skipped: bool) -> list[s
         p99_with = median([p["with"]["p99_ms"] for p in phases])
         print(
             f"| {ATTACKS[attack]} | {low_without:.2f}% / {low_with:.2f}% | {p99_without:.1f} / {p99_with:.1f} "
-            f"| {mid:.2f}x; {', '.join(f'{r:.2f}' for r in ratios if r is not None)} | {circuits:.0f} "
+            f"| {fmt(mid, '.2f')}x; {', '.join(f'{r:.2f}' for r in ratios if r is not None)} | {circuits:.0f} "
             f"| {hostile_got(phases)} |"
         )
-        if attack == "control":
-            continue
-        opened += circuits
-        if mid is not None and (worst_ratio[0] is None or mid > worst_ratio[0]):
-            worst_ratio = (mid, attack)
-        if min(low_without, low_with) < lowest[0] or not lowest[1]:
-            lowest = (min(low_without, low_with), attack)
+        if attack != "control":
+            judged[attack] = (min(low_without, low_with), mid, circuits)
     print()
     if skipped:
         print(SKIPPED_LIMITS)
+    lowest = min(v[0] for v in judged.values())
+    below = [f"{a} {v[0]:.2f}%" for a, v in judged.items() if v[0] < 100.0]
+    over = [a for a, v in judged.items() if v[1] is None or v[1] > 1.5]
+    opened = sum(v[2] for v in judged.values())
     goals = [
-        f"goal: well-behaved success 100%: lowest {lowest[0]:.2f}% ({lowest[1]}) -> "
-        + ("MET" if lowest[0] == 100.0 else "NOT MET"),
+        f"goal: well-behaved success 100%: lowest {lowest:.2f}%{' (' + ', '.join(below) + ')' if below else ''} -> "
+        + ("NOT MET" if below else "MET"),
         f"goal: added p99 within 1.5x of the run without the hostile client (median of {rounds} rounds): "
-        f"worst {worst_ratio[0]:.2f}x ({worst_ratio[1]}) -> "
-        + ("MET" if worst_ratio[0] is not None and worst_ratio[0] <= 1.5 else "NOT MET"),
-        f"goal: no circuit opened by the hostile client: {opened:.0f} -> " + ("MET" if opened == 0 else "NOT MET"),
+        + ", ".join(f"{a} {fmt(v[1], '.2f')}x" for a, v in judged.items())
+        + (" -> NOT MET" if over else " -> MET"),
+        f"goal: no circuit opened by the hostile client: {opened:.0f}"
+        + "".join(f" ({a} {v[2]:.0f})" for a, v in judged.items() if v[2])
+        + (" -> MET" if opened == 0 else " -> NOT MET"),
     ]
     for line in goals:
         print(line)
