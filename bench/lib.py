@@ -1,7 +1,7 @@
 """The benchmarks' library: processes, their CPU and memory, wrk, and the targets they all share.
 
-Imported by bench/run.py, bytecodes.py, floor.py, overhead.py, outage.py, soak.py, artifact.py,
-large_answers.py and peers.py; imports none of them. What is here:
+Imported by bench/run.py, bytecodes.py, floor.py, overhead.py, outage.py, neighbours.py, soak.py,
+artifact.py, large_answers.py and peers.py; imports none of them. What is here:
 
 - `Proc`: a child in a process group of its own, stopped with its whole tree (`stopped_on_error` while
   it gets ready); `wait_ready`.
@@ -9,7 +9,8 @@ large_answers.py and peers.py; imports none of them. What is here:
 - `free_port`, `url`, `check_once` (one request before measuring, so a broken setup fails loudly).
 - wrk: `ensure_wrk`, `WRK_LUA`, `run_wrk` (one run, parsed), `measured_run` (warm-up, run, CPU deltas).
 - the targets: `start_upstream` (bench/instant_upstream.py), `start_gateway` (tinygw at its
-  defaults), `ensure_nginx`/`start_nginx` (`apt_install`, as for wrk).
+  defaults, with `bench_config` or a configuration of the caller's), `ensure_nginx`/`start_nginx`
+  (`apt_install`, as for wrk).
 - the report: `median`, `machine`, `fmt`, `print_rows`, `tinygw_version`.
 
 Everything listens on 127.0.0.1; every wait has a deadline.
@@ -338,14 +339,24 @@ def url(port: int, path: str) -> str:
     return f"{'https' if port in HTTPS_PORTS else 'http'}://{HOST}:{port}{path}"
 
 
-def start_gateway(upstream_port: int, tls: bool = False, extra_env: dict[str, str] | None = None) -> tuple[Proc, int]:
-    port = free_port()
-    if tls:
-        HTTPS_PORTS.add(port)
-    config = {
+def bench_config(upstream_port: int) -> dict:
+    """The gateway's configuration in every benchmark: one provider `up` at the upstream, one model
+    `bench` -> `up:bench-model`."""
+    return {
         "providers": {"up": {"base_url": f"http://{HOST}:{upstream_port}/v1", "api": "openai"}},
         "models": {"bench": {"targets": ["up:bench-model"]}},
     }
+
+
+def start_gateway(
+    upstream_port: int, tls: bool = False, config: dict | None = None, extra_env: dict[str, str] | None = None
+) -> tuple[Proc, int]:
+    """tinygw at its defaults in front of the upstream (`bench_config`, or `config`); `extra_env` is set
+    last, over the defaults here."""
+    port = free_port()
+    if tls:
+        HTTPS_PORTS.add(port)
+    config = config if config is not None else bench_config(upstream_port)
     env = dict(os.environ)
     env.update(
         TINYGW_HOST=HOST,
