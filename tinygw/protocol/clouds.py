@@ -108,8 +108,8 @@ def _spliced(body: bytes, drop: tuple[str, ...], version: str) -> bytes | None:
             return None
         start, end = match.span()
         after = len(body) - len(body[end:].lstrip(_SPACE))
-        if body[after : after + 1] == b",":  # a member followed by others: its comma goes with it
-            end = after + 1
+        if body[after : after + 1] == b",":  # a member followed by others: its comma (and the space after) goes
+            end = len(body) - len(body[after + 1 :].lstrip(_SPACE))
         else:  # the last member: the comma before it goes
             comma = len(body[:start].rstrip(_SPACE))
             if body[comma - 1 : comma] == b",":

@@ -80,12 +80,22 @@ def _headers(data: bytes) -> dict[str, str]:
 
 class FrameReader:
     """A stream's bytes as they come: `feed` returns the frames they complete, and holds
-    the rest. Raises BadFrame where the stream stops being frames."""
+    the rest. Raises BadFrame where the stream stops being frames: at once, or, when the
+    same bytes completed good frames before it, at the next `feed` or `close` (the good
+    frames are the stream's)."""
 
-    __slots__ = ("_buffer",)
+    __slots__ = ("_buffer", "_broken")
 
     def __init__(self) -> None:
         self._buffer = bytearray()
+        self._broken: BadFrame | None = None
+
+    def close(self) -> None:
+        """The stream ended: BadFrame if it did not end where a frame does."""
+        if self._broken is not None:
+            raise self._broken
+        if self._buffer:
+            raise BadFrame("the stream ended inside a frame")
 
     @property
     def pending(self) -> int:
@@ -93,34 +103,51 @@ class FrameReader:
         return len(self._buffer)
 
     def feed(self, data: bytes) -> list[Frame]:
+        if self._broken is not None:
+            raise self._broken
+        frames: list[Frame] = []
+        try:
+            self._frames(data, frames)
+        except BadFrame as e:
+            if not frames:
+                raise
+            self._broken = e
+        return frames
+
+    def _frames(self, data: bytes, frames: list[Frame]) -> None:
+        """Append to `frames` those that the bytes held and `data` complete."""
         buffer = self._buffer
         buffer += data
-        frames = []
         start = 0
-        while len(buffer) - start >= PRELUDE_BYTES:
-            total, headers_length = _PRELUDE.unpack_from(buffer, start)
-            (prelude_crc,) = struct.unpack_from(">I", buffer, start + 8)
-            if zlib.crc32(buffer[start : start + 8]) != prelude_crc:
-                raise BadFrame("a frame's prelude CRC does not match")
-            if not MIN_FRAME_BYTES <= total <= MAX_FRAME_BYTES or headers_length > min(
-                MAX_HEADERS_BYTES, total - MIN_FRAME_BYTES
-            ):
-                raise BadFrame("a frame's lengths are out of bounds")
-            if len(buffer) - start < total:
-                break
-            end = start + total
-            (message_crc,) = struct.unpack_from(">I", buffer, end - CRC_BYTES)
-            if zlib.crc32(buffer[start : end - CRC_BYTES]) != message_crc:
-                raise BadFrame("a frame's message CRC does not match")
-            body = start + PRELUDE_BYTES
-            headers = _headers(bytes(buffer[body : body + headers_length]))
-            frames.append(
-                Frame(headers, bytes(buffer[body + headers_length : end - CRC_BYTES]), bytes(buffer[start:end]))
-            )
-            start = end
-        if start:
-            del buffer[:start]
-        return frames
+        try:
+            while (frame := _frame_at(buffer, start)) is not None:
+                frames.append(frame)
+                start += len(frame.raw)
+        finally:
+            del buffer[:start]  # what was read as frames
+
+
+def _frame_at(buffer: bytearray, start: int) -> Frame | None:
+    """The frame that begins at `start` of `buffer`, or None while it is incomplete."""
+    if len(buffer) - start < PRELUDE_BYTES:
+        return None
+    total, headers_length = _PRELUDE.unpack_from(buffer, start)
+    (prelude_crc,) = struct.unpack_from(">I", buffer, start + 8)
+    if zlib.crc32(buffer[start : start + 8]) != prelude_crc:
+        raise BadFrame("a frame's prelude CRC does not match")
+    if not MIN_FRAME_BYTES <= total <= MAX_FRAME_BYTES or headers_length > min(
+        MAX_HEADERS_BYTES, total - MIN_FRAME_BYTES
+    ):
+        raise BadFrame("a frame's lengths are out of bounds")
+    if len(buffer) - start < total:
+        return None
+    end = start + total
+    (message_crc,) = struct.unpack_from(">I", buffer, end - CRC_BYTES)
+    if zlib.crc32(buffer[start : end - CRC_BYTES]) != message_crc:
+        raise BadFrame("a frame's message CRC does not match")
+    body = start + PRELUDE_BYTES
+    headers = _headers(bytes(buffer[body : body + headers_length]))
+    return Frame(headers, bytes(buffer[body + headers_length : end - CRC_BYTES]), bytes(buffer[start:end]))
 
 
 def encode_frame(headers: dict[str, str], payload: bytes) -> bytes:

@@ -47,11 +47,10 @@ class Unwrapped:
         """The events of the next read that completes a frame, or None at the stream's end."""
         while True:
             chunk = await self._response.next_chunk()
-            if chunk is None:
-                if self._reader.pending:
-                    raise errors.RemoteProtocolError("the provider's event stream ended inside a frame")
-                return None
             try:
+                if chunk is None:
+                    self._reader.close()
+                    return None
                 frames = self._reader.feed(chunk)
                 events = b"".join(eventstream.event_of(frame) for frame in frames)
             except BadFrame as e:
