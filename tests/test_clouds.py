@@ -276,7 +276,8 @@ def test_the_bedrock_shape_with_the_sdk_plain_and_streamed(start_gateway, clouds
 
 def test_the_bedrock_shape_forwards_the_body_byte_exact_and_relays_frames(start_gateway, clouds):
     gateway = start_gateway(clouds.config({"sonnet": [f"bedrock:{BEDROCK_MODEL}"]}), **clouds.env())
-    body = b'{ "anthropic_version" : "bedrock-2023-05-31",\n "max_tokens": 16, "messages": [{"role":"user","content":"hi"}]}'
+    body = b'{ "anthropic_version" : "bedrock-2023-05-31",\n "max_tokens": 16, '
+    body += b'"messages": [{"role":"user","content":"hi"}]}'
     status, headers, answer = call(
         "POST",
         f"{gateway.url}/model/sonnet/invoke-with-response-stream",
