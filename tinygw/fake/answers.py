@@ -134,7 +134,7 @@ def _bedrock(ask: Ask) -> Reply:
         sequence = events.anthropic_tool_events(ask.model, *ask.tool)
     else:
         sequence = events.anthropic_stream_events(ask.model, ask.words)
-    frames = [(ask.delay_seconds, f) for f in events.bedrock_frames(sequence)]
+    frames: list[tuple[object, bytes]] = [(ask.delay_seconds, f) for f in events.bedrock_frames(sequence)]
     return Reply(headers=[("content-type", events.EVENTSTREAM)], chunks=frames)
 
 
