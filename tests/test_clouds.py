@@ -539,3 +539,40 @@ def test_a_vertex_provider_needs_a_service_account_key(clouds):
     with pytest.raises(ConfigError) as e:  # an unknown variable with our prefix is still refused
         environment.from_environ(_environ(clouds, doc, PROVIDER_C_SA=clouds.service_account(), PROVIDER_C_SB="x"))
     assert e.value.where == "PROVIDER_C_SB"
+
+
+# ---- a Messages body for a cloud (pure) -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model": "m", "stream": true, "max_tokens": 5, "messages": [{"role": "user", "content": "a \\"model\\""}]}',
+        b'{ "max_tokens" : 5 , "stream":false, "model" : "m" }',
+        b'{"model":"m","metadata":{"stream":1,"model":"x"},"stream":true}',  # nested keys: re-encoded
+        b'{"mod\\u0065l":"m","max_tokens":5}',  # an escaped key: re-encoded
+        b'{"model":"m","anthropic_version":"2023-06-01","max_tokens":5}',
+        b'{"model":"m","content":"\\ud83d"}',  # a lone surrogate: JSON, kept
+    ],
+)
+@pytest.mark.parametrize("api", ["bedrock", "vertex"])
+def test_a_messages_body_for_a_cloud_keeps_its_meaning(body, api):
+    from tinygw.protocol import clouds
+
+    edited = clouds.messages_body(body, api)
+    original, result = json.loads(body), json.loads(edited)
+    dropped = {"model", "stream", "anthropic_version"} if api == "bedrock" else {"model", "anthropic_version"}
+    assert result == {
+        "anthropic_version": clouds.ANTHROPIC_VERSION[api],
+        **{k: v for k, v in original.items() if k not in dropped},
+    }
+    assert edited.startswith(b'{"anthropic_version":')
+
+
+def test_a_plain_messages_body_is_spliced_not_reencoded():
+    from tinygw.protocol import clouds
+
+    body = b'{"model": "m",  "messages": [ {"role":"user", "content":"x"} ] ,"stream": true}'
+    assert clouds.messages_body(body, "bedrock") == (
+        b'{"anthropic_version":"bedrock-2023-05-31","messages": [ {"role":"user", "content":"x"} ] }'
+    )
