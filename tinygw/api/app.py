@@ -60,7 +60,7 @@ def app(scope, receive, send) -> Awaitable[None]:
     gateway: Gateway = scope["state"]["gateway"]
     first = dict(reversed(scope["headers"]))  # each header's first value, for the few read by name
     request_id = gateway.request_ids.of(first.get(b"x-request-id"))
-    endpoint = PATHS.match(scope["path"])
+    endpoint = ROUTES.get(scope["path"]) or PATHS.match(scope["path"])  # exact first: no frame on the hot path
     if endpoint is None:
         not_found = 404, f"no route {scope['path']}; the routes are: {ROUTE_LIST}", "invalid_request_error", "not_found"
         return _refuse(gateway, None, scope, _with_request_id(send, request_id), first, request_id, not_found)
