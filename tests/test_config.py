@@ -108,7 +108,7 @@ def test_bad_environment_values_name_the_variable(extra, where):
         ({"providers": {"a": {**PROVIDERS["a"], "api": "grpc"}}}, "TINYGW_CONFIG $.providers.a.api"),
         ({"providers": {"a": {**PROVIDERS["a"], "base_url": "ftp://x"}}}, "TINYGW_CONFIG $.providers.a.base_url"),
         ({"providers": {"a": {**PROVIDERS["a"], "colour": "red"}}}, "TINYGW_CONFIG $.providers.a"),
-        ({"providers": {"a": {"api": "openai"}}}, "TINYGW_CONFIG $.providers.a"),
+        ({"providers": {"a": {"api": "openai"}}}, "TINYGW_CONFIG $.providers.a.base_url"),
         (
             {"providers": {"a": {**PROVIDERS["a"], "headers": {"Authorization": "x"}}}},
             "TINYGW_CONFIG $.providers.a.headers.Authorization",

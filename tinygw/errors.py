@@ -86,6 +86,16 @@ class RemoteProtocolError(UpstreamError):
     cause = "protocol_error"
 
 
+class ProviderCredentials(UpstreamError):
+    """A cloud provider's credentials cannot be used: its access token cannot be had
+    (the token endpoint refused the service account, or could not be reached), or the
+    cloud refused the signature or the token (AccessDeniedException and the like). A
+    provider configuration error: a failure, and the client gets 502 (docs/design.md
+    section 18)."""
+
+    cause = "provider_credentials"
+
+
 class PoolTimeout(UpstreamError):
     """Every one of the provider's `max_connections` stayed busy for `pool_timeout_s`: the
     target is busy, which is no verdict on its health (docs/design.md section 17)."""

@@ -41,17 +41,59 @@ QUIET = {
 }
 
 
+def service_account(token_uri: str) -> str:
+    """A Google service-account key of a fresh RSA key, whose token endpoint is `tinygw fake`'s."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    account = {"type": "service_account", "client_email": "gw@p.iam.gserviceaccount.com", "token_uri": token_uri}
+    return json.dumps({**account, "private_key": pem.decode()})
+
+
+# The model ids Claude Code sends to Bedrock: cross-region inference profiles and plain ids.
+BEDROCK_PATTERNS = ("us.anthropic.*", "eu.anthropic.*", "apac.anthropic.*", "global.anthropic.*", "anthropic.*")
+
+
 @pytest.fixture(scope="module")
 def gateway(fake_port, tmp_path_factory):
-    """The configuration of docs/clients.md: one fake provider per API, a pattern each."""
+    """The configuration of docs/clients.md: one fake provider per API, a pattern each; and
+    Claude on Bedrock and on Vertex, the fake playing both clouds (and Google's token endpoint)."""
+    fake = f"http://127.0.0.1:{fake_port}"
     config = {
         "providers": {
-            "fake-anthropic": {"base_url": f"http://127.0.0.1:{fake_port}", "api": "anthropic"},
-            "fake-openai": {"base_url": f"http://127.0.0.1:{fake_port}/v1", "api": "openai"},
+            "fake-anthropic": {"base_url": fake, "api": "anthropic"},
+            "fake-openai": {"base_url": f"{fake}/v1", "api": "openai"},
+            "fake-bedrock": {
+                "base_url": fake,
+                "api": "bedrock",
+                "region": "us-east-1",
+                "aws_access_key_id_env": "FAKE_AWS_ACCESS_KEY_ID",
+                "aws_secret_access_key_env": "FAKE_AWS_SECRET_ACCESS_KEY",
+            },
+            "fake-vertex": {
+                "base_url": fake,
+                "api": "vertex",
+                "project": "tinygw-project",
+                "region": "us-east5",
+                "credentials_env": "FAKE_VERTEX_CREDENTIALS",
+            },
         },
-        "models": {"claude-*": {"targets": ["fake-anthropic:*"]}, "gpt-*": {"targets": ["fake-openai:*"]}},
+        "models": {
+            # /v1/messages tries Anthropic, the Vertex shape reaches Vertex: one alias for both
+            "claude-*": {"targets": ["fake-anthropic:*", "fake-vertex:*"]},
+            "gpt-*": {"targets": ["fake-openai:*"]},
+            **{pattern: {"targets": ["fake-bedrock:*"]} for pattern in BEDROCK_PATTERNS},
+        },
     }
-    gw = Gateway(config, {"TINYGW_API_KEYS": GATEWAY_KEY}, tmp_path_factory.mktemp("gw") / "gateway.log")
+    env = {
+        "TINYGW_API_KEYS": GATEWAY_KEY,
+        "FAKE_AWS_ACCESS_KEY_ID": "AKIDFAKE000000000000",
+        "FAKE_AWS_SECRET_ACCESS_KEY": "fake-secret-access-key",
+        "FAKE_VERTEX_CREDENTIALS": service_account(f"{fake}/token"),
+    }
+    gw = Gateway(config, env, tmp_path_factory.mktemp("gw") / "gateway.log")
     yield gw
     gw.stop()
 
@@ -94,6 +136,55 @@ def test_claude_code(gateway, tmp_path):
     assert ANSWER in out
     seen = wait_until(lambda: requests(gateway, "/v1/messages", "claude-cli"), 5, "Claude Code's requests")
     assert len(seen) <= MAX_REQUESTS and all(r["status"] == 200 and r["model"] == "claude-*" for r in seen), seen
+
+
+CLAUDE_CODE = ["node", str(NODE / "@anthropic-ai" / "claude-code" / "cli-wrapper.cjs"), "-p", "Say hello"]
+# The gateway's key as Claude Code sends it in its cloud modes (their own auth skipped).
+CUSTOM_HEADERS = {"ANTHROPIC_CUSTOM_HEADERS": f"x-api-key: {GATEWAY_KEY}"}
+
+
+def test_claude_code_on_bedrock(gateway, tmp_path):
+    """CLAUDE_CODE_USE_BEDROCK: the Bedrock shape, its model ids through the Bedrock patterns."""
+    out = run(
+        CLAUDE_CODE,
+        {
+            "CLAUDE_CODE_USE_BEDROCK": "1",
+            "ANTHROPIC_BEDROCK_BASE_URL": gateway.url,
+            "CLAUDE_CODE_SKIP_BEDROCK_AUTH": "1",
+            "AWS_REGION": "us-east-1",
+            **CUSTOM_HEADERS,
+        },
+        tmp_path,
+    )
+    assert ANSWER in out
+    seen = wait_until(
+        lambda: [r for r in requests(gateway, "/model/{model}/invoke-with-response-stream", "") if r["status"] == 200],
+        5,
+        "Claude Code's Bedrock requests",
+    )
+    assert len(seen) <= MAX_REQUESTS and all(r["target"].startswith("fake-bedrock:") for r in seen), seen
+
+
+def test_claude_code_on_vertex(gateway, tmp_path):
+    """CLAUDE_CODE_USE_VERTEX: the Vertex shape in the client's project, the provider's used."""
+    out = run(
+        CLAUDE_CODE,
+        {
+            "CLAUDE_CODE_USE_VERTEX": "1",
+            "ANTHROPIC_VERTEX_BASE_URL": f"{gateway.url}/v1",
+            "CLAUDE_CODE_SKIP_VERTEX_AUTH": "1",
+            "ANTHROPIC_VERTEX_PROJECT_ID": "the-clients-project",
+            "CLOUD_ML_REGION": "us-east5",
+            **CUSTOM_HEADERS,
+        },
+        tmp_path,
+    )
+    assert ANSWER in out
+    route = "/v1/projects/{project}/locations/{location}/publishers/anthropic/models/{model}:streamRawPredict"
+    seen = wait_until(
+        lambda: [r for r in requests(gateway, route, "") if r["status"] == 200], 5, "Claude Code's Vertex requests"
+    )
+    assert len(seen) <= MAX_REQUESTS and all(r["target"].startswith("fake-vertex:") for r in seen), seen
 
 
 CODEX_CONFIG = """\

@@ -25,10 +25,10 @@ from tinygw.api.models import MODEL_PREFIX
 from tinygw.api.pages import healthz, metrics, root
 from tinygw.api.status import status_json, status_page
 from tinygw.config import environment
-from tinygw.config.settings import DEFAULT_CLIENT
+from tinygw.config.settings import CLOUDS, DEFAULT_CLIENT
 from tinygw.errors import ConfigError, EvidenceUnavailable, SealedBodyRefused, UnsendableRequest
 from tinygw.protocol import wire
-from tinygw.protocol.routing import Endpoint, Route, api_endpoint, page_endpoint
+from tinygw.protocol.routing import Endpoint, Paths, Route, api_endpoint, cloud_endpoint, page_endpoint
 from tinygw.protocol.wire import BadBody, read_head, send_error
 from tinygw.resilience.limits import Refusal
 from tinygw.worker import discovery, proxy
@@ -60,9 +60,7 @@ def app(scope, receive, send) -> Awaitable[None]:
     gateway: Gateway = scope["state"]["gateway"]
     first = dict(reversed(scope["headers"]))  # each header's first value, for the few read by name
     request_id = gateway.request_ids.of(first.get(b"x-request-id"))
-    endpoint = ROUTES.get(scope["path"]) or (ROUTES[MODEL_ROUTE] if scope["path"].startswith(MODEL_PREFIX) else None)
-    if endpoint is None and scope["path"].startswith(sealed.RECEIPT_PREFIX):
-        endpoint = ROUTES[RECEIPT_ROUTE]
+    endpoint = ROUTES.get(scope["path"]) or PATHS.match(scope["path"])  # exact first: no frame on the hot path
     if endpoint is None:
         not_found = 404, f"no route {scope['path']}; the routes are: {ROUTE_LIST}", "invalid_request_error", "not_found"
         return _refuse(gateway, None, scope, _with_request_id(send, request_id), first, request_id, not_found)
@@ -213,7 +211,7 @@ async def _proxy(
             body = await read_body(receive, first.get(b"content-length"), settings.max_body_bytes, watch)
             if exchange is not None:  # opened (or refused) before anything reads it
                 body = exchange.open(body, record)
-            head = read_head(body)
+            head = read_head(body, route.model_in(scope["path"]))  # a cloud shape's model is in its path
             model: str = head.model  # type: ignore[assignment]  # read_head refuses a body without one
             resolution = gateway.resolver.resolve(route, model)
             if resolution is None:
@@ -222,7 +220,7 @@ async def _proxy(
             inbound = proxy.Inbound(
                 route=route,
                 model=model,
-                stream=head.stream is True,  # None when the body has no `stream`
+                stream=head.stream is True if route.stream is None else route.stream,  # None: no `stream`
                 body=body,
                 headers=scope["headers"],
                 query=scope["query_string"],
@@ -345,6 +343,7 @@ def _account(gateway: Gateway, route, scope, first: dict, record: Record, loop: 
 
 MODEL_ROUTE = f"{MODEL_PREFIX}{{id}}"
 RECEIPT_ROUTE = f"{sealed.RECEIPT_PREFIX}{{id}}"
+VERTEX_MODELS = "/v1/projects/{project}/locations/{location}/publishers/anthropic/models"
 # The one route table: every path the gateway answers.
 ROUTES: dict[str, Endpoint] = dict(
     [
@@ -352,7 +351,7 @@ ROUTES: dict[str, Endpoint] = dict(
         api_endpoint("/v1/completions", "openai", "/completions"),
         api_endpoint("/v1/embeddings", "openai", "/embeddings"),
         api_endpoint("/v1/responses", "openai", "/responses"),
-        api_endpoint("/v1/messages", "anthropic", "/v1/messages"),
+        api_endpoint("/v1/messages", "anthropic", "/v1/messages", reaches=("anthropic", *CLOUDS)),
         api_endpoint("/v1/messages/count_tokens", "anthropic", "/v1/messages/count_tokens"),
         page_endpoint("/v1/models", models.model_list, auth=True, both_shapes=True),
         page_endpoint(MODEL_ROUTE, models.one_model, auth=True, both_shapes=True),  # any path under MODEL_PREFIX
@@ -364,7 +363,13 @@ ROUTES: dict[str, Endpoint] = dict(
         page_endpoint("/attestation", attestation_page),
         page_endpoint(sealed.KEYS_PATH, sealed.hpke_keys_page),
         page_endpoint(RECEIPT_ROUTE, sealed.receipt_page, auth=True),  # any path under sealed.RECEIPT_PREFIX
+        # Claude as the clouds serve it (docs/design.md section 18): the model in the path
+        cloud_endpoint("/model/{model}/invoke", "bedrock", stream=False),
+        cloud_endpoint("/model/{model}/invoke-with-response-stream", "bedrock", stream=True),
+        cloud_endpoint(f"{VERTEX_MODELS}/{{model}}:rawPredict", "vertex", stream=False),
+        cloud_endpoint(f"{VERTEX_MODELS}/{{model}}:streamRawPredict", "vertex", stream=True),
     ]
 )
+PATHS = Paths(ROUTES)  # a path's row: exactly, or by the first template it matches
 # Named in the 404 for an unknown path, so that a client learns what there is.
 ROUTE_LIST = ", ".join(f"{e.methods[0]} {path}" for path, e in ROUTES.items())

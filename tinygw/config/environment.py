@@ -23,6 +23,7 @@ import msgspec
 from tinygw.config import sealing, strict, tlsmode
 from tinygw.config.files import MAX_SECRET_FILE_BYTES, read_file
 from tinygw.config.settings import (
+    CLOUDS,
     CONFIDENTIAL_KEYS_VARIABLE,
     DEFAULT_CLIENT,
     DEFAULT_EVENT_LOG,
@@ -33,6 +34,7 @@ from tinygw.config.settings import (
     SERVED_CERT_VARIABLE,
     SERVED_NOT_AFTER_VARIABLE,
     SERVED_SPKI_VARIABLE,
+    AwsCredentials,
     Breaker,
     Client,
     ClientDoc,
@@ -43,8 +45,10 @@ from tinygw.config.settings import (
     Origin,
     Provider,
     ProviderDoc,
+    ServiceAccount,
     Settings,
     Target,
+    default_base_url,
     plain,
 )
 from tinygw.errors import ConfigError
@@ -330,18 +334,29 @@ def parse_base_url(where: str, url: str) -> Origin:
     return Origin(scheme, host, port, parts.path.rstrip("/"))
 
 
-def _provider(env: Mapping[str, str], where: str, name: str, doc: ProviderDoc) -> Provider:
-    path = f"{where} $.providers.{name}"
-    if not name or "/" in name or ":" in name:
-        raise ConfigError(path, "a provider name must be non-empty and hold no '/' or ':'")
-    origin = parse_base_url(f"{path}.base_url", doc.base_url)
-    if origin.scheme == "http" and not _is_loopback(origin.host) and not doc.plaintext:
+def _not_plaintext(where: str, origin: Origin, plaintext: bool) -> None:
+    if origin.scheme == "http" and not _is_loopback(origin.host) and not plaintext:
         raise ConfigError(
-            f"{path}.base_url",
+            where,
             "http:// to an address that is not loopback: the network (inside a "
             "confidential VM, its host) reads every byte; use https, or say "
             '"plaintext": true',
         )
+
+
+def _provider(env: Mapping[str, str], where: str, name: str, doc: ProviderDoc) -> Provider:
+    path = f"{where} $.providers.{name}"
+    if not name or "/" in name or ":" in name:
+        raise ConfigError(path, "a provider name must be non-empty and hold no '/' or ':'")
+    doc, cloud = _cloud_fields(env, path, doc)
+    if doc.base_url is None:
+        raise ConfigError(f"{path}.base_url", "required (the provider's URL)")
+    origin = parse_base_url(f"{path}.base_url", doc.base_url)
+    if doc.api in CLOUDS and origin.path:
+        raise ConfigError(
+            f"{path}.base_url", f"a scheme and host only for {doc.api}: the gateway writes the whole path"
+        )
+    _not_plaintext(f"{path}.base_url", origin, doc.plaintext)
     names = [doc.api_key_env] if isinstance(doc.api_key_env, str) else list(doc.api_key_env or [])
     for key_name in names:
         if not key_name or not key_name.replace("_", "a").isalnum():
@@ -367,7 +382,104 @@ def _provider(env: Mapping[str, str], where: str, name: str, doc: ProviderDoc) -
             raise ConfigError(f"{path}.query.{name}", "a name must be non-empty, name and value printable ASCII")
     if doc.health_path is not None and not doc.health_path.startswith("/"):
         raise ConfigError(f"{path}.health_path", "must start with '/'")
-    return Provider(name=name, doc=doc, origin=origin, keys=keys, key_env=tuple(names), headers=headers, query=query)
+    return Provider(
+        name=name, doc=doc, origin=origin, keys=keys, key_env=tuple(names), headers=headers, query=query, **cloud
+    )
+
+
+# A cloud provider's own fields, by its api; each is refused on a provider of another api.
+_CLOUD_FIELDS = {
+    "bedrock": ("region", "aws_access_key_id_env", "aws_secret_access_key_env", "aws_session_token_env"),
+    "vertex": ("region", "project", "credentials_env"),
+}
+_REQUIRED = {
+    "bedrock": ("region", "aws_access_key_id_env", "aws_secret_access_key_env"),
+    "vertex": ("project", "region", "credentials_env"),
+}
+# A region or project as the clouds name them: a path segment and a host name's label.
+_CLOUD_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+
+
+def _cloud_fields(env: Mapping[str, str], path: str, doc: ProviderDoc) -> tuple[ProviderDoc, dict]:
+    """A bedrock or vertex provider's fields, checked, and its credentials read (docs/design.md
+    section 18): (the doc with its base_url filled in, the Provider's `aws`, `google`,
+    `token_origin`). Another provider may set none of them."""
+    own = _CLOUD_FIELDS.get(doc.api, ())
+    for field in sorted({f for fields in _CLOUD_FIELDS.values() for f in fields} - set(own)):
+        if getattr(doc, field) is not None:
+            raise ConfigError(f"{path}.{field}", f"not a field of an {doc.api} provider")
+    if doc.api not in CLOUDS:
+        return doc, {}
+    for field in _REQUIRED[doc.api]:
+        if getattr(doc, field) is None:
+            raise ConfigError(f"{path}.{field}", f"required for an {doc.api} provider")
+    for field in ("region", "project"):
+        value = getattr(doc, field)
+        if value is not None and not _CLOUD_NAME.fullmatch(value):
+            raise ConfigError(f"{path}.{field}", f"not a {field} name (lower-case letters, digits, '-'): {value!r}")
+    if doc.api_key_env is not None or doc.api_key_header is not None:
+        field = "api_key_env" if doc.api_key_env is not None else "api_key_header"
+        raise ConfigError(f"{path}.{field}", f"an {doc.api} provider's credentials have fields of their own")
+    for field in own:
+        variable = getattr(doc, field)
+        if field.endswith("_env") and variable is not None and not variable.replace("_", "a").isalnum():
+            raise ConfigError(f"{path}.{field}", f"not an environment variable name: {variable!r}")
+    region: str = doc.region  # type: ignore[assignment]  # required above
+    if doc.base_url is None:
+        doc = msgspec.structs.replace(doc, base_url=default_base_url(doc.api, region))
+    if doc.api == "bedrock":
+        session = doc.aws_session_token_env
+        aws = AwsCredentials(
+            _secret(env, doc.aws_access_key_id_env),  # type: ignore[arg-type]  # required above
+            _secret(env, doc.aws_secret_access_key_env),  # type: ignore[arg-type]
+            _secret(env, session) if session is not None else None,
+        )
+        return doc, {"aws": aws}
+    google = _service_account(env, f"{path}.credentials_env", doc.credentials_env)  # type: ignore[arg-type]
+    token_origin = parse_base_url(f"{doc.credentials_env} token_uri", google.token_uri)
+    _not_plaintext(f"{doc.credentials_env} token_uri", token_origin, doc.plaintext)
+    return doc, {"google": google, "token_origin": token_origin}
+
+
+class _ServiceAccountKey(msgspec.Struct):
+    """The fields of a Google service-account key file that the gateway reads."""
+
+    client_email: str
+    private_key: str
+    token_uri: str = "https://oauth2.googleapis.com/token"  # noqa: S105 -- an address, not a secret
+    private_key_id: str | None = None
+    type: str = "service_account"
+
+
+_decode_service_account = msgspec.json.Decoder(_ServiceAccountKey)
+
+
+def _service_account(env: Mapping[str, str], where: str, name: str) -> ServiceAccount:
+    """The service-account key (JSON) held in `name`, or in the file `NAME_FILE` names;
+    its RSA key checked as the TLS keys are (at least 2048 bits). Never quoted in a message."""
+    value, file_path = env.get(name), env.get(f"{name}_FILE")
+    if value is not None and file_path is not None:
+        raise ConfigError(name, f"both {name} and {name}_FILE are set; set one")
+    if file_path is not None:
+        value = read_file(f"{name}_FILE", file_path, MAX_SECRET_FILE_BYTES)
+    if value is None or not value.strip():
+        raise ConfigError(name, f"unset or empty (neither {name} nor {name}_FILE holds a service-account key)")
+    try:
+        key = _decode_service_account.decode(value)
+    except msgspec.MsgspecError:
+        raise ConfigError(name, "not a service-account key (JSON with client_email, private_key, token_uri)") from None
+    if key.type != "service_account":
+        raise ConfigError(name, f"a key of type {key.type!r}, not a service account's")
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    try:
+        private_key = load_pem_private_key(key.private_key.encode(), password=None)
+    except (ValueError, TypeError):
+        raise ConfigError(name, "its private_key is not a PEM private key without a password") from None
+    if not isinstance(private_key, rsa.RSAPrivateKey) or private_key.key_size < 2048:
+        raise ConfigError(name, "its private_key is not an RSA key of at least 2048 bits")
+    return ServiceAccount(key.client_email, Secret(key.private_key), key.token_uri, key.private_key_id)
 
 
 def _values(env: Mapping[str, str], path: str, values: dict[str, str | EnvRef]) -> dict[str, str | Secret]:

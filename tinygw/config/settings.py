@@ -52,9 +52,20 @@ Value = str | EnvRef
 
 
 class ProviderDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    base_url: str
-    api: Literal["openai", "anthropic"]
+    # Required for openai and anthropic; bedrock and vertex default to the region's
+    # endpoint, and take a scheme and host only (the gateway writes the whole path).
+    base_url: str | None = None
+    api: Literal["openai", "anthropic", "bedrock", "vertex"]
     api_key_env: str | list[str] | None = None
+    # Claude on the clouds (docs/design.md section 18). bedrock: its region and the
+    # variables of its AWS credentials; vertex: its project, region, and the variable
+    # that holds a service-account key (JSON).
+    region: str | None = None
+    project: str | None = None
+    aws_access_key_id_env: str | None = None
+    aws_secret_access_key_env: str | None = None
+    aws_session_token_env: str | None = None
+    credentials_env: str | None = None
     # The header that carries the key: None is by `api` (`Authorization: Bearer KEY`
     # for openai, `x-api-key: KEY` for anthropic); a name (Azure's `api-key`) gets the
     # raw key as its value.
@@ -87,7 +98,8 @@ class ProviderDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
         """Every variable this provider reads a credential from."""
         names = [self.api_key_env] if isinstance(self.api_key_env, str) else list(self.api_key_env or [])
         refs = [v.env for v in (*self.headers.values(), *self.query.values()) if isinstance(v, EnvRef)]
-        return {*names, *refs}
+        clouds = (self.aws_access_key_id_env, self.aws_secret_access_key_env, self.aws_session_token_env)
+        return {*names, *refs, *(name for name in (*clouds, self.credentials_env) if name)}
 
 
 class ModelDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -158,6 +170,35 @@ class Target(Struct, frozen=True):
         return self.name
 
 
+# The provider APIs of Claude on the clouds (docs/design.md section 18).
+CLOUDS = ("bedrock", "vertex")
+
+
+def default_base_url(api: str, region: str) -> str:
+    """A cloud provider's `base_url` when it sets none: the region's endpoint (Vertex's
+    `global` region has no prefix)."""
+    if api == "bedrock":
+        return f"https://bedrock-runtime.{region}.amazonaws.com"
+    return "https://aiplatform.googleapis.com" if region == "global" else f"https://{region}-aiplatform.googleapis.com"
+
+
+class AwsCredentials(Struct, frozen=True):
+    """A bedrock provider's AWS credentials (tinygw.upstream.signing signs with them)."""
+
+    access_key_id: Secret
+    secret_access_key: Secret
+    session_token: Secret | None = None
+
+
+class ServiceAccount(Struct, frozen=True):
+    """What a Google service-account key holds that the JWT bearer grant needs."""
+
+    client_email: str
+    private_key: Secret  # PEM
+    token_uri: str
+    private_key_id: str | None = None
+
+
 class Provider(Struct, frozen=True, kw_only=True):
     name: str
     doc: ProviderDoc
@@ -167,6 +208,16 @@ class Provider(Struct, frozen=True, kw_only=True):
     # The doc's headers and query with each `{"env": NAME}` read into a Secret.
     headers: dict[str, str | Secret] = {}
     query: dict[str, str | Secret] = {}
+    # A bedrock provider's credentials; a vertex provider's service account, and where
+    # its token endpoint (the account's `token_uri`) is.
+    aws: AwsCredentials | None = None
+    google: ServiceAccount | None = None
+    token_origin: Origin | None = None
+
+    @property
+    def cloud(self) -> bool:
+        """Claude on Bedrock or Vertex: the gateway writes the whole path and signs."""
+        return self.doc.api in CLOUDS
 
 
 def plain(value: str | Secret) -> str:

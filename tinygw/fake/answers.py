@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import struct
+import urllib.parse
 from collections.abc import Callable
 
 from msgspec import Struct
@@ -124,6 +125,24 @@ def _messages(ask: Ask) -> Reply:
     )
 
 
+def _bedrock(ask: Ask) -> Reply:
+    """Claude on Bedrock: `/model/{model}/invoke` as `/v1/messages`, and
+    `invoke-with-response-stream` as its events in event-stream frames."""
+    if not ask.stream:
+        return _messages(ask)
+    if ask.tool is not None:
+        sequence = events.anthropic_tool_events(ask.model, *ask.tool)
+    else:
+        sequence = events.anthropic_stream_events(ask.model, ask.words)
+    frames: list[tuple[object, bytes]] = [(ask.delay_seconds, f) for f in events.bedrock_frames(sequence)]
+    return Reply(headers=[("content-type", events.EVENTSTREAM)], chunks=frames)
+
+
+def _token(ask: Ask) -> Reply:
+    """A Google token endpoint's answer to a JWT bearer grant."""
+    return json_reply(200, {"access_token": "fake-access-token", "expires_in": 3599, "token_type": "Bearer"})
+
+
 def _count_tokens(ask: Ask) -> Reply:
     return json_reply(200, {"input_tokens": len(json.dumps(ask.body.get("messages", [])).split())})
 
@@ -190,8 +209,27 @@ def _completions(ask: Ask) -> Reply:
     )
 
 
+def cloud_model(path: str) -> tuple[str, bool] | None:
+    """The model and whether a stream is asked for, of a Bedrock or Vertex path; None for another path."""
+    for action, stream in (
+        ("/invoke-with-response-stream", True),
+        ("/invoke", False),
+        (":streamRawPredict", True),
+        (":rawPredict", False),
+    ):
+        if path.endswith(action):
+            model = path[: -len(action)].rpartition("/model/" if action.startswith("/") else "/models/")[2]
+            return urllib.parse.unquote(model), stream
+    return None
+
+
 # By the end of the path (its query string left off), the longest first.
 _ANSWERS: tuple[tuple[str, Callable[[Ask], Reply]], ...] = (
+    ("/invoke-with-response-stream", _bedrock),
+    ("/invoke", _bedrock),
+    (":streamRawPredict", _messages),
+    (":rawPredict", _messages),
+    ("/token", _token),
     ("/messages/count_tokens", _count_tokens),
     ("/messages", _messages),
     ("/responses", _responses),
@@ -203,7 +241,8 @@ _ANSWERS: tuple[tuple[str, Callable[[Ask], Reply]], ...] = (
 
 def well_behaved(name: str = "fake", words: list[str] | None = None, delay_seconds: float = 0.0) -> Callable:
     """A script that answers like a healthy provider: chat, completions, embeddings,
-    responses, messages, count_tokens and model listings; streams when asked,
+    responses, messages, count_tokens and model listings, Claude on Bedrock and Vertex
+    (and a Google token endpoint at `/token`); streams when asked,
     `delay_seconds` between events; calls the first function tool once when the request
     has `tools`; embeddings as base64 when `encoding_format` says so."""
     words = words or ["Hello", " from", f" {name}", "."]
@@ -212,11 +251,16 @@ def well_behaved(name: str = "fake", words: list[str] | None = None, delay_secon
         path = request.path.partition("?")[0]
         if request.method == "GET" and path.endswith("/models"):
             return json_reply(200, {"object": "list", "data": [{"id": f"{name}-model", "object": "model"}]})
-        body = request.json() or {}
+        body = request.json() or {} if "x-www-form-urlencoded" not in request.headers.get("content-type", "") else {}
         body = body if isinstance(body, dict) else {}
-        ask = Ask(str(body.get("model", "unknown")), body, words, delay_seconds, None)
+        model = str(body.get("model", "unknown"))
+        cloud = cloud_model(path)
+        if cloud is not None:  # the model is in the path; Bedrock's path says whether it streams
+            model, stream = cloud
+            body = {**body, "stream": stream}
+        ask = Ask(model, body, words, delay_seconds, None)
         answer = next((a for end, a in _ANSWERS if path.endswith(end)), _chat)
-        if answer is not _count_tokens and answer is not _embeddings:
+        if answer not in (_count_tokens, _embeddings, _token):
             ask = Ask(ask.model, body, words, delay_seconds, _tool_call(body))
         return answer(ask)
 

@@ -1,8 +1,9 @@
 """`tinygw demo`: a real gateway in front of built-in fake providers, telling the story
 of an outage (docs/design.md section 1): fallback, circuit opened, 503 with Retry-After, probe,
-circuit closed.
+circuit closed; and an Anthropic model falling back to Claude on Bedrock.
 
-Two fake providers run in this process; a `tinygw serve` process stands in front of
+Two fake providers run in this process (the backup also plays Bedrock, its requests
+signed with AWS SigV4 by the gateway); a `tinygw serve` process stands in front of
 them. Provider `primary` starts answering every request with a 502 in a few
 milliseconds, as a real one did for a whole day. The timeline mixes what clients saw
 with what the gateway logged. Exits 0 only when every step of the story happened.
@@ -93,16 +94,41 @@ def _narrate_gateway_log(stream, timeline: Timeline) -> None:
             timeline.say("gateway", f"retrying provider after a quick failure {where}")
 
 
+def _messages(url: str, model: str) -> tuple[int, dict]:
+    """(status, JSON body) of one Anthropic Messages request."""
+    body = json.dumps({"model": model, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    request = urllib.request.Request(
+        f"{url}/v1/messages", data=body, method="POST", headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=15) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+BEDROCK_MODEL = "anthropic.claude-sonnet-4-5-v1:0"
+
+
 def _config(primary: FakeUpstream, backup: FakeUpstream, port: int) -> dict[str, str]:
     """The gateway's whole environment: nothing of the caller's leaks into the story."""
     config = {
         "providers": {
             "primary": {"base_url": f"{primary.url}/v1", "api": "openai", "listing": False},
             "backup": {"base_url": f"{backup.url}/v1", "api": "openai", "listing": False},
+            "anthropic": {"base_url": primary.url, "api": "anthropic", "listing": False},
+            "bedrock": {
+                "base_url": backup.url,
+                "api": "bedrock",
+                "region": "us-east-1",
+                "aws_access_key_id_env": "DEMO_AWS_ACCESS_KEY_ID",
+                "aws_secret_access_key_env": "DEMO_AWS_SECRET_ACCESS_KEY",
+            },
         },
         "models": {
             "chat": {"targets": ["primary:chat-large", "backup:chat-large-copy"]},
             "solo": {"targets": ["primary:chat-large"]},
+            "claude": {"targets": ["anthropic:claude-sonnet-4-5", f"bedrock:{BEDROCK_MODEL}"]},
         },
     }
     return {
@@ -112,6 +138,8 @@ def _config(primary: FakeUpstream, backup: FakeUpstream, port: int) -> dict[str,
         "PROVIDER_BREAKER_OPEN_SECONDS": str(OPEN_SECONDS),
         "PROVIDER_HEALTH_CHECK_SECONDS": "0",
         "PROVIDER_LISTING_SECONDS": "0",
+        "DEMO_AWS_ACCESS_KEY_ID": "AKIDDEMO000000000000",
+        "DEMO_AWS_SECRET_ACCESS_KEY": "demo-secret-access-key",
         "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
     }
 
@@ -140,6 +168,10 @@ def _outage(url: str, primary: FakeUpstream, timeline: Timeline) -> None:
         if status == 200 and body.get("model") == "chat-large-copy":
             timeline.mark("fallback")
         timeline.say("client", f"chat -> {status}, answered by {body.get('model')}")
+    status, body = _messages(url, "claude")
+    if status == 200 and body.get("model") == BEDROCK_MODEL:
+        timeline.mark("bedrock")
+    timeline.say("client", f"claude -> {status}, answered by {body.get('model')} (Claude on Bedrock, signed SigV4)")
     status, headers, body = _chat(url, "solo")
     error = body.get("error", {})
     if status == 503 and error.get("cause") == "circuit_open" and headers.get("retry-after"):
@@ -168,7 +200,8 @@ def main(argv: list[str]) -> int:
     url = f"http://127.0.0.1:{port}"
     timeline = Timeline()
     print(f"tinygw demo: gateway on {url}; fake providers primary ({primary.url}) and backup ({backup.url})")
-    print("  model 'chat' -> primary:chat-large, then backup:chat-large-copy; model 'solo' -> primary only\n")
+    print("  model 'chat' -> primary:chat-large, then backup:chat-large-copy; model 'solo' -> primary only;")
+    print("  model 'claude' -> Anthropic on primary, then Claude on Bedrock (the backup)\n")
     gateway = subprocess.Popen(
         _gateway_command(),
         env=_config(primary, backup, port),
@@ -190,11 +223,14 @@ def main(argv: list[str]) -> int:
             gateway.kill()
         primary.stop_thread()
         backup.stop_thread()
-    story = ["fallback", "opened", "503", "half_open", "probe", "closed"]
+    story = ["fallback", "opened", "bedrock", "503", "half_open", "probe", "closed"]
     missing = [step for step in story if step not in timeline.seen]
     print()
     if missing:
         print(f"tinygw demo: the story did not happen; missing: {', '.join(missing)}", file=sys.stderr)
         return 1
-    print("tinygw demo: fallback, circuit opened, 503 + Retry-After, probe, circuit closed: every step happened")
+    print(
+        "tinygw demo: fallback, circuit opened, Anthropic to Bedrock, 503 + Retry-After, probe, circuit closed:"
+        " every step happened"
+    )
     return 0

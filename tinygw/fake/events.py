@@ -5,7 +5,10 @@ parsers, Claude Code and the Codex CLI accept (tests/test_fake.py reads them so)
 
 from __future__ import annotations
 
+import base64
 import json
+import struct
+import zlib
 
 
 def _data(value: dict) -> bytes:
@@ -236,3 +239,39 @@ def responses_tool_events(model: str, name: str, arguments: str) -> list[bytes]:
     event("response.function_call_arguments.delta", {**call, "delta": arguments})
     event("response.function_call_arguments.done", {**call, "name": name, "arguments": arguments})
     return event.end(model, done)
+
+
+# ---- Bedrock's event stream (application/vnd.amazon.eventstream) ---------------------------
+
+EVENTSTREAM = "application/vnd.amazon.eventstream"
+
+
+def frame(headers: dict[str, str], payload: bytes) -> bytes:
+    """One event-stream frame: prelude, its CRC32, string headers, payload, message CRC32.
+    (The fake's own encoder, apart from the gateway's: each checks the other.)"""
+    encoded = b"".join(
+        bytes([len(k)]) + k.encode() + b"\x07" + struct.pack(">H", len(v.encode())) + v.encode()
+        for k, v in headers.items()
+    )
+    prelude = struct.pack(">II", 16 + len(encoded) + len(payload), len(encoded))
+    message = prelude + struct.pack(">I", zlib.crc32(prelude)) + encoded + payload
+    return message + struct.pack(">I", zlib.crc32(message))
+
+
+def bedrock_frames(events: list[bytes]) -> list[bytes]:
+    """Anthropic's server-sent events as Bedrock streams them: each event's JSON as base64
+    `bytes` in a chunk frame."""
+    frames = []
+    for event in events:
+        data = next(line[6:] for line in event.split(b"\n") if line.startswith(b"data: "))
+        payload = json.dumps({"bytes": base64.b64encode(data).decode(), "p": "abcdefghij"}).encode()
+        frames.append(
+            frame({":event-type": "chunk", ":content-type": "application/json", ":message-type": "event"}, payload)
+        )
+    return frames
+
+
+def bedrock_exception(exception_type: str, message: str) -> bytes:
+    """A Bedrock exception frame, as a stream that fails on the way ends."""
+    headers = {":exception-type": exception_type, ":content-type": "application/json", ":message-type": "exception"}
+    return frame(headers, json.dumps({"message": message}).encode())

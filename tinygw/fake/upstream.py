@@ -18,7 +18,14 @@ from typing import Any
 # This module is the fake provider's one door: the tests, the demo and bench import from
 # here what they need to script it, so some of these names are only passed on.
 from tinygw.fake.answers import EMBEDDING, well_behaved  # noqa: F401 -- passed on
-from tinygw.fake.events import anthropic_stream_events, openai_stream_events, responses_stream_events  # noqa: F401 -- passed on
+from tinygw.fake.events import (  # noqa: F401 -- passed on
+    EVENTSTREAM,
+    anthropic_stream_events,
+    bedrock_exception,
+    bedrock_frames,
+    openai_stream_events,
+    responses_stream_events,
+)
 from tinygw.fake.replies import REASONS, FakeRequest, Reply, json_reply, sse_reply  # noqa: F401 -- passed on
 
 

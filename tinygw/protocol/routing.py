@@ -3,18 +3,25 @@
 A route table's rows are `Endpoint`s (the table itself is in tinygw.api.app, beside
 the handlers); a proxied API route is a `Route`.
 
+A path is a row's path exactly, or else the first row whose path is a template that it
+matches (`Paths`, the one matcher): `{name}` stands for one path segment, and `{model}`
+and `{id}` for one or more (a model's name may hold `/`). The cloud shapes of Claude take their model
+from the path.
+
 A model is a configured alias (its targets, in the alias's order), a
 provider-qualified `provider/upstream_model` (that provider alone), or a name that a
 pattern alias matches (`"claude-*"`: the longest matching pattern; an exact alias
 always comes first). A target's upstream model `*` is the requested name as sent. A
-target is usable only on a route of its provider's API: OpenAI routes go to
-`api: openai` providers, `/v1/messages` and `/v1/messages/count_tokens` to
-`api: anthropic` ones.
+target is usable only on a route that reaches its provider's API: OpenAI routes go to
+`api: openai` providers, `/v1/messages` to `api: anthropic`, `bedrock` and `vertex` ones,
+`/v1/messages/count_tokens` to `anthropic` ones, and the Bedrock and Vertex shapes of
+Claude to `bedrock` and `vertex` providers (docs/design.md section 18).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 import msgspec
@@ -29,9 +36,25 @@ WILDCARD = "*"
 class Route(Struct, frozen=True):
     """A proxied API route."""
 
-    path: str  # the gateway's path, also the metrics label
-    api: str  # "openai" | "anthropic"
-    upstream_path: str  # appended to the provider's base_url path
+    path: str  # the gateway's path (a template for the cloud shapes), also the metrics label
+    api: str  # the shape of its requests and answers: "openai" | "anthropic" | "bedrock" | "vertex"
+    upstream_path: str  # appended to an openai or anthropic provider's base_url path
+    reaches: frozenset[str] = frozenset()  # the provider APIs that may serve it (by default its own)
+    # A cloud shape's: streamed or not, by its path (else the body's `stream` says); and its
+    # path's pattern, whose group `model` is the requested model.
+    stream: bool | None = None
+    pattern: re.Pattern[str] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.reaches:
+            msgspec.structs.force_setattr(self, "reaches", frozenset({self.api}))
+
+    def model_in(self, path: str) -> str | None:
+        """The model a cloud shape's `path` names (None for a route whose body names it)."""
+        if self.pattern is None:
+            return None
+        match = self.pattern.fullmatch(path)
+        return match["model"] if match else None
 
 
 class Endpoint(NamedTuple):
@@ -51,12 +74,52 @@ class Endpoint(NamedTuple):
         """Whether a request's errors take Anthropic's shape (else OpenAI's); `first` is
         its headers by name (each one's first value)."""
         if self.route is not None:
-            return self.route.api == "anthropic"
+            return self.route.api != "openai"  # Claude's, on any cloud
         return self.both_shapes and b"anthropic-version" in first
 
 
-def api_endpoint(path: str, api: str, upstream_path: str) -> tuple[str, Endpoint]:
-    return path, Endpoint(("POST",), True, route=Route(path, api, upstream_path))
+def api_endpoint(path: str, api: str, upstream_path: str, reaches: Iterable[str] = ()) -> tuple[str, Endpoint]:
+    return path, Endpoint(("POST",), True, route=Route(path, api, upstream_path, frozenset(reaches)))
+
+
+def cloud_endpoint(path: str, api: str, stream: bool) -> tuple[str, Endpoint]:
+    """A cloud's shape of Claude's Messages API: its model in `path` (a template), the body as the cloud takes it."""
+    return path, Endpoint(("POST",), True, route=Route(path, api, "", stream=stream, pattern=template(path)))
+
+
+_PARAMETER = re.compile(r"\{([a-z_]+)\}")
+# The parameters that name a model, which may hold `/` (`provider/model`, an ARN).
+_MODEL_NAMES = ("model", "id")
+
+
+def template(path: str) -> re.Pattern[str]:
+    """A path template as a pattern: `{name}` one segment, `{model}` and `{id}` one or more."""
+    parts, last = [], 0
+    for match in _PARAMETER.finditer(path):
+        parts.append(re.escape(path[last : match.start()]))
+        parts.append(f"(?P<{match[1]}>{'.+' if match[1] in _MODEL_NAMES else '[^/]+'})")
+        last = match.end()
+    return re.compile("".join([*parts, re.escape(path[last:])]))
+
+
+class Paths:
+    """The one matcher of a route table: a path's row, exactly, or else the first row
+    whose template it matches."""
+
+    __slots__ = ("_exact", "_templates")
+
+    def __init__(self, rows: dict[str, Endpoint]) -> None:
+        self._exact = rows
+        self._templates = [(template(path), endpoint) for path, endpoint in rows.items() if "{" in path]
+
+    def match(self, path: str) -> Endpoint | None:
+        endpoint = self._exact.get(path)
+        if endpoint is not None:  # every API route but the cloud shapes
+            return endpoint
+        for pattern, candidate in self._templates:
+            if pattern.fullmatch(path):
+                return candidate
+        return None
 
 
 def page_endpoint(path: str, page: Callable, auth: bool = False, both_shapes: bool = False) -> tuple[str, Endpoint]:
@@ -80,7 +143,7 @@ def resolve(settings: Settings, route: Route, model: str) -> Resolution | None:
     if alias is None:
         provider, slash, upstream_model = model.partition("/")
         if slash and upstream_model and provider in settings.providers:
-            if settings.providers[provider].doc.api == route.api:
+            if settings.providers[provider].doc.api in route.reaches:
                 return Resolution(f"{provider}/*", (Target(provider, upstream_model),))
             return None
         alias = matching_pattern(settings.models, model)
@@ -88,7 +151,7 @@ def resolve(settings: Settings, route: Route, model: str) -> Resolution | None:
             return None
     if any(t.upstream_model == WILDCARD for t in alias.targets):
         alias = msgspec.structs.replace(alias, targets=tuple(as_sent(t, model) for t in alias.targets))
-    targets = tuple(t for t in alias.targets if settings.providers[t.provider].doc.api == route.api)
+    targets = tuple(t for t in alias.targets if settings.providers[t.provider].doc.api in route.reaches)
     if not targets:
         return None
     return Resolution(alias.name, targets, None if alias.order_is_fixed() else alias)
@@ -104,16 +167,16 @@ class Resolver:
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
-        self._known: dict[tuple[str, str], Resolution | None] = {}
+        self._known: dict[tuple[str, str], Resolution | None] = {}  # (route's path, model) ->
 
     def resolve(self, route: Route, model: str) -> Resolution | None:
         try:
-            return self._known[(route.api, model)]
+            return self._known[(route.path, model)]
         except KeyError:  # not worked out yet, or a name that is not kept
             pass
         resolution = resolve(self._settings, route, model)
         if model in self._settings.models:
-            self._known[(route.api, model)] = resolution
+            self._known[(route.path, model)] = resolution
         return resolution
 
 

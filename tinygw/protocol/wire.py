@@ -96,7 +96,9 @@ def _loads(body: bytes) -> object:
         raise BadBody("the request body is not valid JSON") from None
 
 
-def read_head(body: bytes) -> RequestHead:
+def read_head(body: bytes, path_model: str | None = None) -> RequestHead:
+    """The fields the gateway reads of a body that is a JSON object: its `model` (or
+    `path_model`, a cloud shape's model, named by its path) and `stream`."""
     try:
         head = _head_of(body)
     except msgspec.ValidationError as e:
@@ -105,6 +107,8 @@ def read_head(body: bytes) -> RequestHead:
         raise BadBody("the request body is not valid JSON") from None
     except RecursionError:  # msgspec's depth bound is the interpreter's recursion limit
         raise BadBody(TOO_DEEP) from None
+    if path_model is not None:
+        head.model = path_model
     if not head.model:
         raise BadBody("the request body has no 'model'")
     if len(head.model) > _SURELY_SHORT_ENOUGH and len(head.model.encode()) > MAX_MODEL_BYTES:
@@ -149,6 +153,34 @@ def rewrite_model(body: bytes, requested: str, upstream: str) -> bytes:
         raise BadBody(TOO_DEEP) from None
     document["model"] = upstream
     return _encode.encode(document)
+
+
+def document_of(body: bytes) -> dict:
+    """The whole of a body that is a JSON object (for an edit that cannot be made in
+    place; a lone surrogate escape read by the standard library); BadBody otherwise."""
+    try:
+        document = _decode_any.decode(body)
+    except msgspec.DecodeError:
+        if _SURROGATE_ESCAPE.search(body) is None:
+            raise BadBody("the request body is not valid JSON") from None
+        document = _loads(body)
+    except RecursionError:
+        raise BadBody(TOO_DEEP) from None
+    if not isinstance(document, dict):
+        raise BadBody("invalid request body: Expected `object`")
+    return document
+
+
+def encode_document(document: dict) -> bytes:
+    """A document of document_of's, encoded (the standard library's way when it holds a
+    lone surrogate, which has no UTF-8)."""
+    try:
+        return _encode.encode(document)
+    except (UnicodeEncodeError, msgspec.EncodeError):
+        try:
+            return json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
+        except ValueError as e:
+            raise BadBody(f"invalid request body: {e}") from None
 
 
 def _reencoded(body: bytes, upstream: str) -> bytes:

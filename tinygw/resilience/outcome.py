@@ -45,11 +45,12 @@ class Judgement(Struct, frozen=True):
     label: str  # for x-tinygw-attempts, the access log and the attempts metric
     status: int
     usage: Usage | None = None
-    error: errors.UnusableAnswer | None = None
+    error: errors.UpstreamError | None = None
 
 
 def of_error(e: errors.UpstreamError) -> Verdict:
-    """Refused, reset, DNS, TLS, protocol errors and every timeout: failures. Only
+    """Refused, reset, DNS, TLS, protocol errors, every timeout, and a cloud provider's
+    token that cannot be had (ProviderCredentials): failures. Only
     connection errors (not timeouts) are quick. The gateway's own limits are no
     verdict on the provider: all its connections busy (another target may serve), or
     an answer over the size the gateway reads whole (no other would do better)."""
@@ -101,6 +102,39 @@ def of_answer(status: int, elapsed_seconds: float, body: bytes | None, account_c
         redirect = errors.UnusableAnswer(f"its answer was a redirect ({status}); check its base_url")
         return Judgement(verdict, str(status), 502, error=redirect)
     return Judgement(verdict, str(status), status)
+
+
+# Claude on the clouds (docs/design.md section 18): what Bedrock and Vertex call their
+# errors (tinygw.protocol.clouds.error_name), before their status is read.
+_CLOUD_ERRORS = {
+    "ThrottlingException": "rate_limited",  # Bedrock, 429
+    "ModelNotReadyException": "rate_limited",  # Bedrock, 429: the model is being loaded
+    "RESOURCE_EXHAUSTED": "rate_limited",  # Vertex, 429: a quota
+    "ServiceUnavailableException": "failure",  # Bedrock, 503
+    "AccessDeniedException": "credentials",  # Bedrock, 403: the credentials' rights
+    "UnrecognizedClientException": "credentials",  # Bedrock, 403: the key or the signature
+    "ValidationException": "client",  # Bedrock, 400: the request's own
+}
+
+
+def of_cloud_answer(status: int, elapsed_seconds: float, body: bytes | None, error_name: str | None) -> Judgement:
+    """A bedrock or vertex provider's answer: its error's name first (`error_name`), then
+    as any other answer (`of_answer`). A rate limit is a 429 (another target may serve,
+    no verdict); a refusal of the credentials (the named ones, or a 401/403) is a provider
+    configuration error, a failure whose client gets the gateway's own 502; a
+    ValidationException is the client's 400."""
+    kind = _CLOUD_ERRORS.get(error_name or "")
+    label = f"{status}+{error_name}" if kind else str(status)
+    if kind == "rate_limited":
+        return Judgement(RATE_LIMITED, label, 429)
+    if kind == "failure":
+        return Judgement(of_status(max(status, 500), elapsed_seconds), label, status)
+    if kind == "credentials" or (kind is None and status in (401, 403)):
+        refused = errors.ProviderCredentials(f"it refused the gateway's credentials ({error_name or status})")
+        return Judgement(FAILURE, label, 502, error=refused)
+    if kind == "client":
+        return Judgement(NO_VERDICT, label, 400)
+    return of_answer(status, elapsed_seconds, body)
 
 
 _NOT_JSON = errors.UnusableAnswer("its answer was a 200 whose body is not JSON")

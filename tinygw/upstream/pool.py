@@ -14,7 +14,7 @@ import resource
 import ssl
 import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from operator import itemgetter
 
 import certifi
@@ -30,6 +30,11 @@ from tinygw.upstream.connection import Connection, encode_request, open_connecti
 # request on a connection the provider is closing at the same moment.
 IDLE_SECONDS = 4.0
 
+
+# A provider's credentials made for one request, from the head as it will be written
+# (Host and Content-Length included) and the body: AWS's signature, Google's token
+# (tinygw.worker.credentials). Returns the head to write; raises ProviderCredentials.
+Authorize = Callable[[bytes, bytes, list[tuple[bytes, bytes]], bytes], Awaitable[list[tuple[bytes, bytes]]]]
 
 # What `read()` takes whole when no smaller limit is given (model listings pass their
 # own). The proxy never reads an answer whole: it holds at most 1 MiB of it (proxy.py).
@@ -84,7 +89,8 @@ class Timeouts(Struct, frozen=True):
 
 class UpstreamRequest(Struct, frozen=True):
     """One request to a provider, as a value; the pool writes its Host and
-    Content-Length (`Pool.send`)."""
+    Content-Length (`Pool.send`), and its credentials when the provider's are made per
+    request (the pool's `authorize`)."""
 
     method: bytes
     target: bytes
@@ -111,9 +117,12 @@ class Pool:
         ssl_context: ssl.SSLContext | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
         on_wait: Callable[[int, float | None], None] | None = None,
+        authorize: Authorize | None = None,
     ) -> None:
         """`on_wait(change, waited)` is told when a request starts to wait for a connection
-        (change 1, waited None) and when its wait ends (change -1, the seconds it waited)."""
+        (change 1, waited None) and when its wait ends (change -1, the seconds it waited).
+        `authorize`, when given, makes each request's credentials from its final head."""
+        self._authorize = authorize
         self._loop = loop  # the worker's, cached (tinygw.worker.gateway); else looked up per request
         self.origin = origin
         self.timeouts = timeouts
@@ -153,6 +162,8 @@ class Pool:
         encoded (UnsendableRequest, the client's) takes no connection."""
         body = request.body
         head = [self.host_header, (b"content-length", b"%d" % len(body)), *request.headers]
+        if self._authorize is not None:  # signed as it will be written (before any slot is taken)
+            head = await self._authorize(request.method, request.target, head, body)
         encoded = encode_request(request.method, request.target, head, body)
         timeouts = request.timeouts
         loop = self._loop or asyncio.get_running_loop()

@@ -109,8 +109,14 @@ async def list_models(gateway: Gateway, name: str) -> None:
     gateway.board.publish_listing(name, len(ids))
 
 
+def lists_models(provider: Provider) -> bool:
+    """Whether a provider is asked for its models: `listing` on, and not Claude on a cloud
+    (Bedrock's and Vertex's model lists are on other hosts, under other credentials)."""
+    return provider.doc.listing and not provider.cloud
+
+
 async def list_all(gateway: Gateway) -> None:
-    names = [n for n, u in gateway.upstreams.items() if u.provider.doc.listing]
+    names = [n for n, u in gateway.upstreams.items() if lists_models(u.provider)]
     await asyncio.gather(*(_guarded(name, list_models(gateway, name)) for name in names))
 
 
@@ -133,7 +139,9 @@ async def check_health(gateway: Gateway, name: str, circuits: list[Circuit]) -> 
 
 async def check_all(gateway: Gateway) -> None:
     checks = []
-    for name in gateway.upstreams:
+    for name, upstream in gateway.upstreams.items():
+        if upstream.provider.cloud and upstream.provider.doc.health_path is None:  # no listing path to look at
+            continue
         circuits = [c for c in gateway.breakers.of_provider(name) if c.state() is State.OPEN]
         if circuits:
             checks.append(_guarded(name, check_health(gateway, name, circuits)))
@@ -169,7 +177,7 @@ def start(gateway: Gateway) -> list[asyncio.Task]:
     With breakers off (`PROVIDER_BREAKER_FAILURES=0`) no circuit opens: no health loop."""
     s = gateway.settings
     tasks = []
-    if s.listing_seconds > 0 and any(p.doc.listing for p in s.providers.values()):
+    if s.listing_seconds > 0 and any(lists_models(p) for p in s.providers.values()):
         tasks.append(asyncio.create_task(_every(s.listing_seconds, list_all, gateway, now=True), name="listing"))
     if s.health_check_seconds > 0 and s.breaker.failures > 0:
         tasks.append(asyncio.create_task(_every(s.health_check_seconds, check_all, gateway, now=False), name="health"))

@@ -37,7 +37,8 @@ from tinygw.trust.attestation import artifact_digests
 from tinygw.trust.auth import InboundAuth
 from tinygw.trust.evidence_queue import EvidenceQueue, RateLimitedWarning
 from tinygw.trust.redact import Redactor
-from tinygw.upstream.pool import Pool, Timeouts, default_max_connections, open_file_limit, tls_context
+from tinygw.upstream.pool import Authorize, Pool, Timeouts, default_max_connections, open_file_limit, tls_context
+from tinygw.worker import credentials
 
 if TYPE_CHECKING:
     from tinygw.trust.confidential import Confidential
@@ -65,6 +66,8 @@ class Upstream(Struct, frozen=True):
     paths: dict[str, bytes] = {}
     rotates_keys: bool = False  # more than one key: `keys.pick` moves the rotation on
     lets_clients_choose_account: bool = False  # the provider's `client_account_headers`
+    # A vertex provider's token endpoint (tinygw.worker.credentials): its own pool.
+    token_pool: Pool | None = None
 
     def __repr__(self) -> str:  # its headers and query hold the provider's credentials
         return f"Upstream({self.provider.name!r})"
@@ -124,9 +127,37 @@ def _auth_headers(provider: Provider) -> tuple[list[tuple[bytes, bytes]], ...]:
 
 
 def _secrets(p: Provider) -> list[str]:
-    """Every secret the provider is sent: its keys and the credentials of its headers and query."""
+    """Every secret the provider is sent: its keys and the credentials of its headers and
+    query, a bedrock provider's access key id and session token."""
     credentials = [v for v in (*p.headers.values(), *p.query.values()) if isinstance(v, Secret)]
+    if p.aws is not None:
+        credentials += [s for s in (p.aws.access_key_id, p.aws.session_token) if s is not None]
     return [secret.reveal() for secret in (*p.keys, *credentials)]
+
+
+# A token endpoint's bounds: a token is small and quick, or it is not coming.
+TOKEN_TIMEOUTS = Timeouts(connect_seconds=10.0, first_byte_seconds=30.0, total_seconds=30.0)
+TOKEN_CONNECTIONS = 4
+
+
+def _credentials(
+    p: Provider,
+    context: ssl.SSLContext | None,
+    loop: asyncio.AbstractEventLoop | None,
+    clock: Clock,
+    wall_clock: Clock,
+) -> tuple[Authorize | None, Pool | None]:
+    """A cloud provider's credentials, made per request (tinygw.worker.credentials): the
+    pool's `authorize`, and the pool of a vertex provider's token endpoint."""
+    if p.aws is not None:
+        return credentials.aws_signer(p.aws, p.doc.region or "", wall_clock), None
+    if p.google is None or p.token_origin is None:
+        return None, None
+    pool = Pool(
+        p.token_origin, max_connections=TOKEN_CONNECTIONS, timeouts=TOKEN_TIMEOUTS, ssl_context=context, loop=loop
+    )
+    fetch = credentials.google_fetch(p.google, p.token_origin, pool, clock, wall_clock)
+    return credentials.TokenSource(fetch, clock, p.name).authorize, pool
 
 
 def _upstream(
@@ -137,7 +168,10 @@ def _upstream(
     on_wait: Callable[[int, float | None], None],
     on_redacted: Callable[[int], None],
     on_rest: Callable[[int, float], None],
+    clock: Clock = time.monotonic,
+    wall_clock: Clock = time.time,
 ) -> Upstream:
+    authorize, token_pool = _credentials(p, context, loop, clock, wall_clock)
     pool = Pool(
         p.origin,
         max_connections=max_connections,
@@ -145,6 +179,7 @@ def _upstream(
         ssl_context=context,
         loop=loop,
         on_wait=on_wait,
+        authorize=authorize,
     )
     static_headers = [(b"accept-encoding", b"identity")] + [
         (k.lower().encode(), plain(v).encode()) for k, v in p.headers.items()
@@ -169,6 +204,7 @@ def _upstream(
         paths={},
         rotates_keys=len(p.keys) > 1,
         lets_clients_choose_account=p.doc.client_account_headers,
+        token_pool=token_pool,
     )
 
 
@@ -217,7 +253,14 @@ def _configured_circuits(settings: Settings) -> list[tuple[str, str]]:
 
 
 class Gateway:
-    def __init__(self, settings: Settings, *, artifact_sha256: str = "", clock: Clock = time.monotonic) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        artifact_sha256: str = "",
+        clock: Clock = time.monotonic,
+        wall_clock: Clock = time.time,  # what AWS and Google check a signature's time against
+    ) -> None:
         self.settings = settings
         self.clock = clock
         clients = settings.clients or {DEFAULT_CLIENT: Client(name=DEFAULT_CLIENT, keys=settings.api_keys)}
@@ -274,7 +317,8 @@ class Gateway:
         self.resolver = Resolver(settings)  # a request's route and model to its targets
         # provider -> model ids of its last successful listing, absent before one (tinygw.worker.discovery)
         self.listings: dict[str, list[str]] = {}
-        context = tls_context() if any(p.origin.scheme == "https" for p in settings.providers.values()) else None
+        origins = [o for p in settings.providers.values() for o in (p.origin, p.token_origin) if o is not None]
+        context = tls_context() if any(o.scheme == "https" for o in origins) else None
         # A provider's connections when its configuration does not bound them: what the
         # worker's open-file limit allows (tinygw.upstream.pool.default_max_connections).
         derived = default_max_connections(open_file_limit())
@@ -287,6 +331,8 @@ class Gateway:
                 self._pool_watch(name),
                 self._on_redacted(name),
                 functools.partial(self.board.publish_key_rest, name),  # for the status page
+                clock,
+                wall_clock,
             )
             for name, p in settings.providers.items()
         }
@@ -380,6 +426,8 @@ class Gateway:
     async def aclose(self) -> None:
         for upstream in self.upstreams.values():
             await upstream.pool.aclose()
+            if upstream.token_pool is not None:
+                await upstream.token_pool.aclose()
         self.clients.close()
         if self.confidential is not None:
             self.confidential.close()

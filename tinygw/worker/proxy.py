@@ -22,6 +22,8 @@ from msgspec.structs import replace
 
 from tinygw import errors, logs
 from tinygw.config.settings import Model, Target
+from tinygw.protocol import clouds, eventstream
+from tinygw.protocol.clouds import cloud_request
 from tinygw.protocol.routing import Resolution, Route
 from tinygw.protocol.wire import (
     JSON_HEADERS,
@@ -36,9 +38,10 @@ from tinygw.protocol.wire import (
 from tinygw.resilience import outcome
 from tinygw.resilience.breaker import Breakers, Circuit, Outcome, Ticket
 from tinygw.upstream.pool import Response, UpstreamRequest
+from tinygw.worker import frames
 from tinygw.worker.gateway import Gateway, Upstream
 from tinygw.worker.record import Answer, Attempt, Record
-from tinygw.worker.relay import Relay
+from tinygw.worker.relay import Events, Relay
 
 Send = Callable[[dict], Awaitable[None]]
 
@@ -227,10 +230,15 @@ async def _attempt(
     by _make_attempt when it is a success."""
     started = gateway.clock()
     key_index = upstream.keys.pick(started) if upstream.rotates_keys else 0  # one key: nothing to pick
-    if inbound.query:  # the client's own, after the provider's
-        path = upstream.path(inbound.route.upstream_path, inbound.query)
-    else:  # the usual: the route's request target on this provider, worked out at its first request
-        path = upstream.paths.get(inbound.route.upstream_path) or upstream.path(inbound.route.upstream_path)
+    provider = upstream.provider
+    if provider.cloud:  # Bedrock or Vertex: the whole path is the gateway's, the model in it
+        path, body = cloud_request(provider.doc, inbound.route.api, inbound.body, inbound.stream, target.upstream_model)
+    else:
+        if inbound.query:  # the client's own, after the provider's
+            path = upstream.path(inbound.route.upstream_path, inbound.query)
+        else:  # the usual: the route's request target on this provider, worked out at its first request
+            path = upstream.paths.get(inbound.route.upstream_path) or upstream.path(inbound.route.upstream_path)
+        body = rewrite_model(inbound.body, inbound.model, target.upstream_model)
     request = UpstreamRequest(
         b"POST",
         path,
@@ -239,7 +247,7 @@ async def _attempt(
             *upstream.fixed_headers[key_index],
             (b"x-request-id", inbound.request_id),
         ],
-        rewrite_model(inbound.body, inbound.model, target.upstream_model),
+        body,
         gateway.timeouts[(resolution.model, target.provider)],
         inbound.stream,
     )
@@ -252,6 +260,9 @@ async def _attempt(
         content_type = header(response.headers, b"content-type") or b""
         if content_type.startswith(b"text/event-stream"):
             return await _relay(gateway, upstream, response, send, record, target, elapsed)
+        if content_type.startswith(eventstream.CONTENT_TYPE):  # Bedrock's frames, read as events
+            events = frames.Unwrapped(response, keep_frames=inbound.route.api == "bedrock")
+            return await _relay(gateway, upstream, response, send, record, target, elapsed, events)
     first_byte: float | None = elapsed  # observed with the attempt's count (_make_attempt), or now
     data = response.whole_body(HOLD_BYTES)  # the usual answer: all of it came with its head, taken without a wait
     rest = None  # the answer still to be read, when it is not held whole
@@ -265,7 +276,12 @@ async def _attempt(
         rest = None if ended else response
     # A 401/403 is the client's when it chose the account its provider key acts for (docs/design.md section 16)
     chosen = upstream.lets_clients_choose_account and carries_account_headers(inbound.headers)
-    judged = outcome.of_answer(response.status, elapsed, None if rest else data, chosen)
+    held = None if rest else data
+    if provider.cloud:  # Bedrock's and Vertex's errors go by their names first
+        error_name = clouds.error_name(response.headers, held) if response.status >= 400 else None
+        judged = outcome.of_cloud_answer(response.status, elapsed, held, error_name)
+    else:
+        judged = outcome.of_answer(response.status, elapsed, held, chosen)
     if judged.error is not None:  # nothing of it is the client's: the gateway's own 502, should it be the last
         await response.aclose()
         return Attempt(judged.verdict, judged.label, error=judged.error, first_byte_seconds=first_byte)
@@ -290,13 +306,18 @@ async def _relay(
     record: Record,
     target: Target,
     first_byte_seconds: float,
+    unwrapped: frames.Unwrapped | None = None,
 ) -> Attempt:
     """A stream's attempt: relayed as it comes (tinygw.worker.relay). Its first byte is
-    observed now, since the attempt ends much later."""
+    observed now, since the attempt ends much later. `unwrapped`: Bedrock's frames, read
+    as server-sent events (tinygw.worker.frames), and sent on as frames when it keeps them."""
     gateway.metrics.observe_first_byte(target.provider, first_byte_seconds)
     loop = gateway.loop or asyncio.get_running_loop()
+    events: Events = response if unwrapped is None else unwrapped
+    if unwrapped is not None and unwrapped.keep_frames:
+        send = frames.rewrapped(send, unwrapped)
     try:
-        return await Relay(response, record.timed(send, loop), record, target, loop, upstream.redactor).run()
+        return await Relay(events, record.timed(send, loop), record, target, loop, upstream.redactor).run()
     finally:
         await response.aclose()
 

@@ -22,6 +22,7 @@ import enum
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from itertools import chain
+from typing import Protocol
 
 from tinygw import errors, logs
 from tinygw.config.settings import Target
@@ -29,7 +30,6 @@ from tinygw.protocol import sse, usage
 from tinygw.protocol.wire import relay_headers, sse_error_event
 from tinygw.resilience import outcome
 from tinygw.trust.redact import Redactor
-from tinygw.upstream.pool import Response
 from tinygw.worker.record import Answer, Attempt, Record
 
 Send = Callable[[dict], Awaitable[None]]
@@ -39,6 +39,15 @@ Send = Callable[[dict], Awaitable[None]]
 # in sight is looked at (as an event) once it is MAX_HELD_BYTES large.
 MAX_HELD_BYTES = 1024 * 1024
 MAX_HELD_EVENTS = 4096
+
+
+class Events(Protocol):
+    """What a stream is read from: an upstream Response, or Bedrock's frames read as
+    server-sent events (tinygw.worker.frames)."""
+
+    headers: list[tuple[bytes, bytes]]
+
+    def next_chunk(self) -> Awaitable[bytes | None]: ...
 
 
 class State(enum.Enum):
@@ -68,7 +77,7 @@ class Relay:
 
     def __init__(
         self,
-        response: Response,
+        response: Events,
         send: Send,
         record: Record,
         target: Target,
