@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: all demo test test-clients lint fuzz bench bench-floor bench-outage bench-overhead soak verifier rehearse lock clean build reproduce test-frozen
+.PHONY: all demo test test-clients lint fuzz bench bench-floor bench-outage bench-overhead bench-streams soak verifier rehearse lock clean build reproduce test-frozen
 
 all: $(STAMP)
 
@@ -108,6 +108,12 @@ bench-floor: $(STAMP)
 # LiteLLM and Portkey (installed on first use, as for `make bench`): ~10 min.
 bench-outage: $(STAMP)
 	$(PY) bench/outage.py
+
+# Thousands of long streams at once (a paced upstream: 200 events, one every 50 ms), C = 100 to 3,000:
+# direct, tinygw at its defaults, nginx, TensorZero, Portkey and LiteLLM (the last two to 1,000), then a
+# slow-reader lane; the peers are installed on first use, as for `make bench`: ~15 min.
+bench-streams: $(STAMP)
+	$(PY) bench/streams.py
 
 # A bounded chaos soak on loopback (not part of `make test`): `make soak SOAK_SECONDS=60`.
 SOAK_SECONDS ?= 180
