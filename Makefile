@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PROJECT := $(VENV)/.project
 
-.PHONY: all demo test test-clients lint fuzz bench bench-floor bench-outage bench-overhead bench-neighbours soak verifier rehearse lock clean build reproduce release-check test-frozen
+.PHONY: all demo test test-clients lint fuzz bench bench-floor bench-outage bench-overhead bench-neighbours bench-streams soak verifier rehearse lock clean build reproduce release-check test-frozen
 
 # The virtualenv and the `tinygw` command in it (.venv/bin/tinygw).
 all: $(STAMP) $(PROJECT)
@@ -130,6 +130,12 @@ bench-outage: $(STAMP)
 # a fresh gateway per attack, 3 rounds; success, p99 with and without it, circuits it opened (~4 min).
 bench-neighbours: $(STAMP)
 	$(PY) bench/neighbours.py
+
+# Thousands of long streams at once (a paced upstream: 200 events, one every 50 ms), C = 100 to 3,000:
+# direct, tinygw at its defaults, nginx, TensorZero, Portkey and LiteLLM (the last two to 1,000), then a
+# slow-reader lane; the peers are installed on first use, as for `make bench`: ~15 min.
+bench-streams: $(STAMP)
+	$(PY) bench/streams.py
 
 # A bounded chaos soak on loopback (not part of `make test`): `make soak SOAK_SECONDS=60`.
 SOAK_SECONDS ?= 180

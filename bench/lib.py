@@ -1,7 +1,7 @@
 """The benchmarks' library: processes, their CPU and memory, wrk, and the targets they all share.
 
 Imported by bench/run.py, bytecodes.py, floor.py, overhead.py, outage.py, neighbours.py, soak.py,
-artifact.py, large_answers.py and peers.py; imports none of them. What is here:
+artifact.py, large_answers.py, streams.py and peers.py; imports none of them. What is here:
 
 - `Proc`: a child in a process group of its own, stopped with its whole tree (`stopped_on_error` while
   it gets ready); `wait_ready`.
@@ -281,7 +281,7 @@ NGINX_CONF = """daemon off;
 worker_processes 1;
 pid {tmp}/nginx.pid;
 error_log {tmp}/error.log warn;
-events {{ worker_connections 4096; }}
+events {{ worker_connections {worker_connections}; }}
 http {{
     access_log {tmp}/access.log;
     client_body_temp_path {tmp}/body;
@@ -303,12 +303,15 @@ http {{
 """
 
 
-def start_nginx(nginx: str, upstream_port: int) -> tuple[Proc, int]:
-    """nginx `proxy_pass` with upstream keep-alive, one worker, access log on (its default)."""
+def start_nginx(nginx: str, upstream_port: int, worker_connections: int = 4096) -> tuple[Proc, int]:
+    """nginx `proxy_pass` with upstream keep-alive, one worker, access log on (its default); a relayed
+    stream takes two of its `worker_connections` (the client's and the upstream's)."""
     port = free_port()
     tmp = tempfile.mkdtemp(prefix="bench-nginx-")
     conf = Path(tmp) / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(tmp=tmp, host=HOST, up_port=upstream_port, port=port))
+    conf.write_text(
+        NGINX_CONF.format(tmp=tmp, host=HOST, up_port=upstream_port, port=port, worker_connections=worker_connections)
+    )
     proc = Proc("nginx", [nginx, "-p", tmp, "-c", str(conf), "-e", f"{tmp}/error.log"], tmpdir=tmp)
     with proc.stopped_on_error():
         wait_ready(proc, port, "/v1/models", 30)
