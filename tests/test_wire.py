@@ -64,6 +64,7 @@ def test_a_lone_surrogate_escape_is_json_read_and_rewritten_byte_exact(body):
         b'["\\ud83d"]',
         b'{"model": 1, "x": "\\ud83d"}',
         b'{"model": "m\\ud83d"}',  # a model is a label: Unicode text
+        b'{"stream": "\\ud800", "model": "0"}',  # a lone surrogate where a boolean belongs (once a UnicodeEncodeError)
         b'{"model": "m", "x": "\\ud83d", "y": ' + b"[" * 5000 + b"]" * 5000 + b"}",
     ],
 )

@@ -73,6 +73,8 @@ def _head_of(body: bytes) -> RequestHead:
         head = msgspec.convert({k: document[k] for k in ("model", "stream") if k in document}, RequestHead)
     except msgspec.ValidationError as e:
         raise BadBody(f"invalid request body: {e}") from None
+    except UnicodeError:  # a lone surrogate where a boolean belongs: msgspec cannot encode it to say so
+        raise BadBody("invalid request body: 'model' must be a string and 'stream' a boolean") from None
     if head.model and _SURROGATE.search(head.model):
         raise BadBody("the request's 'model' holds a lone surrogate: a name must be Unicode text")
     return head
