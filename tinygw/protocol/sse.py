@@ -202,23 +202,19 @@ class Kind(enum.Enum):
 
 
 def split(buffer: bytes) -> tuple[list[bytes], bytes]:
-    """Complete events (each with its blank-line ending) and the incomplete rest."""
-    if b"\r" not in buffer:  # the usual line ends: bytes.split does what the regex would
-        events = buffer.split(b"\n\n")
-        rest = events.pop()
-        return [event + b"\n\n" for event in events], rest
+    """Complete events (each with its blank-line ending, where `ends` finds it) and the
+    incomplete rest."""
     events = []
     start = 0
-    for match in _EVENT_END.finditer(buffer):
-        events.append(buffer[start : match.end()])
-        start = match.end()
+    for end in ends(buffer):
+        events.append(buffer[start:end])
+        start = end
     return events, buffer[start:]
 
 
 def ends(buffer: bytes) -> Iterator[int]:
-    """Where each complete event of `buffer` ends, in order: the events of `split(buffer)[0]`
-    are `buffer[0:e1]`, `buffer[e1:e2]`, ..., without a list of them (a held stream of tiny
-    events costs no object per event: tinygw.worker.relay)."""
+    """Where each complete event of `buffer` ends, in order, without a list of the events
+    (a held stream of tiny events costs no object per event: tinygw.worker.relay)."""
     if b"\r" not in buffer:  # the usual line ends: bytes.find does what the regex would
         end = buffer.find(b"\n\n")
         while end >= 0:
