@@ -16,16 +16,15 @@ import socket
 from collections.abc import Mapping
 from types import UnionType
 from typing import Annotated, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
-from urllib.parse import urlsplit
 
 import msgspec
 
-from tinygw.config import sealing, strict, tlsmode
-from tinygw.config.files import MAX_SECRET_FILE_BYTES, read_file
+from tinygw.config import clients as clients_of
+from tinygw.config import clouds, sealing, strict, tlsmode
+from tinygw.config.files import read_file
 from tinygw.config.settings import (
     CLOUDS,
     CONFIDENTIAL_KEYS_VARIABLE,
-    DEFAULT_CLIENT,
     DEFAULT_EVENT_LOG,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_RTMR_PATH,
@@ -34,23 +33,20 @@ from tinygw.config.settings import (
     SERVED_CERT_VARIABLE,
     SERVED_NOT_AFTER_VARIABLE,
     SERVED_SPKI_VARIABLE,
-    AwsCredentials,
     Breaker,
-    Client,
     ClientDoc,
     ConfigDoc,
     EnvRef,
     Model,
     ModelDoc,
-    Origin,
     Provider,
     ProviderDoc,
-    ServiceAccount,
     Settings,
     Target,
-    default_base_url,
     plain,
 )
+from tinygw.config.urls import is_loopback, not_plaintext, parse_base_url
+from tinygw.config.variables import ASCII_SPACE, HEADER_SAFE, secret, variable_name
 from tinygw.errors import ConfigError
 from tinygw.headers import CREDENTIALS, GATEWAY_HEADERS
 from tinygw.secret import Secret
@@ -70,23 +66,18 @@ _LOG_LEVELS = ("debug", "info", "warning", "error")
 # framing, hop-by-hop); the header that carries its key may be any other token.
 _KEY_HEADER_REFUSED = GATEWAY_HEADERS - CREDENTIALS | {"content-type", "cookie"}
 _QUERY_SAFE = re.compile(r"[\x20-\x7e]*")  # printable ASCII; percent-encoded when sent
-_HEADER_SAFE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")  # a header value, trimmed
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an HTTP header name (RFC 9110)
-_GATEWAY_KEY = re.compile(r"[\x21-\x7e]+")  # visible ASCII, no space
-# A client's name: a metric label, a log field and a row of the status page.
-_CLIENT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 # Numbers in variables are written in ASCII digits (docs/configuration.md): int() and
 # float() also take other scripts' digits ('８０８０'), '_' between digits, 'inf' and 'nan'.
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 _DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
-_ASCII_SPACE = " \t\r\n"
 
 
 def _number(env: Mapping[str, str], name: str, default, *, kind=float, low=None, high=None):
     raw = env.get(name)
-    text = None if raw is None else raw.strip(_ASCII_SPACE)
+    text = None if raw is None else raw.strip(ASCII_SPACE)
     if not text:
         return default
     if not (_INTEGER if kind is int else _DECIMAL).fullmatch(text):
@@ -117,115 +108,6 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
 def _path(env: Mapping[str, str], name: str, default: str) -> str:
     raw = env.get(name)
     return default if raw is None or raw.strip() == "" else raw
-
-
-def _secret(env: Mapping[str, str], name: str) -> Secret:
-    """A key held in `NAME`, or in the file that `NAME_FILE` names (docs/design.md section 2)."""
-    value, file_path = env.get(name), env.get(f"{name}_FILE")
-    if value is not None and file_path is not None:
-        raise ConfigError(name, f"both {name} and {name}_FILE are set; set one")
-    if file_path is not None:
-        value = read_file(f"{name}_FILE", file_path, MAX_SECRET_FILE_BYTES)
-        if value.endswith("\n"):
-            value = value[:-1]
-            if value.endswith("\r"):
-                value = value[:-1]
-    if value is None:
-        raise ConfigError(name, f"unset (neither {name} nor {name}_FILE is set)")
-    if value.strip() == "":
-        raise ConfigError(name, "empty")
-    if not _HEADER_SAFE.fullmatch(value):
-        # Said without the value: a key must never reach a message.
-        raise ConfigError(name, "holds whitespace at an end or a character outside printable ASCII")
-    return Secret(value)
-
-
-def _gateway_key(name: str, word: str) -> Secret:
-    """One of the gateway's own keys (TINYGW_API_KEYS', a client's: a line or a comma-separated
-    entry of the variable `name`), the ASCII spaces around it dropped: visible ASCII with no
-    space, so that a client sends it in a header as it is written (docs/design.md section
-    16). The one rule for every gateway key."""
-    key = word.strip(_ASCII_SPACE)
-    if not _GATEWAY_KEY.fullmatch(key):
-        # Said without the value: a key must never reach a message.
-        raise ConfigError(name, "holds a key that is not visible ASCII without spaces")
-    return Secret(key)
-
-
-def _inbound_keys(env: Mapping[str, str]) -> tuple[tuple[Secret, ...], str]:
-    """The keys of the client `default`, and the variable they came from."""
-    inline, file_path = env.get("TINYGW_API_KEYS"), env.get("TINYGW_API_KEYS_FILE")
-    if inline is not None and file_path is not None:
-        raise ConfigError("TINYGW_API_KEYS", "both TINYGW_API_KEYS and TINYGW_API_KEYS_FILE are set; set one")
-    if file_path is not None:
-        name, words = "TINYGW_API_KEYS_FILE", read_file("TINYGW_API_KEYS_FILE", file_path).split("\n")
-    elif inline is not None:
-        name, words = "TINYGW_API_KEYS", inline.split(",")
-    else:
-        return (), "TINYGW_API_KEYS"
-    keys = tuple(_gateway_key(name, w) for w in words if w.strip(_ASCII_SPACE))
-    if not keys:
-        raise ConfigError(name, "set but holds no key")
-    return keys, name
-
-
-def _client_keys(env: Mapping[str, str], name: str) -> tuple[Secret, ...]:
-    """The keys of a client's variable `name` (or `NAME_FILE`): a comma list."""
-    words = _secret(env, name).reveal().split(",")
-    keys = tuple(_gateway_key(name, w) for w in words if w.strip(_ASCII_SPACE))
-    if not keys:
-        raise ConfigError(name, "holds no key")
-    return keys
-
-
-def _clients(
-    env: Mapping[str, str], where: str, docs: dict[str, ClientDoc], default_keys: tuple[Secret, ...], default_env: str
-) -> dict[str, Client]:
-    """Every client a request may be (docs/design.md section 16). `default` has the keys of
-    TINYGW_API_KEYS (`default_keys`, from `default_env`); it exists when it has keys or no
-    other client has (then every request is it), with the limits `clients` gives it."""
-    owners: dict[str, str] = {key.reveal(): DEFAULT_CLIENT for key in default_keys}  # key -> its client
-    clients: dict[str, Client] = {}
-    for name, doc in docs.items():
-        path = f"{where} $.clients.{name}"
-        if not _CLIENT_NAME.fullmatch(name):
-            raise ConfigError(path, "a client name is 1 to 64 letters, digits, '.', '_' or '-'")
-        if name == DEFAULT_CLIENT:
-            if doc.keys_env is not None:
-                raise ConfigError(f"{path}.keys_env", "the keys of the client default are TINYGW_API_KEYS'")
-            continue
-        names = [doc.keys_env] if isinstance(doc.keys_env, str) else list(doc.keys_env or [])
-        if not names:
-            raise ConfigError(path, f"the client {name!r} has no keys: name the variables that hold them in keys_env")
-        for key_name in names:
-            if not key_name or not key_name.replace("_", "a").isalnum():
-                raise ConfigError(f"{path}.keys_env", f"not an environment variable name: {key_name!r}")
-        keys = tuple(key for key_name in names for key in _client_keys(env, key_name))
-        for key in keys:
-            owner = owners.setdefault(key.reveal(), name)
-            if owner != name:  # the key itself is never said
-                raise ConfigError(path, f"a key of the client {name!r} is also a key of the client {owner!r}")
-        clients[name] = _client(name, doc, keys, tuple(names))
-    default = docs.get(DEFAULT_CLIENT, ClientDoc())
-    if default_keys or not clients:
-        clients[DEFAULT_CLIENT] = _client(DEFAULT_CLIENT, default, default_keys, (default_env,) if default_keys else ())
-    elif DEFAULT_CLIENT in docs:
-        raise ConfigError(
-            f"{where} $.clients.{DEFAULT_CLIENT}",
-            "the client default has no keys: TINYGW_API_KEYS is unset, and other clients have keys",
-        )
-    return clients
-
-
-def _client(name: str, doc: ClientDoc, keys: tuple[Secret, ...], key_env: tuple[str, ...]) -> Client:
-    return Client(
-        name=name,
-        keys=keys,
-        key_env=key_env,
-        max_concurrent=doc.max_concurrent,
-        requests_per_minute=doc.requests_per_minute,
-        tokens_per_minute=doc.tokens_per_minute,
-    )
 
 
 def _config_document(env: Mapping[str, str]) -> tuple[str, bytes]:
@@ -294,61 +176,11 @@ def _step(field: object, name: str, index: str) -> object:
     return None
 
 
-# A host name as DNS and the URL standard allow it (letters, digits, '-', '.', '_'),
-# or an IP address; anything else (a space, a line break, '%') is refused.
-_HOST_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_.])?")
-
-
-def parse_base_url(where: str, url: str) -> Origin:
-    # Visible ASCII only: a space or a line break would end up in the request line.
-    if not url or any(not "\x21" <= c <= "\x7e" for c in url):
-        raise ConfigError(where, "must be visible ASCII without spaces or control characters")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https"):
-        raise ConfigError(where, f"must start with http:// or https://, got {url!r}")
-    if not parts.hostname:
-        raise ConfigError(where, f"has no host: {url!r}")
-    if parts.query or parts.fragment or parts.username or parts.password or "?" in url or "#" in url:
-        raise ConfigError(where, "must not carry a query, fragment or credentials")
-    host = parts.hostname
-    if not (
-        _HOST_NAME.fullmatch(host)
-        and len(host) <= 253
-        and all(0 < len(label) <= 63 for label in host.rstrip(".").split("."))
-    ):
-        try:
-            ipaddress.ip_address(host)
-        except ValueError:
-            raise ConfigError(where, f"has a bad host: {url!r}") from None
-    try:
-        port = parts.port
-    except ValueError:
-        raise ConfigError(where, f"has a bad port: {url!r}") from None
-    if port is None:
-        if parts.netloc.endswith(":"):
-            raise ConfigError(where, f"has an empty port: {url!r}")
-        port = 443 if parts.scheme == "https" else 80
-    if not 1 <= port <= 65535:
-        raise ConfigError(where, f"has a bad port: {url!r}")
-    scheme: Literal["http", "https"] = "https" if parts.scheme == "https" else "http"  # the two allowed above
-    return Origin(scheme, host, port, parts.path.rstrip("/"))
-
-
-def _not_plaintext(where: str, origin: Origin, plaintext: bool) -> None:
-    if origin.scheme == "http" and not _is_loopback(origin.host) and not plaintext:
-        raise ConfigError(
-            where,
-            "http:// to an address that is not loopback: the network (inside a "
-            "confidential VM, its host) reads every byte; use https, or say "
-            '"plaintext": true',
-        )
-
-
 def _provider(env: Mapping[str, str], where: str, name: str, doc: ProviderDoc) -> Provider:
     path = f"{where} $.providers.{name}"
     if not name or "/" in name or ":" in name:
         raise ConfigError(path, "a provider name must be non-empty and hold no '/' or ':'")
-    doc, cloud = _cloud_fields(env, path, doc)
+    doc, cloud = clouds.cloud_fields(env, path, doc)
     if doc.base_url is None:
         raise ConfigError(f"{path}.base_url", "required (the provider's URL)")
     origin = parse_base_url(f"{path}.base_url", doc.base_url)
@@ -356,15 +188,14 @@ def _provider(env: Mapping[str, str], where: str, name: str, doc: ProviderDoc) -
         raise ConfigError(
             f"{path}.base_url", f"a scheme and host only for {doc.api}: the gateway writes the whole path"
         )
-    _not_plaintext(f"{path}.base_url", origin, doc.plaintext)
+    not_plaintext(f"{path}.base_url", origin, doc.plaintext)
     names = [doc.api_key_env] if isinstance(doc.api_key_env, str) else list(doc.api_key_env or [])
     for key_name in names:
-        if not key_name or not key_name.replace("_", "a").isalnum():
-            raise ConfigError(f"{path}.api_key_env", f"not an environment variable name: {key_name!r}")
-    keys = tuple(_secret(env, key_name) for key_name in names)
+        variable_name(f"{path}.api_key_env", key_name)
+    keys = tuple(secret(env, key_name) for key_name in names)
     headers = _values(env, f"{path}.headers", doc.headers)
     for header, value in headers.items():
-        if not _TOKEN.fullmatch(header) or not (isinstance(value, Secret) or _HEADER_SAFE.fullmatch(value)):
+        if not _TOKEN.fullmatch(header) or not (isinstance(value, Secret) or HEADER_SAFE.fullmatch(value)):
             raise ConfigError(f"{path}.headers.{header}", "not a valid header name or value")
         if header.lower() in GATEWAY_HEADERS:
             raise ConfigError(f"{path}.headers.{header}", "set by the gateway (keys belong in api_key_env)")
@@ -387,109 +218,12 @@ def _provider(env: Mapping[str, str], where: str, name: str, doc: ProviderDoc) -
     )
 
 
-# A cloud provider's own fields, by its api; each is refused on a provider of another api.
-_CLOUD_FIELDS = {
-    "bedrock": ("region", "aws_access_key_id_env", "aws_secret_access_key_env", "aws_session_token_env"),
-    "vertex": ("region", "project", "credentials_env"),
-}
-_REQUIRED = {
-    "bedrock": ("region", "aws_access_key_id_env", "aws_secret_access_key_env"),
-    "vertex": ("project", "region", "credentials_env"),
-}
-# A region or project as the clouds name them: a path segment and a host name's label.
-_CLOUD_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
-
-
-def _cloud_fields(env: Mapping[str, str], path: str, doc: ProviderDoc) -> tuple[ProviderDoc, dict]:
-    """A bedrock or vertex provider's fields, checked, and its credentials read (docs/design.md
-    section 18): (the doc with its base_url filled in, the Provider's `aws`, `google`,
-    `token_origin`). Another provider may set none of them."""
-    own = _CLOUD_FIELDS.get(doc.api, ())
-    for field in sorted({f for fields in _CLOUD_FIELDS.values() for f in fields} - set(own)):
-        if getattr(doc, field) is not None:
-            raise ConfigError(f"{path}.{field}", f"not a field of an {doc.api} provider")
-    if doc.api not in CLOUDS:
-        return doc, {}
-    for field in _REQUIRED[doc.api]:
-        if getattr(doc, field) is None:
-            raise ConfigError(f"{path}.{field}", f"required for an {doc.api} provider")
-    for field in ("region", "project"):
-        value = getattr(doc, field)
-        if value is not None and not _CLOUD_NAME.fullmatch(value):
-            raise ConfigError(f"{path}.{field}", f"not a {field} name (lower-case letters, digits, '-'): {value!r}")
-    if doc.api_key_env is not None or doc.api_key_header is not None:
-        field = "api_key_env" if doc.api_key_env is not None else "api_key_header"
-        raise ConfigError(f"{path}.{field}", f"an {doc.api} provider's credentials have fields of their own")
-    for field in own:
-        variable = getattr(doc, field)
-        if field.endswith("_env") and variable is not None and not variable.replace("_", "a").isalnum():
-            raise ConfigError(f"{path}.{field}", f"not an environment variable name: {variable!r}")
-    region: str = doc.region  # type: ignore[assignment]  # required above
-    if doc.base_url is None:
-        doc = msgspec.structs.replace(doc, base_url=default_base_url(doc.api, region))
-    if doc.api == "bedrock":
-        session = doc.aws_session_token_env
-        aws = AwsCredentials(
-            _secret(env, doc.aws_access_key_id_env),  # type: ignore[arg-type]  # required above
-            _secret(env, doc.aws_secret_access_key_env),  # type: ignore[arg-type]
-            _secret(env, session) if session is not None else None,
-        )
-        return doc, {"aws": aws}
-    google = _service_account(env, f"{path}.credentials_env", doc.credentials_env)  # type: ignore[arg-type]
-    token_origin = parse_base_url(f"{doc.credentials_env} token_uri", google.token_uri)
-    _not_plaintext(f"{doc.credentials_env} token_uri", token_origin, doc.plaintext)
-    return doc, {"google": google, "token_origin": token_origin}
-
-
-class _ServiceAccountKey(msgspec.Struct):
-    """The fields of a Google service-account key file that the gateway reads."""
-
-    client_email: str
-    private_key: str
-    token_uri: str = "https://oauth2.googleapis.com/token"  # noqa: S105 -- an address, not a secret
-    private_key_id: str | None = None
-    type: str = "service_account"
-
-
-_decode_service_account = msgspec.json.Decoder(_ServiceAccountKey)
-
-
-def _service_account(env: Mapping[str, str], where: str, name: str) -> ServiceAccount:
-    """The service-account key (JSON) held in `name`, or in the file `NAME_FILE` names;
-    its RSA key checked as the TLS keys are (at least 2048 bits). Never quoted in a message."""
-    value, file_path = env.get(name), env.get(f"{name}_FILE")
-    if value is not None and file_path is not None:
-        raise ConfigError(name, f"both {name} and {name}_FILE are set; set one")
-    if file_path is not None:
-        value = read_file(f"{name}_FILE", file_path, MAX_SECRET_FILE_BYTES)
-    if value is None or not value.strip():
-        raise ConfigError(name, f"unset or empty (neither {name} nor {name}_FILE holds a service-account key)")
-    try:
-        key = _decode_service_account.decode(value)
-    except msgspec.MsgspecError:
-        raise ConfigError(name, "not a service-account key (JSON with client_email, private_key, token_uri)") from None
-    if key.type != "service_account":
-        raise ConfigError(name, f"a key of type {key.type!r}, not a service account's")
-    from cryptography.hazmat.primitives.asymmetric import rsa
-    from cryptography.hazmat.primitives.serialization import load_pem_private_key
-
-    try:
-        private_key = load_pem_private_key(key.private_key.encode(), password=None)
-    except (ValueError, TypeError):
-        raise ConfigError(name, "its private_key is not a PEM private key without a password") from None
-    if not isinstance(private_key, rsa.RSAPrivateKey) or private_key.key_size < 2048:
-        raise ConfigError(name, "its private_key is not an RSA key of at least 2048 bits")
-    return ServiceAccount(key.client_email, Secret(key.private_key), key.token_uri, key.private_key_id)
-
-
 def _values(env: Mapping[str, str], path: str, values: dict[str, str | EnvRef]) -> dict[str, str | Secret]:
     """A provider's headers or query, each `{"env": NAME}` read from the environment."""
     resolved: dict[str, str | Secret] = {}
     for name, value in values.items():
         if isinstance(value, EnvRef):
-            if not value.env or not value.env.replace("_", "a").isalnum():
-                raise ConfigError(f"{path}.{name}.env", f"not an environment variable name: {value.env!r}")
-            resolved[name] = _secret(env, value.env)
+            resolved[name] = secret(env, variable_name(f"{path}.{name}.env", value.env))
         else:
             resolved[name] = value
     return resolved
@@ -515,15 +249,6 @@ def _model(where: str, name: str, doc: ModelDoc, providers: Mapping[str, Provide
     return Model(name=name, targets=tuple(targets), strategy=doc.strategy, timeouts=timeouts)
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def from_environ(env: Mapping[str, str] | None = None) -> Settings:
     """Build the effective Settings from an environment, or raise ConfigError."""
     env = os.environ if env is None else env
@@ -547,8 +272,8 @@ def from_environ(env: Mapping[str, str] | None = None) -> Settings:
         name: _model(where, name, _decode(where, m, _MODEL_DECODER, f"$.models.{name}"), providers)
         for name, m in doc.models.items()
     }
-    api_keys, api_keys_env = _inbound_keys(env)
-    clients = _clients(env, where, client_docs, api_keys, api_keys_env)
+    api_keys, api_keys_env = clients_of.inbound_keys(env)
+    clients = clients_of.clients(env, where, client_docs, api_keys, api_keys_env)
     return Settings(
         **_listening(env, authenticated=any(c.keys for c in clients.values())),
         api_keys=api_keys,
@@ -619,7 +344,7 @@ def _listening(env: Mapping[str, str], authenticated: bool) -> dict:
     log_level = env.get("TINYGW_LOG_LEVEL", "info").strip().lower() or "info"
     if log_level not in _LOG_LEVELS:
         raise ConfigError("TINYGW_LOG_LEVEL", f"must be one of {', '.join(_LOG_LEVELS)}, got {log_level!r}")
-    if not authenticated and not _is_loopback(host):
+    if not authenticated and not is_loopback(host):
         raise ConfigError(
             "TINYGW_API_KEYS",
             f"no inbound keys are configured, so the gateway serves only on a loopback address, not {host!r}",
