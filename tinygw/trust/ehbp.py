@@ -1,6 +1,6 @@
 """Tinfoil's Encrypted HTTP Body Protocol, the server's half, sans I/O (docs/confidential.md).
 
-EHBP (github.com/tinfoilsh/encrypted-http-body-protocol, SPEC.md) seals HTTP bodies end to
+EHBP (github.com/tinfoilsh/encrypted-http-body-protocol, its protocol document) seals HTTP bodies end to
 end while headers stay in the clear: the client seals its request body to the gateway's
 X25519 HPKE key (RFC 9180 base mode, HKDF-SHA256, AES-256-GCM, info "ehbp request") and
 sends the encapsulated key in `Ehbp-Encapsulated-Key`; the body is frames of
