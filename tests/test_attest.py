@@ -130,6 +130,34 @@ def launched_gateway(
         return conftest.Gateway({**gateway_config(upstream_url), **config}, {"UP_KEY": SECRET, **env}, log_path)
 
 
+@contextlib.contextmanager
+def two_workers_on_fake_tdx(root: Path, env: dict[str, str], **config: object):
+    """(gateway, its release.json's content, the fake provider): a gateway of 2 workers launched
+    by attest/launch on the fake TDX platform under `root`, with `env` and `config` added, and
+    every one of them stopped at the end."""
+    tdx = FakeTdx(root / "tdx")
+    upstream = FakeUpstream().start_in_thread()
+    artifact = make_artifact(root / "dist")
+    release = write_release(artifact, root / "release.json")
+    gateway = None
+    try:
+        gateway = launched_gateway(
+            artifact,
+            upstream.url,
+            {**tdx.env(), "TINYGW_EVENT_LOG": str(root / "run" / "event-log.jsonl"), "TINYGW_WORKERS": "2", **env},
+            root / "gateway.log",
+            **config,
+        )
+        wait_until(lambda: tdx.rtmr3.hex() == release["measurement"]["expected_rtmr3"], what="the measurement")
+        wait_until(lambda: gateway.logs().count('"msg":"worker started"') == 2, seconds=20, what="both workers")
+        yield gateway, release, upstream
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        upstream.stop_thread()
+        tdx.stop()
+
+
 def launch(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [str(LAUNCH), *args],

@@ -19,10 +19,9 @@ import httpx
 import openai
 import pytest
 from ehbp import EHBPTransport, KeyConfigMismatchError, ServerIdentity
-from test_attest import SIMULATED_SIGNATURE, FakeTdx, launched_gateway, make_artifact, verify, write_release
+from test_attest import SIMULATED_SIGNATURE, two_workers_on_fake_tdx, verify
 
 from conftest import call, provider, wait_until
-from tinygw.fake.upstream import FakeUpstream
 
 KEYS = ("sk-client-one", "sk-client-two")
 PROMPT = "the secret prompt 7f3a9c"
@@ -33,34 +32,9 @@ def sealed(tmp_path_factory):
     """(gateway, release.json, its directory): EHBP and receipts on, 2 workers, two clients
     (`default` with KEYS[0], `other` with KEYS[1])."""
     root = tmp_path_factory.mktemp("ehbp")
-    tdx = FakeTdx(root / "tdx")
-    upstream = FakeUpstream().start_in_thread()
-    artifact = make_artifact(root / "dist")
-    write_release(artifact, root / "release.json")
-    gateway = None
-    try:
-        gateway = launched_gateway(
-            artifact,
-            upstream.url,
-            {
-                **tdx.env(),
-                "TINYGW_EVENT_LOG": str(root / "run" / "event-log.jsonl"),
-                "TINYGW_EHBP": "on",
-                "TINYGW_RECEIPTS": "on",
-                "TINYGW_WORKERS": "2",
-                "TINYGW_API_KEYS": KEYS[0],
-                "OTHER_KEYS": KEYS[1],
-            },
-            root / "gateway.log",
-            clients={"other": {"keys_env": "OTHER_KEYS"}},
-        )
-        wait_until(lambda: gateway.logs().count('"msg":"worker started"') == 2, seconds=20, what="both workers")
+    env = {"TINYGW_EHBP": "on", "TINYGW_RECEIPTS": "on", "TINYGW_API_KEYS": KEYS[0], "OTHER_KEYS": KEYS[1]}
+    with two_workers_on_fake_tdx(root, env, clients={"other": {"keys_env": "OTHER_KEYS"}}) as (gateway, _, upstream):
         yield gateway, root / "release.json", root, upstream
-    finally:
-        if gateway is not None:
-            gateway.stop()
-        upstream.stop_thread()
-        tdx.stop()
 
 
 @pytest.fixture(scope="module")

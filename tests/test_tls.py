@@ -25,16 +25,12 @@ from cryptography.x509.oid import NameOID
 from relay import Relay  # attest/relay.py
 from test_attest import (
     SIMULATED_SIGNATURE,
-    FakeTdx,
-    launched_gateway,
-    make_artifact,
+    two_workers_on_fake_tdx,
     verify,
     verify_signed,
-    write_release,
 )
 
-from conftest import ROOT, Gateway, call, free_port, metric_value, run_tinygw, wait_until
-from tinygw.fake.upstream import FakeUpstream
+from conftest import ROOT, Gateway, call, free_port, metric_value, run_tinygw
 
 SECRET = "sk-attest-never-shown"  # test_attest's gateway_config names it
 
@@ -77,31 +73,8 @@ def attested(tmp_path_factory):
     """A gateway with attested TLS and 2 workers, started by attest/launch on the fake
     TDX platform, and its release.json."""
     root = tmp_path_factory.mktemp("attested-tls")
-    tdx = FakeTdx(root / "tdx")
-    upstream = FakeUpstream().start_in_thread()
-    artifact = make_artifact(root / "dist")
-    release = write_release(artifact, root / "release.json")
-    gateway = None
-    try:
-        gateway = launched_gateway(
-            artifact,
-            upstream.url,
-            {
-                **tdx.env(),
-                "TINYGW_EVENT_LOG": str(root / "run" / "event-log.jsonl"),
-                "TINYGW_TLS": "attested",
-                "TINYGW_WORKERS": "2",
-            },
-            root / "gateway.log",
-        )
-        wait_until(lambda: tdx.rtmr3.hex() == release["measurement"]["expected_rtmr3"], what="the measurement")
-        wait_until(lambda: gateway.logs().count('"msg":"worker started"') == 2, seconds=20, what="both workers")
+    with two_workers_on_fake_tdx(root, {"TINYGW_TLS": "attested"}) as (gateway, _, _):
         yield gateway, root / "release.json", root
-    finally:
-        if gateway is not None:
-            gateway.stop()
-        upstream.stop_thread()
-        tdx.stop()
 
 
 def served_key_dir(gateway: Gateway) -> Path:
