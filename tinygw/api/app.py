@@ -207,7 +207,6 @@ async def _proxy(
                 record.limited_by(refusal.limit)
                 return await _answer_limited(gateway, send, record, refusal)
             record.admitted_in()
-            gateway.metrics.admit_client(client)
             body = await read_body(receive, first.get(b"content-length"), settings.max_body_bytes, watch)
             if exchange is not None:  # opened (or refused) before anything reads it
                 body = exchange.open(body, record)
@@ -320,7 +319,7 @@ def _account(gateway: Gateway, route, scope, first: dict, record: Record, loop: 
     else:
         if record.admitted:  # out of flight, its tokens charged to its client's minute
             gateway.clients.finish(record.client, prompt + completion, gateway.clock())
-        gateway.metrics.count_client(record.client, record.status, record.admitted, prompt, completion)
+        gateway.metrics.count_client(record.client, record.status, prompt, completion)
     if record.first_output_at is not None:
         gateway.metrics.observe_first_token(record.model, record.first_output_at - record.started_at)
     logs.access(

@@ -24,4 +24,5 @@ async def metrics(gateway: Gateway, scope, send) -> None:
             "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")],
         }
     )
-    await send({"type": "http.response.body", "body": gateway.metrics.render()})
+    body = gateway.metrics.render(gateway.clients.in_flight(gateway.clock()))
+    await send({"type": "http.response.body", "body": body})

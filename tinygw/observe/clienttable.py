@@ -238,17 +238,23 @@ class ClientTable:
 
     # ---- the status page ------------------------------------------------------------------
 
+    def in_flight(self, now: float) -> dict[str, int]:
+        """Each client's requests in flight now, over the live workers (the metric
+        tinygw_client_in_flight and the status page read it)."""
+        peers = self._peers_now(now)
+        return {name: max(0, round(self._in_flight(row, peers))) for name, row in self._rows.items()}
+
     def view(self, now: float) -> list[ClientView]:
         """Every client, by name, summed over the workers (in flight: the live ones)."""
         peers = self._peers_now(now)
-        live = [p for p in peers if p.alive()]
+        in_flight = self.in_flight(now)
         views = []
         for name, client in self.clients.items():
             row = self._rows[name]
             views.append(
                 ClientView(
                     name=name,
-                    in_flight=max(0, round(self.values[row] + sum(p.values[row] for p in live))),
+                    in_flight=in_flight[name],
                     requests_this_minute=round(limits.total(self._minute(row + 1, peers, now))),
                     tokens_this_minute=round(limits.total(self._minute(row + 1 + MINUTE_FLOATS, peers, now))),
                     limits=client.limits(),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from bisect import bisect_left
+from collections.abc import Mapping
 
 from tinygw import logs
 from tinygw.observe import process
@@ -191,8 +192,7 @@ class Metrics:
         self._first_byte: dict[str, _Histogram] = {}
         self._proxied: dict[tuple[str, str, int, str | None], _ProxiedSeries] = {}
         self._clients: dict[tuple[str, str, str], int] = {}  # (family, client, label) -> its place
-        self._client_in_flight: dict[str, int] = {}  # client -> its in-flight gauge's place
-        self._client_ended: dict[tuple[str, int], tuple[int, int]] = {}  # (client, status) -> _client_series
+        self._client_ended: dict[tuple[str, int], int] = {}  # (client, status) -> _client_requests
         self._client_tokens: dict[str, list[int]] = {}  # client -> _client_token_places
 
     def set_artifact_sha256(self, digest: str) -> None:
@@ -253,37 +253,26 @@ class Metrics:
     def add_in_flight(self, change: int) -> None:
         self.store.values[self._in_flight] += change
 
-    def admit_client(self, client: str) -> None:
-        """A request of `client` was admitted past its limits: it is in flight."""
-        place = self._client_in_flight.get(client)
-        if place is None:
-            place = self._client_in_flight[client] = self._client_place("tinygw_client_in_flight", client, "")
-        self.store.values[place] += 1.0
-
-    def count_client(self, client: str, status: int, admitted: bool, prompt: int, completion: int) -> None:
-        """A request of `client` that no limit refused ended with `status` (out of flight
-        when it was `admitted`), its answer reporting `prompt` and `completion` tokens."""
-        series = self._client_ended.get((client, status)) or self._client_series(client, status)
+    def count_client(self, client: str, status: int, prompt: int, completion: int) -> None:
+        """A request of `client` that no limit refused ended with `status`, its answer
+        reporting `prompt` and `completion` tokens. (Its time in flight is the clients
+        table's count, read at the scrape: `render`.)"""
+        requests = self._client_ended.get((client, status)) or self._client_requests(client, status)
         tokens = self._client_tokens.get(client) or [0, 0]  # a place 0 is none yet: the store's first is the gateway's
         if (prompt and not tokens[0]) or (completion and not tokens[1]):
             tokens = self._client_token_places(client, prompt, completion)
         values = self.store.values  # read after every place was taken
-        values[series[0]] += 1.0
-        if admitted:
-            values[series[1]] -= 1.0
+        values[requests] += 1.0
         if prompt:
             values[tokens[0]] += prompt
         if completion:
             values[tokens[1]] += completion
 
-    def _client_series(self, client: str, status: int) -> tuple[int, int]:
-        """(its requests' count of `status`'s class, its in-flight gauge), kept by (client, status)."""
+    def _client_requests(self, client: str, status: int) -> int:
+        """The place of `client`'s requests of `status`'s class, kept by (client, status)."""
         requests = self._client_place("tinygw_client_requests_total", client, _STATUS_CLASS.get(status // 100, "5xx"))
-        series = self._client_ended[(client, status)] = (
-            requests,
-            self._client_place("tinygw_client_in_flight", client, ""),
-        )
-        return series
+        self._client_ended[(client, status)] = requests
+        return requests
 
     def _client_token_places(self, client: str, prompt: int, completion: int) -> list[int]:
         """[input's place, output's] of `client`'s token counts, each taken at its first count (0 until then)."""
@@ -399,9 +388,14 @@ class Metrics:
 
     # ---- the scrape --------------------------------------------------------------------
 
-    def render(self) -> bytes:
+    def render(self, client_in_flight: Mapping[str, int] | None = None) -> bytes:
+        """The scrape, of every worker's store; `client_in_flight`: each client's requests in
+        flight over the live workers, as the clients table counts them (tinygw.observe.clienttable:
+        not counted twice)."""
         now = time.monotonic()
-        summed: dict[Key, float] = {}
+        summed: dict[Key, float] = {
+            ("tinygw_client_in_flight", (client,), ""): float(n) for client, n in (client_in_flight or {}).items()
+        }
         per_worker: dict[Key, float] = {}
         live: list[tuple[int, int]] = []  # (slot, pid) of the live workers
         for pid, slot, alive, values in self.store.snapshot():
