@@ -31,7 +31,8 @@ import msgspec
 from tinygw import errors, logs
 from tinygw.config.settings import Provider
 from tinygw.resilience.breaker import Circuit, State
-from tinygw.worker.gateway import Gateway, Upstream
+from tinygw.worker.gateway import Gateway
+from tinygw.worker.upstreams import Upstream
 
 # A listing or health answer over this size is a failure: room for thousands of model
 # entries with descriptions and prices, and a bound on what a worker reads whole.

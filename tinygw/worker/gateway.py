@@ -12,231 +12,30 @@ import functools
 import logging
 import os
 import re
-import ssl
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
-from urllib.parse import quote, unquote_to_bytes
-
-from msgspec import Struct
 
 from tinygw import __version__, logs
-from tinygw.config.settings import DEFAULT_CLIENT, Client, Provider, Settings, plain
-from tinygw.headers import ACCOUNT
+from tinygw.config.settings import DEFAULT_CLIENT, Client, Settings
 from tinygw.observe.board import Board
 from tinygw.observe.clienttable import ClientTable
 from tinygw.observe.metrics import Metrics
 from tinygw.observe.metricstore import FileStore
 from tinygw.protocol.routing import WILDCARD, Resolver
-from tinygw.protocol.wire import NOT_FORWARDED, RequestIds
+from tinygw.protocol.wire import RequestIds
 from tinygw.resilience.breaker import Breakers, Circuit, Clock, State
-from tinygw.resilience.keys import KeyRing
 from tinygw.resilience.strategy import Strategies
-from tinygw.secret import Secret
 from tinygw.trust.attestation import artifact_digests
 from tinygw.trust.auth import InboundAuth
 from tinygw.trust.evidence_queue import EvidenceQueue, RateLimitedWarning
-from tinygw.trust.redact import Redactor
-from tinygw.upstream.pool import Authorize, Pool, Timeouts, default_max_connections, open_file_limit, tls_context
-from tinygw.worker import credentials
+from tinygw.upstream.pool import default_max_connections, open_file_limit, tls_context
+from tinygw.worker.upstreams import make_upstream, model_timeouts
 
 if TYPE_CHECKING:
     from tinygw.trust.confidential import Confidential
 
 _FIRST_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+-----END CERTIFICATE-----")
-
-
-class Upstream(Struct, frozen=True):
-    """A provider as the proxy uses it: its pool and the headers it always gets."""
-
-    provider: Provider
-    pool: Pool
-    keys: KeyRing
-    redactor: Redactor  # the provider's secrets, kept out of its answers (tinygw.trust.redact)
-    # The provider's `query`, percent-encoded (b"" when none), and its names (lower case).
-    query: bytes = b""
-    query_names: frozenset[bytes] = frozenset()
-    # Worked out once, for each request: the static headers and a key's, one list per key
-    # of its key pool; the names of the client's headers never forwarded (the gateway's
-    # own, and the provider's `api_key_header`); a route's request target on this provider
-    # for a client request without query: its path and the provider's query (made at the
-    # route's first request: as many as the route table has).
-    fixed_headers: tuple[list[tuple[bytes, bytes]], ...] = ()
-    not_forwarded: frozenset[bytes] = NOT_FORWARDED
-    paths: dict[str, bytes] = {}
-    rotates_keys: bool = False  # more than one key: `keys.pick` moves the rotation on
-    lets_clients_choose_account: bool = False  # the provider's `client_account_headers`
-    # A vertex provider's token endpoint (tinygw.worker.credentials): its own pool.
-    token_pool: Pool | None = None
-
-    def __repr__(self) -> str:  # its headers and query hold the provider's credentials
-        return f"Upstream({self.provider.name!r})"
-
-    __str__ = __repr__
-
-    def path(self, upstream_path: str, client_query: bytes = b"") -> bytes:
-        """The request target for a route's `upstream_path` (its base_url's path first) with
-        the provider's query and the client's (`target`); kept in `paths` when the client
-        sent no query."""
-        path = self.target((self.provider.origin.path + upstream_path).encode(), client_query)
-        if not client_query:
-            self.paths[upstream_path] = path
-        return path
-
-    def target(self, path: bytes, client_query: bytes = b"") -> bytes:
-        """`path` with the provider's query and the client's: the provider's parameters
-        first, then the client's (percent-encoded where it is not visible ASCII), less any
-        whose name the provider's query has, in any case (an operator's `api-version` is
-        not the client's to change)."""
-        if client_query:
-            client_query = percent_encoded(client_query)
-        if not self.query:
-            return path + b"?" + client_query if client_query else path
-        if client_query:
-            kept = [part for part in client_query.split(b"&") if part and _name_of(part) not in self.query_names]
-            if kept:
-                return path + b"?" + self.query + b"&" + b"&".join(kept)
-        return path + b"?" + self.query
-
-
-# Bytes a request target may hold as they are (visible ASCII); any other is percent-encoded.
-_NOT_VISIBLE = re.compile(rb"[^\x21-\x7e]")
-
-
-def _name_of(parameter: bytes) -> bytes:
-    """A query parameter's name as a server reads it: decoded, in lower case."""
-    return unquote_to_bytes(parameter.partition(b"=")[0].replace(b"+", b" ")).lower()
-
-
-def percent_encoded(query: bytes) -> bytes:
-    """A client's query with every byte outside visible ASCII percent-encoded (RFC 3986),
-    as a browser sends it: a raw UTF-8 byte is the client's to have sent, and is
-    forwarded encoded, never judged against the provider."""
-    return _NOT_VISIBLE.sub(lambda byte: b"%%%02X" % byte[0][0], query)
-
-
-def _auth_headers(provider: Provider) -> tuple[list[tuple[bytes, bytes]], ...]:
-    if not provider.keys:
-        return ([],)
-    if provider.doc.api_key_header is not None:  # Azure-style: the raw key, no "Bearer"
-        name = provider.doc.api_key_header.lower().encode()
-        return tuple([(name, k.reveal().encode())] for k in provider.keys)
-    if provider.doc.api == "anthropic":
-        return tuple([(b"x-api-key", k.reveal().encode())] for k in provider.keys)
-    return tuple([(b"authorization", b"Bearer " + k.reveal().encode())] for k in provider.keys)
-
-
-def _secrets(p: Provider) -> list[str]:
-    """Every secret the provider is sent: its keys and the credentials of its headers and
-    query, a bedrock provider's access key id and session token."""
-    credentials = [v for v in (*p.headers.values(), *p.query.values()) if isinstance(v, Secret)]
-    if p.aws is not None:
-        credentials += [s for s in (p.aws.access_key_id, p.aws.session_token) if s is not None]
-    return [secret.reveal() for secret in (*p.keys, *credentials)]
-
-
-# A token endpoint's bounds: a token is small and quick, or it is not coming.
-TOKEN_TIMEOUTS = Timeouts(connect_seconds=10.0, first_byte_seconds=30.0, total_seconds=30.0)
-TOKEN_CONNECTIONS = 4
-
-
-def _credentials(
-    p: Provider,
-    context: ssl.SSLContext | None,
-    loop: asyncio.AbstractEventLoop | None,
-    clock: Clock,
-    wall_clock: Clock,
-) -> tuple[Authorize | None, Pool | None]:
-    """A cloud provider's credentials, made per request (tinygw.worker.credentials): the
-    pool's `authorize`, and the pool of a vertex provider's token endpoint."""
-    if p.aws is not None:
-        return credentials.aws_signer(p.aws, p.doc.region or "", wall_clock), None
-    if p.google is None or p.token_origin is None:
-        return None, None
-    pool = Pool(
-        p.token_origin, max_connections=TOKEN_CONNECTIONS, timeouts=TOKEN_TIMEOUTS, ssl_context=context, loop=loop
-    )
-    fetch = credentials.google_fetch(p.google, p.token_origin, pool, clock, wall_clock)
-    return credentials.TokenSource(fetch, clock, p.name).authorize, pool
-
-
-def _upstream(
-    p: Provider,
-    context: ssl.SSLContext | None,
-    loop: asyncio.AbstractEventLoop | None,
-    max_connections: int,
-    on_wait: Callable[[int, float | None], None],
-    on_redacted: Callable[[int], None],
-    on_rest: Callable[[int, float], None],
-    clock: Clock = time.monotonic,
-    wall_clock: Clock = time.time,
-) -> Upstream:
-    authorize, token_pool = _credentials(p, context, loop, clock, wall_clock)
-    pool = Pool(
-        p.origin,
-        max_connections=max_connections,
-        timeouts=_provider_timeouts(p),
-        ssl_context=context,
-        loop=loop,
-        on_wait=on_wait,
-        authorize=authorize,
-    )
-    static_headers = [(b"accept-encoding", b"identity")] + [
-        (k.lower().encode(), plain(v).encode()) for k, v in p.headers.items()
-    ]
-    auth_headers = _auth_headers(p)
-    # What a client may not send: the gateway's own, and every header the operator sets for
-    # this provider (its key's, its static ones, and the account headers unless it lets
-    # clients choose them), whatever their case (ASGI lowers the client's names).
-    operators = {name for name, _ in static_headers} | {name for name, _ in auth_headers[0]}
-    if p.doc.api_key_header is not None:
-        operators.add(p.doc.api_key_header.lower().encode())
-    account = set() if p.doc.client_account_headers else {name.encode() for name in ACCOUNT}
-    return Upstream(
-        provider=p,
-        pool=pool,
-        keys=KeyRing(len(p.keys), on_rest),
-        redactor=Redactor(_secrets(p), on_redacted),
-        query=encode_query({k: plain(v) for k, v in p.query.items()}),
-        query_names=frozenset(k.lower().encode() for k in p.query),
-        fixed_headers=tuple(static_headers + auth for auth in auth_headers),
-        not_forwarded=NOT_FORWARDED | operators | account,
-        paths={},
-        rotates_keys=len(p.keys) > 1,
-        lets_clients_choose_account=p.doc.client_account_headers,
-        token_pool=token_pool,
-    )
-
-
-def encode_query(query: dict[str, str]) -> bytes:
-    """`name=value&...` in the configured order, each part percent-encoded."""
-    return "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in query.items()).encode()
-
-
-def _provider_timeouts(p: Provider) -> Timeouts:
-    doc = p.doc
-    return Timeouts(
-        doc.connect_timeout_s, doc.first_byte_timeout_s, doc.timeout_s, doc.stall_timeout_s, doc.pool_timeout_s
-    )
-
-
-def model_timeouts(settings: Settings) -> dict[tuple[str, str], Timeouts]:
-    """The timeouts of each (model as Resolution names it, provider): the provider's,
-    with those the model sets in their place (docs/design.md section 16). A
-    provider-qualified request (`provider/*`) has its provider's."""
-    timeouts = {(f"{name}/*", name): _provider_timeouts(p) for name, p in settings.providers.items()}
-    for model in settings.models.values():
-        total, first_byte, stall = model.timeouts
-        for target in model.targets:
-            own = timeouts[(f"{target.provider}/*", target.provider)]
-            timeouts[(model.name, target.provider)] = Timeouts(
-                own.connect_seconds,
-                first_byte if first_byte is not None else own.first_byte_seconds,
-                total if total is not None else own.total_seconds,
-                stall if stall is not None else own.stall_seconds,
-                own.pool_seconds,
-            )
-    return timeouts
 
 
 def _configured_circuits(settings: Settings) -> list[tuple[str, str]]:
@@ -323,7 +122,7 @@ class Gateway:
         # worker's open-file limit allows (tinygw.upstream.pool.default_max_connections).
         derived = default_max_connections(open_file_limit())
         self.upstreams = {
-            name: _upstream(
+            name: make_upstream(
                 p,
                 context,
                 self.loop,

@@ -39,9 +39,10 @@ from tinygw.resilience import outcome
 from tinygw.resilience.breaker import Breakers, Circuit, Outcome, Ticket
 from tinygw.upstream.pool import Response, UpstreamRequest
 from tinygw.worker import frames
-from tinygw.worker.gateway import Gateway, Upstream
+from tinygw.worker.gateway import Gateway
 from tinygw.worker.record import Answer, Attempt, Record
 from tinygw.worker.relay import Events, Relay
+from tinygw.worker.upstreams import Upstream
 
 Send = Callable[[dict], Awaitable[None]]
 
