@@ -226,7 +226,7 @@ async def _attempt(
     send: Send,
     record: Record,
 ) -> Attempt:
-    """Send the request (the client's, with the provider's parts: tinygw.worker.gateway) and take the answer: a
+    """Send the request (the client's, with the provider's parts: tinygw.worker.upstreams) and take the answer: a
     stream is relayed (tinygw.worker.relay), any other is held and judged (tinygw.resilience.outcome), and sent
     by _make_attempt when it is a success."""
     started = gateway.clock()
@@ -275,13 +275,13 @@ async def _attempt(
         except errors.UpstreamError as e:
             return Attempt(outcome.of_error(e), e.cause, error=e)
         rest = None if ended else response
-    # A 401/403 is the client's when it chose the account its provider key acts for (docs/design.md section 16)
-    chosen = upstream.lets_clients_choose_account and carries_account_headers(inbound.headers)
     held = None if rest else data
     if provider.cloud:  # Bedrock's and Vertex's errors go by their names first
         error_name = clouds.error_name(response.headers, held) if response.status >= 400 else None
         judged = outcome.of_cloud_answer(response.status, elapsed, held, error_name)
     else:
+        # A 401/403 is the client's when it chose the account its provider key acts for (docs/design.md section 16)
+        chosen = upstream.lets_clients_choose_account and carries_account_headers(inbound.headers)
         judged = outcome.of_answer(response.status, elapsed, held, chosen)
     if judged.error is not None:  # nothing of it is the client's: the gateway's own 502, should it be the last
         await response.aclose()
