@@ -316,14 +316,22 @@ def test_tokens_per_minute_charges_each_answers_usage_when_it_ends(start_gateway
 def test_requests_per_minute_holds_across_four_workers(start_gateway, fake):
     clients = {"hostile": {"keys_env": "HOSTILE_KEYS", "requests_per_minute": 10}, "good": {"keys_env": "GOOD_KEYS"}}
     gateway = start_gateway(clients_config(fake, clients), TINYGW_WORKERS="4", **key_env())
+    statuses: list[int] = []
     with ThreadPoolExecutor(6) as pool:  # each call on a connection of its own: any worker may take it
-        statuses = list(pool.map(lambda _: chat(gateway, HOSTILE_KEY)[0], range(30)))
-    assert sorted(statuses) == [200] * 10 + [429] * 20
-    workers = {r["worker"] for r in gateway.log_records() if r.get("msg") == "request"}
-    assert len(workers) > 1  # the requests were spread over workers
+        # which worker accepts is the kernel's choice, and a quiet gateway may give one worker
+        # every connection: the calls go on (in the same minute) until two workers have served
+        while len(statuses) < 30 or len(workers_that_served(gateway)) < 2:
+            assert len(statuses) < 600, "every call was taken by one worker"
+            statuses += pool.map(lambda _: chat(gateway, HOSTILE_KEY)[0], range(30))
+    assert sorted(statuses) == [200] * 10 + [429] * (len(statuses) - 10)
     assert sum(1 for r in fake.requests if r.method == "POST") == 10
     assert all(chat(gateway, GOOD_KEY)[0] == 200 for _ in range(5))
-    assert metric_value(gateway, "tinygw_client_limited_total", client="hostile", limit="requests_per_minute") == 20
+    limited = metric_value(gateway, "tinygw_client_limited_total", client="hostile", limit="requests_per_minute")
+    assert limited == len(statuses) - 10
+
+
+def workers_that_served(gateway) -> set[int]:
+    return {r["worker"] for r in gateway.log_records() if r.get("msg") == "request"}
 
 
 def test_max_concurrent_holds_across_four_workers_whichever_takes_the_request(start_gateway, held):
@@ -332,18 +340,28 @@ def test_max_concurrent_holds_across_four_workers_whichever_takes_the_request(st
     with ThreadPoolExecutor(2) as pool:
         streams = [pool.submit(chat, gateway, HOSTILE_KEY, HELD) for _ in range(2)]
         wait_until(lambda: held.posts() == 2, 10, "the two streams to reach the provider")
-        for _ in range(24):  # a connection each: the workers that hold no stream take some of them
+        refused_by: set[int] = set()
+        calls = 0
+        # a connection each, until three workers have refused: one of them holds neither stream
+        # (which worker accepts is the kernel's choice, and it may favour one)
+        while calls < 24 or len(refused_by) < 3:
+            assert calls < 600, "the calls were not spread over three workers"
             status, headers, _ = chat(gateway, HOSTILE_KEY, HELD)
             assert (status, headers["x-tinygw-limit"]) == (429, "max_concurrent")
+            calls += 1
+            refused_by = {r["worker"] for r in hostile_lines(gateway) if r["status"] == 429}
         assert held.posts() == 2
         assert chat(gateway, GOOD_KEY)[0] == 200
         assert metric_value(gateway, "tinygw_client_in_flight", client="hostile") == 2  # summed over workers
         held.gate.set()
         assert [s.result()[0] for s in streams] == [200, 200]
-    lines = [r for r in gateway.log_records() if r.get("msg") == "request" and r.get("client") == "hostile"]
-    holders = {r["worker"] for r in lines if r["status"] == 200}
-    assert {r["worker"] for r in lines if r["status"] == 429} - holders  # refused by a worker holding none
+    holders = {r["worker"] for r in hostile_lines(gateway) if r["status"] == 200}
+    assert len(holders) <= 2 and refused_by - holders  # refused by a worker holding none
     wait_until(lambda: chat(gateway, HOSTILE_KEY)[0] == 200, 5, "the places to be free again")
+
+
+def hostile_lines(gateway) -> list[dict]:
+    return [r for r in gateway.log_records() if r.get("msg") == "request" and r.get("client") == "hostile"]
 
 
 # ---- configuration ---------------------------------------------------------------------------
