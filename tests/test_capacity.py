@@ -6,6 +6,7 @@ are all busy is busy, not failing: another target serves, or the client gets 503
 from __future__ import annotations
 
 import json
+import select
 import socket
 import threading
 
@@ -134,3 +135,109 @@ def test_a_request_waiting_for_a_connection_is_seen_waiting_and_served_when_one_
     finally:
         gate.set()
         held.close()
+
+
+# ---- what a reader that never reads holds ----------------------------------------------------
+
+HELD_PER_STREAM_BYTES = 1 << 20  # docs/design.md section 17's bound
+
+
+class Pump:
+    """A provider that answers one streamed request with events for as long as its
+    connection takes them, counting every byte the kernel accepted from it."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.written = 0  # bytes of the answer (head and body) the kernel took
+        self.blocked = threading.Event()  # set while a write waits: the connection takes no more
+        self.connection: socket.socket | None = None
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.listener.accept()
+        self.connection = conn
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += conn.recv(65536)
+        length = int(next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")))
+        body = head.split(b"\r\n\r\n", 1)[1]
+        while len(body) < length:
+            body += conn.recv(65536)
+        first = openai_stream_events("m", ["x"])[0]
+        event = openai_stream_events("m", ["x" * 16000])[1]
+        chunk = b"%x\r\n%s\r\n" % (len(event) * 4, event * 4)
+        pending = memoryview(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
+        pending = memoryview(pending.tobytes() + b"%x\r\n%s\r\n" % (len(first), first) + chunk)
+        conn.setblocking(False)
+        try:
+            while True:
+                try:
+                    sent = conn.send(pending)
+                except BlockingIOError:
+                    self.blocked.set()
+                    select.select([], [conn], [], 0.5)
+                    continue
+                self.blocked.clear()
+                self.written += sent
+                pending = pending[sent:] if sent < len(pending) else memoryview(chunk)
+        except OSError:  # the gateway closed the connection
+            return
+
+    def close(self) -> None:
+        if self.connection is not None:
+            self.connection.close()
+        self.listener.close()
+
+
+def tcp_queues() -> dict[tuple[int, int], tuple[int, int]]:
+    """(local port, remote port) -> (bytes queued to send, bytes received and not read) of
+    every IPv4 TCP socket on this machine: the kernel's share of a relayed answer."""
+    queues = {}
+    with open("/proc/net/tcp") as table:
+        next(table)
+        for line in table:
+            fields = line.split()
+            local, remote = (int(a.split(":")[1], 16) for a in fields[1:3])
+            tx, rx = (int(q, 16) for q in fields[4].split(":"))
+            queues[local, remote] = (tx, rx)
+    return queues
+
+
+def test_a_client_that_never_reads_holds_at_most_a_mebibyte_of_the_gateways_memory(start_gateway):
+    """The provider sends as fast as it is read; the client reads nothing. What the provider
+    wrote is in the kernel's socket queues (its, the gateway's both ways, the client's) or in
+    the gateway's memory: once nothing moves, that remainder is at most the bound. It was
+    ~7 MiB: 256 KiB reads joined into frames of ~700 KiB, which the server queues a few of."""
+    pump = Pump()
+    config = {"providers": {"p": {"base_url": f"http://127.0.0.1:{pump.port}/v1", "api": "openai", "listing": False}}}
+    gateway = start_gateway({**config, "models": {"m": {"targets": ["p:m"]}}}, TINYGW_API_KEYS=KEY)
+    client = open_stream(gateway.port, "m")
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    try:
+        wait_until(lambda: pump.connection is not None, what="the stream to reach the provider")
+        provider_side = pump.connection.getsockname()[1], pump.connection.getpeername()[1]
+        client_side = client.getsockname()[1], gateway.port
+        last: list[int] = []
+
+        def settled() -> int | None:  # what the gateway holds, once three looks agree
+            queues = tcp_queues()
+            in_kernel = (
+                queues[provider_side][0]  # the provider's unsent
+                + queues[provider_side[::-1]][1]  # the gateway's unread from the provider
+                + queues[client_side[::-1]][0]  # the gateway's unsent to the client
+                + queues[client_side][1]  # the client's unread
+            )
+            last.append(pump.written - in_kernel)
+            if pump.blocked.is_set() and len(last) >= 3 and len(set(last[-3:])) == 1:
+                return last[-1]
+            return None
+
+        held = wait_until(settled, seconds=20, what="the stream to stop moving")
+        assert held <= HELD_PER_STREAM_BYTES, f"{held / 1048576:.1f} MiB held for a client that never reads"
+    finally:
+        client.close()
+        pump.close()

@@ -27,6 +27,7 @@ NOT_HTTP = "the provider's answer is not valid HTTP/1.1"
 
 # A response head larger than this is a protocol error, read by either parser.
 MAX_HEAD_BYTES = fastpath.MAX_HEAD_BYTES
+HEAD_TOO_LARGE = f"the response head is over {MAX_HEAD_BYTES} bytes"
 
 Timeout = type[errors.UpstreamError]
 
@@ -147,11 +148,11 @@ class Connection:
         while True:
             event = await self._next_event(deadline, timeout)
             if isinstance(event, h11.Response):
-                # h11 bounds a head that arrives in pieces; one that arrives in a single
-                # read is bounded here.
+                # h11 bounds a head that arrives in pieces (_next_event); one that it was
+                # handed whole (the fast path's pieces, at once) is bounded here.
                 if _head_bytes(event) > MAX_HEAD_BYTES:
                     self.close()
-                    raise errors.RemoteProtocolError(f"the response head is over {MAX_HEAD_BYTES} bytes")
+                    raise errors.RemoteProtocolError(HEAD_TOO_LARGE)
                 return event.status_code, list(event.headers)  # h11's answers only: the slow path
             if not isinstance(event, h11.InformationalResponse):
                 self.close()
@@ -199,9 +200,11 @@ class Connection:
         while True:
             try:
                 event = parser.next_event()
-            except h11.RemoteProtocolError:
+            except h11.RemoteProtocolError as e:
                 self.close()
-                raise errors.RemoteProtocolError(NOT_HTTP) from None
+                # 431: what h11 holds of an event is over its bound; before any head was read, a head's
+                too_large = e.error_status_hint == 431 and parser.their_http_version is None
+                raise errors.RemoteProtocolError(HEAD_TOO_LARGE if too_large else NOT_HTTP) from None
             if event is not h11.NEED_DATA:
                 if event is h11.PAUSED:  # cannot happen for a client between requests
                     self.close()

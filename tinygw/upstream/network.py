@@ -18,9 +18,19 @@ from collections import deque
 
 from tinygw import errors
 
-# Reading is paused while this many received bytes wait to be consumed, so a
-# provider cannot fill the gateway's memory faster than the client reads.
-HIGH_WATER_BYTES = 256 * 1024
+# What a provider's connection holds that the client has not taken. One read takes at
+# most READ_BYTES (the stream gives the transport a buffer of its own: uvloop's would be
+# 256 KiB), and reading is paused once more than HIGH_WATER_BYTES wait to be consumed.
+# A stream's consumer gets all that waits in one piece, so no piece passed on is longer
+# than the two together: the server holds a few such pieces of an answer its client does
+# not read (Granian queues 4, its HTTP writer up to 16), which bounds what a reader that
+# never reads costs the gateway (docs/design.md section 17).
+READ_BYTES = 16 * 1024
+HIGH_WATER_BYTES = 16 * 1024
+
+# Where every stream's transport reads. One buffer serves them all: the loop runs one
+# read at a time, and buffer_updated copies what it read out before the next.
+_INTO = memoryview(bytearray(READ_BYTES))
 
 
 class Deadline(Exception):
@@ -32,7 +42,7 @@ def _expire(waiter: asyncio.Future) -> None:
         waiter.set_exception(Deadline())
 
 
-class Stream(asyncio.Protocol):
+class Stream(asyncio.BufferedProtocol):
     # Set by connection_made, which create_connection calls before it returns the stream:
     # a stream is read, written and closed only once connected (open_stream).
     _transport: asyncio.Transport
@@ -64,7 +74,11 @@ class Stream(asyncio.Protocol):
     def connection_made(self, transport) -> None:
         self._transport = transport
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return _INTO
+
+    def buffer_updated(self, nbytes: int) -> None:
+        data = _INTO[:nbytes].tobytes()
         waiter = self._read_waiter
         if not waiter.done():  # the usual read: a reader waits, and takes it as it is
             waiter.set_result(data)
@@ -151,7 +165,7 @@ class Stream(asyncio.Protocol):
                 data: bytes | None = await waiter  # done when it returns or raises: no read waits then
             finally:  # an idle connection holds neither its last read's bytes nor its error
                 self._read_waiter = self._no_read
-            if data is not None:  # handed over by data_received (never counted as buffered)
+            if data is not None:  # handed over by buffer_updated (never counted as buffered)
                 if not chunks:
                     return data
                 chunks.appendleft(data)  # more came before this reader ran: all of it, in order
