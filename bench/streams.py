@@ -443,7 +443,7 @@ def print_goals(levels: list[dict], slow: list[dict]) -> None:
     others = {
         n: added(s["delivery_p99_ms"], d3["delivery_p99_ms"]) if d3 else None
         for n, s in (by.get(3000) or {}).items()
-        if n not in ("direct", "tinygw")
+        if n in STREAM_PEERS  # the gateways users would pick instead; nginx is the floor, shown beside
     }
     ahead = (
         mine is not None
@@ -459,6 +459,11 @@ def print_goals(levels: list[dict], slow: list[dict]) -> None:
         else (
             f"added delivery p99 {ms(mine, ',.1f', True)} ms, "
             + ", ".join(f"{n} {ms(v, ',.1f', True)} ms ({at(3000, n)['intact']:,} intact)" for n, v in others.items())  # type: ignore[index]
+            + (
+                f"; nginx {ms(added(n3['delivery_p99_ms'], d3['delivery_p99_ms']), ',.1f', True)} ms"
+                if (n3 := at(3000, "nginx")) and d3
+                else ""
+            )
         )
     )
     goal(
