@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PROJECT := $(VENV)/.project
 
-.PHONY: all demo test test-clients lint fuzz bench bench-floor bench-outage bench-overhead bench-neighbours bench-streams soak verifier rehearse lock clean build reproduce release-check test-frozen
+.PHONY: all demo test test-clients lint fuzz bench bench-floor bench-outage bench-overhead bench-neighbours bench-streams bench-interfaces soak verifier rehearse lock clean build reproduce release-check test-frozen
 
 # The virtualenv and the `tinygw` command in it (.venv/bin/tinygw).
 all: $(STAMP) $(PROJECT)
@@ -136,6 +136,11 @@ bench-neighbours: $(STAMP)
 # slow-reader lane; the peers are installed on first use, as for `make bench`: ~15 min.
 bench-streams: $(STAMP)
 	$(PY) bench/streams.py
+
+# Granian's RSGI interface against its ASGI one on the streams workload: the same bare relay
+# (tinygw's upstream pool, a send per read) on each, C=1,000, 3 rounds in turn (~6 min).
+bench-interfaces: $(STAMP)
+	$(PY) bench/interfaces.py
 
 # A bounded chaos soak on loopback (not part of `make test`): `make soak SOAK_SECONDS=60`.
 SOAK_SECONDS ?= 180
