@@ -210,8 +210,9 @@ def tcp_queues() -> dict[tuple[int, int], tuple[int, int]]:
 def test_a_client_that_never_reads_holds_at_most_a_mebibyte_of_the_gateways_memory(start_gateway):
     """The provider sends as fast as it is read; the client reads nothing. What the provider
     wrote is in the kernel's socket queues (its, the gateway's both ways, the client's) or in
-    the gateway's memory: once nothing moves, that remainder is at most the bound. It was
-    ~7 MiB: 256 KiB reads joined into frames of ~700 KiB, which the server queues a few of."""
+    the gateway's memory: once nothing moves, that remainder is at most the bound (0.7 MiB
+    here). It was 4.2 MiB: 256 KiB reads joined into pieces of ~700 KiB, which the server
+    queues a few of."""
     pump = Pump()
     config = {"providers": {"p": {"base_url": f"http://127.0.0.1:{pump.port}/v1", "api": "openai", "listing": False}}}
     gateway = start_gateway({**config, "models": {"m": {"targets": ["p:m"]}}}, TINYGW_API_KEYS=KEY)
@@ -223,7 +224,7 @@ def test_a_client_that_never_reads_holds_at_most_a_mebibyte_of_the_gateways_memo
         client_side = client.getsockname()[1], gateway.port
         last: list[int] = []
 
-        def settled() -> int | None:  # what the gateway holds, once three looks agree
+        def settled() -> int | None:  # what the gateway holds, once nothing has moved for a while
             queues = tcp_queues()
             in_kernel = (
                 queues[provider_side][0]  # the provider's unsent
@@ -232,7 +233,7 @@ def test_a_client_that_never_reads_holds_at_most_a_mebibyte_of_the_gateways_memo
                 + queues[client_side][1]  # the client's unread
             )
             last.append(pump.written - in_kernel)
-            if pump.blocked.is_set() and len(last) >= 3 and len(set(last[-3:])) == 1:
+            if pump.blocked.is_set() and len(last) >= 25 and len(set(last[-25:])) == 1:  # still for 0.5 s
                 return last[-1]
             return None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import threading
 
 import anyio
@@ -452,3 +453,97 @@ async def test_an_unsent_answer_gives_its_slot_back_when_the_attempt_s_bookkeepi
     assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [500]
     await gateway.aclose()
     server.close()
+
+
+# ---- over TLS, as real providers are -----------------------------------------------------------
+
+TLS_EVENT = b"data: " + b"x" * 4000 + b"\n\n"
+TLS_EVENTS = 512  # 2 MiB: far more than the sockets buffer
+
+
+class TlsProvider:
+    """A provider on TLS that streams TLS_EVENTS chunks as fast as its connection takes them,
+    counting what it has handed to the kernel (its transport's own buffer aside)."""
+
+    def __init__(self, tmp_path) -> None:
+        from test_tls import self_signed
+
+        self.cert, key = self_signed(tmp_path / "provider")
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.load_cert_chain(self.cert, key)
+        self.written = 0
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        chunk = b"%x\r\n%s\r\n" % (len(TLS_EVENT), TLS_EVENT)
+        try:
+            while True:  # a request after another on the connection (keep-alive)
+                head = await reader.readuntil(b"\r\n\r\n")
+                await reader.readexactly(int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                )
+                for _ in range(TLS_EVENTS):
+                    writer.write(chunk)
+                    self.written += len(chunk)
+                    await writer.drain()
+                writer.write(b"0\r\n\r\n")
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+
+    def unsent(self) -> int:
+        return self.writer.transport.get_write_buffer_size() if self.writer is not None else 0
+
+
+def client_context(cert) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(cert))
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_over_tls_a_stream_gives_every_byte_and_an_unread_one_holds_little(tmp_path, loop):
+    """The gateway's loop is uvloop (asyncio's own for the tests): over TLS, the stream reads into
+    its own buffer as over TCP, every byte once and in order. Unread, it holds at most its
+    high-water mark, and the TLS layer below it about as much again of what it has not
+    decrypted (uvloop's and asyncio's layers read on to 256 KiB of their own unless told)."""
+    import uvloop
+    from test_capacity import tcp_queues
+
+    provider = TlsProvider(tmp_path)
+
+    async def main() -> None:
+        server = await asyncio.start_server(provider.serve, "127.0.0.1", 0, ssl=provider.context)
+        port = server.sockets[0].getsockname()[1]
+        bounds = Timeouts(connect_seconds=5.0, first_byte_seconds=5.0, total_seconds=20.0)
+        pool = Pool(
+            Origin("https", "127.0.0.1", port, ""),
+            max_connections=2,
+            timeouts=bounds,
+            ssl_context=client_context(provider.cert),
+        )
+        whole = await pool.request(b"POST", b"/", [], b"{}")
+        assert (whole.status, await whole.read()) == (200, TLS_EVENT * TLS_EVENTS)
+
+        provider.written = 0
+        unread = await pool.request(b"POST", b"/", [], b"{}")
+        first = await unread.next_chunk()  # then nothing more is taken
+        assert len(first) <= 48 * 1024
+        taken = len(first) * (len(TLS_EVENT) + 8) // len(TLS_EVENT)  # as written: with its chunks' framing
+        client_port = unread._connection._stream._transport.get_extra_info("sockname")[1]
+        looks: list[int] = []
+        while len(looks) < 25 or len(set(looks[-25:])) > 1:  # the same for half a second: nothing moves
+            assert len(looks) < 500, "the stream never stopped moving"
+            await asyncio.sleep(0.02)
+            queues = tcp_queues()
+            in_kernel = queues[port, client_port][0] + queues[client_port, port][1]
+            looks.append(provider.written - provider.unsent() - in_kernel - taken)
+        # what the client side holds: the stream's mark and a read, the TLS layer's as much
+        # again, and a socket read of ciphertext behind them (77 KB here; 330 to 400 KB before
+        # the TLS layer was given the stream's mark)
+        assert looks[-1] <= 4 * (network.HIGH_WATER_BYTES + network.READ_BYTES), looks[-1]
+        await unread.aclose()
+        server.close()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop if loop == "uvloop" else None) as runner:
+        runner.run(main())

@@ -198,12 +198,13 @@ class Connection:
     async def _next_event(self, deadline: float, timeout: Timeout) -> h11.Event:
         parser = cast(h11.Connection, self._h11)  # the exchange is h11's once this is called
         while True:
+            awaiting_head = parser.their_state is h11.SEND_RESPONSE  # (an error then sets it to ERROR)
             try:
                 event = parser.next_event()
             except h11.RemoteProtocolError as e:
                 self.close()
-                # 431: what h11 holds of an event is over its bound; before any head was read, a head's
-                too_large = e.error_status_hint == 431 and parser.their_http_version is None
+                # 431: what h11 holds of an event is over its bound; while a head is awaited, a head's
+                too_large = e.error_status_hint == 431 and awaiting_head
                 raise errors.RemoteProtocolError(HEAD_TOO_LARGE if too_large else NOT_HTTP) from None
             if event is not h11.NEED_DATA:
                 if event is h11.PAUSED:  # cannot happen for a client between requests

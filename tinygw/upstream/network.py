@@ -14,23 +14,34 @@ import asyncio
 import math
 import os
 import ssl
+import weakref
 from collections import deque
 
 from tinygw import errors
 
 # What a provider's connection holds that the client has not taken. One read takes at
 # most READ_BYTES (the stream gives the transport a buffer of its own: uvloop's would be
-# 256 KiB), and reading is paused once more than HIGH_WATER_BYTES wait to be consumed.
-# A stream's consumer gets all that waits in one piece, so no piece passed on is longer
-# than the two together: the server holds a few such pieces of an answer its client does
-# not read (Granian queues 4, its HTTP writer up to 16), which bounds what a reader that
-# never reads costs the gateway (docs/design.md section 17).
+# 256 KiB), and reading is paused once more than HIGH_WATER_BYTES wait to be consumed; a
+# TLS connection's layer below holds at most as much again of what it has not decrypted
+# (connection_made). A stream's consumer gets all that came in one piece: the read handed
+# to it, and what was read behind it before it ran (up to HIGH_WATER_BYTES + READ_BYTES),
+# so no piece passed on is over 48 KiB. The server holds a few such pieces of an answer
+# whose client does not read (Granian queues 4, its HTTP writer up to 400 KiB), which
+# bounds what a client that never reads costs the gateway (docs/design.md section 17).
 READ_BYTES = 16 * 1024
 HIGH_WATER_BYTES = 16 * 1024
 
-# Where every stream's transport reads. One buffer serves them all: the loop runs one
-# read at a time, and buffer_updated copies what it read out before the next.
-_INTO = memoryview(bytearray(READ_BYTES))
+# Where the streams of a loop read: one buffer for all of them, because a loop runs one
+# read at a time and buffer_updated copies what it read out at once. One a loop, since
+# Granian may run its workers as threads of one process, each with a loop of its own.
+_READ_BUFFERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, memoryview] = weakref.WeakKeyDictionary()
+
+
+def _read_buffer(loop: asyncio.AbstractEventLoop) -> memoryview:
+    into = _READ_BUFFERS.get(loop)
+    if into is None:
+        into = _READ_BUFFERS[loop] = memoryview(bytearray(READ_BYTES))
+    return into
 
 
 class Deadline(Exception):
@@ -49,6 +60,7 @@ class Stream(asyncio.BufferedProtocol):
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._into = _read_buffer(self._loop)  # where the transport reads (get_buffer)
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
         self._eof = False
@@ -75,10 +87,10 @@ class Stream(asyncio.BufferedProtocol):
         self._transport = transport
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return _INTO
+        return self._into
 
     def buffer_updated(self, nbytes: int) -> None:
-        data = _INTO[:nbytes].tobytes()
+        data = self._into[:nbytes].tobytes()
         waiter = self._read_waiter
         if not waiter.done():  # the usual read: a reader waits, and takes it as it is
             waiter.set_result(data)
@@ -233,4 +245,8 @@ async def open_stream(host: str, port: int, ssl_context: ssl.SSLContext | None, 
         raise errors.ConnectError(f"connect: {describe(e)}") from None
     except UnicodeError:  # a host name the resolver cannot encode (IDNA)
         raise errors.ConnectError("connect: the host name cannot be resolved") from None
+    if ssl_context is not None:
+        # The TLS layer reads on while the stream is paused, up to a mark of its own (256 KiB
+        # in uvloop and asyncio): its mark is the stream's.
+        stream._transport.set_read_buffer_limits(high=HIGH_WATER_BYTES)  # type: ignore[attr-defined]  # a TLS transport's
     return stream
