@@ -71,6 +71,37 @@ def wait_until(predicate, seconds: float = 5.0, what: str = "condition"):
         time.sleep(0.02)
 
 
+def read_request(conn: socket.socket, received: bytes = b"") -> bytes | None:
+    """Read one request (its head and content-length body) from a raw socket that fakes a
+    provider, `received` being what was read of it already; what was read past it, or None
+    when the client closed first."""
+    while b"\r\n\r\n" not in received:
+        if not (more := conn.recv(65536)):
+            return None
+        received += more
+    head, received = received.split(b"\r\n\r\n", 1)
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
+    while len(received) < length:
+        received += conn.recv(65536)
+    return received[length:]
+
+
+def tcp_queues() -> dict[tuple[int, int], tuple[int, int]]:
+    """(local port, remote port) -> (bytes queued to send, bytes received and not read) of
+    every IPv4 TCP socket on this machine: the kernel's share of a relayed answer."""
+    queues = {}
+    with open("/proc/net/tcp") as table:
+        next(table)
+        for line in table:
+            fields = line.split()
+            local, remote = (int(a.split(":")[1], 16) for a in fields[1:3])
+            tx, rx = (int(q, 16) for q in fields[4].split(":"))
+            queues[local, remote] = (tx, rx)
+    return queues
+
+
 def wait_until_client_left(gateway, fake) -> None:
     """A client left a request whose provider hangs: the provider's connection is closed
     and the request is logged as 499."""

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from conftest import call, metric_value, provider, second_fake, wait_until
+from conftest import call, metric_value, provider, read_request, second_fake, tcp_queues, wait_until
 from tinygw.fake.upstream import Reply, openai_stream_events, well_behaved
 from tinygw.upstream.pool import default_max_connections
 
@@ -158,13 +158,7 @@ class Pump:
     def _serve(self) -> None:
         conn, _ = self.listener.accept()
         self.connection = conn
-        head = b""
-        while b"\r\n\r\n" not in head:
-            head += conn.recv(65536)
-        length = int(next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")))
-        body = head.split(b"\r\n\r\n", 1)[1]
-        while len(body) < length:
-            body += conn.recv(65536)
+        read_request(conn)
         first = openai_stream_events("m", ["x"])[0]
         event = openai_stream_events("m", ["x" * 16000])[1]
         chunk = b"%x\r\n%s\r\n" % (len(event) * 4, event * 4)
@@ -191,20 +185,6 @@ class Pump:
         if self.connection is not None:
             self.connection.close()
         self.listener.close()
-
-
-def tcp_queues() -> dict[tuple[int, int], tuple[int, int]]:
-    """(local port, remote port) -> (bytes queued to send, bytes received and not read) of
-    every IPv4 TCP socket on this machine: the kernel's share of a relayed answer."""
-    queues = {}
-    with open("/proc/net/tcp") as table:
-        next(table)
-        for line in table:
-            fields = line.split()
-            local, remote = (int(a.split(":")[1], 16) for a in fields[1:3])
-            tx, rx = (int(q, 16) for q in fields[4].split(":"))
-            queues[local, remote] = (tx, rx)
-    return queues
 
 
 def test_a_client_that_never_reads_holds_at_most_a_mebibyte_of_the_gateways_memory(start_gateway):

@@ -11,7 +11,7 @@ import threading
 import anyio
 import pytest
 
-from conftest import closed_port
+from conftest import closed_port, read_request, tcp_queues
 from tinygw import errors
 from tinygw.config.settings import Origin
 from tinygw.fake.upstream import Reply, json_reply, sse_reply
@@ -483,17 +483,9 @@ class TlsProvider:
         try:
             conn, _ = self.listener.accept()
             with conn:
-                received = b""
-                while True:  # a request after another on the connection (keep-alive)
-                    while b"\r\n\r\n" not in received:
-                        if not (more := conn.recv(65536)):
-                            return
-                        received += more
-                    head, received = received.split(b"\r\n\r\n", 1)
-                    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-                    while len(received) < length:
-                        received += conn.recv(65536)
-                    received = received[length:]
+                received: bytes | None = b""
+                # a request after another on the connection (keep-alive)
+                while (received := read_request(conn, received)) is not None:
                     conn.sendall(
                         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
                     )
@@ -519,7 +511,6 @@ def test_over_tls_a_stream_gives_every_byte_and_an_unread_one_holds_little(tmp_p
     high-water mark, and the TLS layer below it its own mark (the stream's, set at connect)
     and one read past it."""
     import uvloop
-    from test_capacity import tcp_queues
 
     provider = TlsProvider(tmp_path)
 
