@@ -50,6 +50,12 @@ MAX_CLIENT_CONNECTIONS = 32768
 # net.core.somaxconn).
 LISTEN_BACKLOG = 4096
 
+# Granian's buffer per client connection: its HTTP writer queues at most this much of an
+# answer the client has not taken (its default, 400 KiB, was most of what a client that
+# never reads cost; docs/design.md section 10). It bounds a request head as well: Granian
+# answers 431 to one past about 112 KiB here (measured; 400 KiB before).
+CLIENT_BUFFER_BYTES = 64 * 1024
+
 
 def serve(settings: Settings) -> None:
     """Run until SIGTERM or SIGINT; in-flight requests get `drain_seconds` to end.
@@ -258,6 +264,7 @@ def _granian(settings: Settings, open_files: int, served: Served | None) -> MPSe
         backpressure=client_connections(settings, open_files),
         http1_settings=HTTP1Settings(
             keep_alive=True,
+            max_buffer_size=CLIENT_BUFFER_BYTES,  # Granian's default: 400 KiB
             # A request head (and an idle keep-alive connection's next one) must arrive
             # within this; bodies are bounded between bytes by the app.
             header_read_timeout=int(settings.client_timeout_seconds * 1000),

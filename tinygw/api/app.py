@@ -31,7 +31,7 @@ from tinygw.protocol import wire
 from tinygw.protocol.routing import Endpoint, Paths, Route, api_endpoint, cloud_endpoint, page_endpoint
 from tinygw.protocol.wire import BadBody, read_head, send_error
 from tinygw.resilience.limits import Refusal
-from tinygw.worker import discovery, proxy
+from tinygw.worker import discovery, listener, proxy
 from tinygw.worker.gateway import Gateway
 from tinygw.worker.record import Record
 
@@ -107,7 +107,11 @@ async def lifespan(scope, receive, send) -> None:
     if settings.routing.debug:
         logs.log(logging.WARNING, "routing.debug is on: responses carry x-tinygw-* debug headers")
     logs.log(logging.INFO, "worker started", pid=os.getpid(), config_sha256=settings.config_sha256())
-    background = [*discovery.start(gateway), asyncio.create_task(_hash_artifact(gateway), name="artifact")]
+    background = [
+        *discovery.start(gateway),
+        asyncio.create_task(_hash_artifact(gateway), name="artifact"),
+        asyncio.create_task(listener.bound_unsent(settings.port), name="listener"),
+    ]
     # What the worker made to start lives as long as it does: the collector's full passes,
     # which hold the loop while they run, leave it out from now on (8.5 -> 2.8 ms each at
     # 32 connections: docs/performance.md). Collected first, so that no garbage of the
