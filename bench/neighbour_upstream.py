@@ -9,7 +9,8 @@ provider would:
 - a model other than `bench-model` (`up/junk-17`): 404 `model_not_found`, as OpenAI answers;
 - a streamed request whose message says `tell me everything`: a long answer (16 KiB events, up
   to 64 MiB), written only as fast as the gateway takes it (asyncio's write flow control), so
-  that a client that never reads holds it for as long as the gateway lets it;
+  that a client that never reads holds it for as long as the gateway lets it (a few events a
+  turn of the loop, from a send buffer of 256 KiB: see PUMP_TURN_EVENTS, SEND_BUFFER_BYTES);
 - GET .../models: the listing (discovery and health checks); GET /stats: its counters as JSON.
 
 Run as `python bench/neighbour_upstream.py`: it prints its port (one line, flushed), then serves
@@ -21,11 +22,21 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 
 MODEL = "bench-model"
 LONG_MARK = b"tell me everything"
 LONG_EVENT_BYTES = 16384
 LONG_EVENTS = 4096  # 64 MiB at most a long answer: far more than the sockets and the gateway buffer
+# A long answer is written 4 events (64 KiB) a turn of the loop, so that the other
+# connections are served between turns: written in one go, 64 long answers held this
+# provider's loop for ~0.45 s, and the direct requests beside them waited as long.
+PUMP_TURN_EVENTS = 4
+# The kernel's send buffer of each connection (set, it is not autotuned). What a provider
+# holds unsent is its own memory, on a machine of its own; on these 2 shared cores the
+# 4 MiB the kernel would let it grow to were ~250 MiB of copies for 64 long answers, the
+# provider's CPU, not the gateway's, which the well-behaved clients would pay for.
+SEND_BUFFER_BYTES = 256 * 1024
 
 
 def _response(status: bytes, body: bytes, ctype: bytes = b"application/json") -> bytes:
@@ -138,6 +149,7 @@ class NeighbourProtocol(asyncio.Protocol):
         self.paused = False
         self.long_left = 0  # events of a long answer still to write: no other request is read meanwhile
         self.long_written = 0
+        self.scheduled = False  # a turn of _pump is due
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         self.transport = transport
@@ -153,7 +165,7 @@ class NeighbourProtocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.paused = False
-        if self.long_left:
+        if self.long_left and not self.scheduled:
             self._pump()
 
     def data_received(self, data: bytes) -> None:
@@ -186,7 +198,7 @@ class NeighbourProtocol(asyncio.Protocol):
             out.append(self._answer(head, lower, body))
         if out:
             self.transport.write(b"".join(out))
-        if self.long_left:
+        if self.long_left and not self.scheduled:
             self._pump()
 
     def _answer(self, head: bytes, lower: bytes, body: bytes) -> bytes:
@@ -219,9 +231,17 @@ class NeighbourProtocol(asyncio.Protocol):
 
     def _pump(self) -> None:
         """Write the long answer's events until the transport's buffer is full (pause_writing),
-        then again when it has room (resume_writing); its end once all are written."""
+        then again when it has room (resume_writing), PUMP_TURN_EVENTS a turn; its end once
+        all are written."""
         transport = self.transport
+        self.scheduled = False
+        turn = PUMP_TURN_EVENTS
         while self.long_left and not self.paused and not transport.is_closing():
+            if not turn:
+                self.scheduled = True
+                asyncio.get_running_loop().call_soon(self._pump)
+                return
+            turn -= 1
             transport.write(LONG_EVENT)
             self.long_left -= 1
             self.long_written += len(LONG_EVENT)
@@ -235,6 +255,7 @@ async def main() -> None:
     loop = asyncio.get_running_loop()
     stats = Stats()
     server = await loop.create_server(lambda: NeighbourProtocol(stats), "127.0.0.1", 0, backlog=4096)
+    server.sockets[0].setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)  # its connections inherit it
     print(server.sockets[0].getsockname()[1], flush=True)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
