@@ -146,7 +146,7 @@ def test_a_request_waiting_for_a_connection_is_seen_waiting_and_served_when_one_
 # ---- what a reader that never reads holds ----------------------------------------------------
 
 # What the gateway may hold of an answer its client does not take (docs/design.md section
-# 10's bounds): its read and read-ahead (32 KiB), the piece it is sending (48 KiB), the
+# 15.4's bounds): its read and read-ahead (32 KiB), the piece it is sending (48 KiB), the
 # server's queue of 4 such pieces and its HTTP writer's 64 KiB: 336 KiB, and some slack.
 HELD_PER_STREAM_BYTES = 512 * 1024
 # What the kernel may hold unsent for one client (tinygw.worker.listener), and what its

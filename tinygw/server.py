@@ -52,7 +52,7 @@ LISTEN_BACKLOG = 4096
 
 # Granian's buffer per client connection: its HTTP writer queues at most this much of an
 # answer the client has not taken (its default, 400 KiB, was most of what a client that
-# never reads cost; docs/design.md section 10). It bounds a request head as well: Granian
+# never reads cost; docs/design.md section 17). It bounds a request head as well: Granian
 # answers 431 to one past about 112 KiB here (measured; 400 KiB before).
 CLIENT_BUFFER_BYTES = 64 * 1024
 

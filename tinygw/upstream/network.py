@@ -23,11 +23,12 @@ from tinygw import errors
 # most READ_BYTES (the stream gives the transport a buffer of its own: uvloop's would be
 # 256 KiB), and reading is paused once more than HIGH_WATER_BYTES wait to be consumed; a
 # TLS connection's layer below is given the same mark for what it has not decrypted, and
-# takes one read of its own past it (open_stream). A stream's consumer gets all that came in one piece: the read handed
-# to it, and what was read behind it before it ran (up to HIGH_WATER_BYTES + READ_BYTES),
-# so no piece passed on is over 48 KiB. The server holds a few such pieces of an answer
-# whose client does not read (Granian queues 4, its HTTP writer up to 400 KiB), which
-# bounds what a client that never reads costs the gateway (docs/design.md section 17).
+# takes one read of its own past it (open_stream). A stream's consumer gets all that came
+# in one piece: the read handed to it, and what was read behind it before it ran (up to
+# HIGH_WATER_BYTES + READ_BYTES), so no piece passed on is over 48 KiB. The server holds a
+# few such pieces of an answer whose client does not read (Granian queues 4, its HTTP
+# writer 64 KiB: tinygw.server's CLIENT_BUFFER_BYTES), which bounds what a client that
+# never reads costs the gateway (docs/design.md section 17).
 READ_BYTES = 16 * 1024
 HIGH_WATER_BYTES = 16 * 1024
 

@@ -1,4 +1,4 @@
-"""What the kernel may queue to a client that does not read (docs/design.md section 10).
+"""What the kernel may queue to a client that does not read (docs/design.md section 17).
 
 A client socket's send buffer grows with the connection (Linux autotunes it up to
 `net.ipv4.tcp_wmem`'s maximum, 4 MiB by default), and every byte the kernel takes for a
