@@ -28,18 +28,22 @@ from tinygw import logs
 UNSENT_BYTES = 128 * 1024
 
 # Granian opens the listening socket as the worker starts serving, just after the lifespan
-# that starts this search: it is found on the first or second look.
-LOOKS = 100
-LOOK_EVERY_SECONDS = 0.01
+# that starts this search: it is found on the first or second look. Each wait doubles the
+# last (10 ms, 20 ms, ... about 10 s in all), so that a search that finds none (the app
+# served by something else) costs little while it lasts.
+LOOKS = 10
+FIRST_WAIT_SECONDS = 0.01
 
 
 async def bound_unsent(port: int) -> None:
     """Set UNSENT_BYTES on this worker's listening socket for `port` and on the sockets it
     accepted so far; a warning if no listening socket appeared."""
+    wait = FIRST_WAIT_SECONDS
     for _ in range(LOOKS):
         if _set_unsent(port):
             return
-        await asyncio.sleep(LOOK_EVERY_SECONDS)
+        await asyncio.sleep(wait)
+        wait *= 2
     logs.log(logging.WARNING, "client send queues unbounded: no listening socket found", port=port)
 
 
