@@ -33,14 +33,15 @@ _OUTPUT_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls", "fu
 # Bytes without which an event can neither end an answer nor report an error: after
 # output, only events that carry one of them are classified (docs/design.md section 4). Inside a
 # JSON string a quote is escaped, so `"error"` and `"finish_reason": "` are structure.
-# Plain bytes, then patterns, each starting with a long literal.
+# Plain bytes, then patterns, each a literal start and the regex that follows it.
 _END_OR_FAIL_BYTES = (b"[DONE]", b"message_stop", b'"error"')
-_END_OR_FAIL_PATTERNS = (
-    rb'"finish_reason"\s*:\s*"',
-    rb'"stop_reason"\s*:\s*"',
-    rb"response\.(?:completed|incomplete|failed|error)",
-    rb"event:\s*error",
+_END_OR_FAIL_STARTS = (
+    (b'"finish_reason"', rb'\s*:\s*"'),
+    (b'"stop_reason"', rb'\s*:\s*"'),
+    (b"response.", rb"(?:completed|incomplete|failed|error)"),
+    (b"event:", rb"\s*error"),
 )
+_END_OR_FAIL_PATTERNS = tuple(re.escape(start) + rest for start, rest in _END_OR_FAIL_STARTS)
 _MAY_END_OR_FAIL = re.compile(b"|".join([*map(re.escape, _END_OR_FAIL_BYTES), *_END_OR_FAIL_PATTERNS]))
 
 
@@ -53,15 +54,12 @@ def may_end_or_fail(event: bytes) -> bool:
 # What makes an event worth a look once output has been sent: it may end the answer or
 # fail it (above), or it reports usage. Each alternative looked for alone, with
 # bytes.find or its own regex: a few µs for a read of events, where the one regex of all
-# of them takes tens. A pattern's match begins with its literal start (the bytes before
-# its first regex syntax), so its regex runs from where bytes.find finds that, and not at
-# all where it finds none: most events hold one pattern's start at most (an OpenAI
-# chunk's `"finish_reason"`), and a regex that finds nothing still reads every byte.
+# of them takes tens. A pattern's match begins with its literal start, so its regex runs
+# from where bytes.find finds that, and not at all where it finds none: most events hold
+# one pattern's start at most (an OpenAI chunk's `"finish_reason"`), and a regex that
+# finds nothing still reads every byte.
 _LITERAL_HITS = (*_END_OR_FAIL_BYTES, b'"usage"')
-_CHECKED_HITS = tuple(
-    (re.match(rb"[^\\.^$*+?{}\[\]|()]*", pattern).group(), re.compile(pattern))  # type: ignore[union-attr]
-    for pattern in _END_OR_FAIL_PATTERNS
-)
+_CHECKED_HITS = tuple((start, re.compile(re.escape(start) + rest)) for start, rest in _END_OR_FAIL_STARTS)
 
 
 def _hits(block: bytes, end: int, start: int = 0) -> list[int]:
