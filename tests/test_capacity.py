@@ -5,6 +5,7 @@ are all busy is busy, not failing: another target serves, or the client gets 503
 
 from __future__ import annotations
 
+import asyncio
 import json
 import select
 import socket
@@ -15,6 +16,7 @@ import pytest
 from conftest import call, metric_value, provider, read_request, second_fake, tcp_queues, wait_until
 from tinygw.fake.upstream import Reply, openai_stream_events, well_behaved
 from tinygw.upstream.pool import default_max_connections
+from tinygw.worker import listener
 
 KEY = "gw-key-capacity"
 CHAT = "/v1/chat/completions"
@@ -247,3 +249,46 @@ def test_the_kernel_holds_at_most_128_KiB_unsent_to_a_client_that_never_reads(st
     4 MiB: the socket's send buffer grew to its maximum (net.ipv4.tcp_wmem)."""
     _, unsent = never_read(start_gateway)
     assert unsent <= UNSENT_TO_CLIENT_BYTES, f"{unsent / 1024:.0f} KiB queued to a client that never reads"
+
+
+# ---- the listener search (tinygw.worker.listener), on sockets of this process ---------------
+
+
+def unsent_mark(sock: socket.socket) -> int:
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT)
+
+
+@pytest.mark.parametrize("by_port", [True, False], ids=["its-port", "port-0"])
+def test_the_search_sets_a_listener_and_what_it_accepted_and_nothing_else(by_port):
+    """With TINYGW_PORT=0 the port is the one Granian chose: the listener's."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    early = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = server.accept()
+    elsewhere = socket.create_server(("127.0.0.1", 0))
+    outgoing = socket.create_connection(("127.0.0.1", elsewhere.getsockname()[1]))
+    try:
+        assert listener._set_unsent(port if by_port else 0) == 1 + (not by_port)  # port 0: both listeners
+        assert unsent_mark(server) == unsent_mark(accepted) == listener.UNSENT_BYTES
+        assert unsent_mark(early) == 0  # the client's end is on another port
+        if by_port:
+            assert unsent_mark(elsewhere) == unsent_mark(outgoing) == 0
+        later = socket.create_connection(("127.0.0.1", port))
+        inherited, _ = server.accept()
+        assert unsent_mark(inherited) == listener.UNSENT_BYTES
+        later.close()
+        inherited.close()
+    finally:
+        for s in (server, early, accepted, elsewhere, outgoing):
+            s.close()
+
+
+def test_a_search_that_finds_no_listener_ends_in_a_warning(monkeypatch, caplog):
+    monkeypatch.setattr(listener, "FIRST_WAIT_SECONDS", 0)
+    unused = socket.socket()
+    unused.bind(("127.0.0.1", 0))  # bound, never listening: as Granian's parent leaves one
+    try:
+        asyncio.run(listener.bound_unsent(unused.getsockname()[1], workers=1))
+    finally:
+        unused.close()
+    assert "client send queues unbounded: no listening socket found" in caplog.messages

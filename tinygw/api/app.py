@@ -110,7 +110,7 @@ async def lifespan(scope, receive, send) -> None:
     background = [
         *discovery.start(gateway),
         asyncio.create_task(_hash_artifact(gateway), name="artifact"),
-        asyncio.create_task(listener.bound_unsent(settings.port), name="listener"),
+        asyncio.create_task(listener.bound_unsent(settings.port, settings.workers), name="listener"),
     ]
     # What the worker made to start lives as long as it does: the collector's full passes,
     # which hold the loop while they run, leave it out from now on (8.5 -> 2.8 ms each at

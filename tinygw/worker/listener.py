@@ -11,7 +11,10 @@ in flight do not count, so a client far away still gets the window its link need
 Granian makes each worker's listening socket itself and takes no socket options, so the
 worker finds it among its own file descriptors once it serves and sets the option there:
 a socket accepted from it inherits its options. The sockets accepted before that (the
-first moments of a worker) are set at the same time.
+first moments of a worker) are set at the same time, and once more a moment later (those
+the kernel had queued to it). Linux before 6.5 could stall a send under this option: a
+kernel older than that wants its commit 4bfe744ff164 ("tcp: fix potential xmit stalls
+caused by TCP_NOTSENT_LOWAT") backported.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import logging
 import os
 import socket
 import stat
+
+from granian.server import MTServer, Server
 
 from tinygw import logs
 
@@ -35,41 +40,89 @@ LOOKS = 10
 FIRST_WAIT_SECONDS = 0.01
 
 
-async def bound_unsent(port: int) -> None:
-    """Set UNSENT_BYTES on this worker's listening socket for `port` and on the sockets it
-    accepted so far; a warning if no listening socket appeared."""
+async def bound_unsent(port: int, workers: int) -> None:
+    """Set UNSENT_BYTES on this process's listening sockets for `port` and on the sockets
+    they accepted so far. A process holds one listener, or one for each of the `workers`
+    when Granian runs them as threads of one process (a free-threaded Python): the search
+    ends once all are there, with one look more after a wait, for what the kernel had
+    queued to them before; a warning if they did not all appear."""
+    expected = workers if Server is MTServer else 1
     wait = FIRST_WAIT_SECONDS
     for _ in range(LOOKS):
-        if _set_unsent(port):
-            return
+        found = _set_unsent(port) >= expected
         await asyncio.sleep(wait)
+        if found:
+            _set_unsent(port)
+            return
         wait *= 2
     logs.log(logging.WARNING, "client send queues unbounded: no listening socket found", port=port)
 
 
-def _set_unsent(port: int) -> bool:
-    """Set UNSENT_BYTES on every TCP socket of this process on `port`; True if one of them
-    listens. The fds are read from /proc, so each is used through a duplicate of its own:
-    one closed and reused meanwhile is looked at as what it is now, and never closed here."""
-    listening = False
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            fd = int(name)
-            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+def _set_unsent(port: int) -> int:
+    """Set UNSENT_BYTES on every TCP socket of this process on `port` (port 0: on the ports
+    its listening sockets have, which Granian chose); how many of those listen. The worker
+    also holds a socket its Granian parent bound on the port (its check that the address
+    is free), which never listens: it is not counted."""
+    sockets = _tcp_sockets()
+    try:
+        listening = [s for s in sockets if _accepting(s)]
+        ports = {port} if port else {_port(s) for s in listening}
+        count = 0
+        for sock in sockets:
+            if _port(sock) not in ports:
                 continue
-            sock = socket.socket(fileno=os.dup(fd))
-        except OSError:  # closed meanwhile (the directory's own fd, too)
-            continue
-        with sock:
             try:
-                if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
-                    continue
-                if sock.getsockname()[1] != port:
-                    continue
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, UNSENT_BYTES)
-                # The worker inherits a socket its Granian parent bound on the port (its check
-                # that the address is free), which never listens: only a listening one counts.
-                listening = listening or sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
             except OSError:  # a socket closing meanwhile
                 continue
-    return listening
+            count += sock in listening
+        return count
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _tcp_sockets() -> list[socket.socket]:
+    """Duplicates of this process's TCP sockets, one for each, from the fds in /proc: an fd
+    closed and reused meanwhile (by a duplicate made here, too) is looked at as what it is
+    now, a socket met twice is taken once, and only the duplicates are closed."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:  # no /proc: none found, and the search ends in its warning
+        return []
+    found, seen = [], set()
+    for name in names:
+        try:
+            fd = os.dup(int(name))
+        except OSError:  # closed meanwhile (the directory's own fd, too)
+            continue
+        sock = None
+        try:
+            status = os.fstat(fd)
+            if stat.S_ISSOCK(status.st_mode) and status.st_ino not in seen:
+                seen.add(status.st_ino)
+                sock = socket.socket(fileno=fd)
+        except OSError:
+            pass
+        if sock is None:
+            os.close(fd)
+        elif sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM:
+            found.append(sock)
+        else:
+            sock.close()
+    return found
+
+
+def _port(sock: socket.socket) -> int | None:
+    try:
+        port: int = sock.getsockname()[1]
+    except OSError:
+        return None
+    return port
+
+
+def _accepting(sock: socket.socket) -> bool:
+    try:
+        return sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
+    except OSError:
+        return False
