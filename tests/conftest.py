@@ -198,8 +198,11 @@ class Gateway:
         return self.log_path.read_text(errors="replace")
 
     def log_records(self) -> list[dict]:
+        """The JSON lines logged so far: the complete ones (a line being written may be
+        read in part: the kernel can show the reader a write's first page before its last)."""
+        text = self.logs()
         records = []
-        for line in self.logs().splitlines():
+        for line in text[: text.rfind("\n") + 1].splitlines():
             if line.startswith("{"):
                 records.append(json.loads(line))
         return records
