@@ -35,14 +35,18 @@ _OUTPUT_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls", "fu
 # JSON string a quote is escaped, so `"error"` and `"finish_reason": "` are structure.
 # Plain bytes, then patterns, each a literal start and the regex that follows it.
 _END_OR_FAIL_BYTES = (b"[DONE]", b"message_stop", b'"error"')
-_END_OR_FAIL_STARTS = (
-    (b'"finish_reason"', rb'\s*:\s*"'),
-    (b'"stop_reason"', rb'\s*:\s*"'),
-    (b"response.", rb"(?:completed|incomplete|failed|error)"),
-    (b"event:", rb"\s*error"),
+_END_OR_FAIL_PATTERNS = tuple(
+    (start, re.compile(re.escape(start) + rest))
+    for start, rest in (
+        (b'"finish_reason"', rb'\s*:\s*"'),
+        (b'"stop_reason"', rb'\s*:\s*"'),
+        (b"response.", rb"(?:completed|incomplete|failed|error)"),
+        (b"event:", rb"\s*error"),
+    )
 )
-_END_OR_FAIL_PATTERNS = tuple(re.escape(start) + rest for start, rest in _END_OR_FAIL_STARTS)
-_MAY_END_OR_FAIL = re.compile(b"|".join([*map(re.escape, _END_OR_FAIL_BYTES), *_END_OR_FAIL_PATTERNS]))
+_MAY_END_OR_FAIL = re.compile(
+    b"|".join([*map(re.escape, _END_OR_FAIL_BYTES), *(pattern.pattern for _, pattern in _END_OR_FAIL_PATTERNS)])
+)
 
 
 def may_end_or_fail(event: bytes) -> bool:
@@ -59,7 +63,6 @@ def may_end_or_fail(event: bytes) -> bool:
 # one pattern's start at most (an OpenAI chunk's `"finish_reason"`), and a regex that
 # finds nothing still reads every byte.
 _LITERAL_HITS = (*_END_OR_FAIL_BYTES, b'"usage"')
-_CHECKED_HITS = tuple((start, re.compile(re.escape(start) + rest)) for start, rest in _END_OR_FAIL_STARTS)
 
 
 def _hits(block: bytes, end: int, start: int = 0) -> list[int]:
@@ -71,7 +74,7 @@ def _hits(block: bytes, end: int, start: int = 0) -> list[int]:
         while i >= 0:
             hits.append(i)
             i = block.find(literal, i + 1, end)
-    for literal, pattern in _CHECKED_HITS:
+    for literal, pattern in _END_OR_FAIL_PATTERNS:
         i = block.find(literal, start, end)
         if i >= 0:
             for match in pattern.finditer(block, i, end):
