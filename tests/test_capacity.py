@@ -268,7 +268,8 @@ def test_the_search_sets_a_listener_and_what_it_accepted_and_nothing_else(by_por
     elsewhere = socket.create_server(("127.0.0.1", 0))
     outgoing = socket.create_connection(("127.0.0.1", elsewhere.getsockname()[1]))
     try:
-        assert listener._set_unsent(port if by_port else 0) == 1 + (not by_port)  # port 0: both listeners
+        set_on = listener._set_unsent(port if by_port else 0)
+        assert set_on == 1 if by_port else set_on >= 2  # port 0: every listener of the process, these two among them
         assert unsent_mark(server) == unsent_mark(accepted) == listener.UNSENT_BYTES
         assert unsent_mark(early) == 0  # the client's end is on another port
         if by_port:
