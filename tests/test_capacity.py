@@ -285,7 +285,7 @@ def test_the_search_sets_a_listener_and_what_it_accepted_and_nothing_else(by_por
 
 
 def test_a_search_that_finds_no_listener_ends_in_a_warning(monkeypatch, caplog):
-    monkeypatch.setattr(listener, "FIRST_WAIT_SECONDS", 0)
+    monkeypatch.setattr(listener, "_waits", lambda: [0] * 3)
     unused = socket.socket()
     unused.bind(("127.0.0.1", 0))  # bound, never listening: as Granian's parent leaves one
     try:
