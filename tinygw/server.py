@@ -149,7 +149,7 @@ def _confidential_keys(settings: Settings) -> Made | None:
     """The EHBP and receipt keys for the workers, or None with both off (docs/confidential.md)."""
     if settings.ehbp == "off" and not settings.receipts:
         return None
-    from tinygw.trust import confidential  # pyhpke and cryptography only when one is on
+    from tinygw.trust import confidential  # cryptography only when one is on
 
     made = confidential.make(settings.ehbp != "off", settings.receipts, list(settings.tls_key_dirs))
     logs.log(logging.INFO, "confidential keys made", ehbp=settings.ehbp, receipts=settings.receipts)

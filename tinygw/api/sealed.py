@@ -12,7 +12,7 @@ answer's last piece goes out, so that a client that fetches it after reading its
 finds it. Answers before the body was opened (401, 413, 408: nothing of the client's was
 read) are neither sealed nor receipted. Nothing here logs, counts or keeps a body.
 
-The trust modules behind it (pyhpke, cryptography) are loaded only when EHBP or receipts
+The trust modules behind it (on cryptography) are loaded only when EHBP or receipts
 are on (tinygw.worker.gateway); this module reaches them through the worker's
 `Confidential`.
 """

@@ -13,6 +13,7 @@ import hmac
 import os
 import shutil
 
+import msgspec
 from msgspec import Struct
 
 from tinygw import lifecycle
@@ -88,7 +89,7 @@ class Confidential:
     def keep(self, receipt_id: str, owner: bytes, fields: dict) -> None:
         """Keep a receipt's fields (receipts on), for the client whose key digest is `owner`."""
         if self.ring is not None:
-            self.ring.put(receipt_id, owner, receipts.canonical(fields))
+            self.ring.put(receipt_id, owner, msgspec.json.encode(fields))
 
     def receipt(self, receipt_id: str, owner: bytes) -> bytes | None:
         """The signed receipt, JSON, when it is kept and `owner` made its request; else None."""

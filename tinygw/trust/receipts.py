@@ -4,9 +4,10 @@ Ed25519 key that /attestation binds.
 A receipt is `{"v": 1, "id", "created", "client", "route", "model", "provider",
 "provider_model", "status", "request_sha256", "response_sha256", "signature"}`; the
 signature is Ed25519 over the RFC 8785 canonical JSON of every other field (`canonical`).
-The gateway keeps a receipt's fields when its answer ends, before the answer's last bytes
-go out, and signs them when the receipt is fetched (Ed25519 is deterministic: the same
-receipt every time), so that a request does not wait for a signature.
+The gateway keeps a receipt's fields (JSON, as msgspec writes it) when its answer ends,
+before the answer's last bytes go out, and makes their canonical form and signs it when the
+receipt is fetched (Ed25519 is deterministic: the same receipt every time), so that a
+request waits for neither.
 
 Kept in memory, bounded, readable from every worker (`Ring`): each worker writes its own
 ring in the run's directory (the metrics' one, on /dev/shm), as the metric store keeps its
@@ -22,7 +23,6 @@ import json
 import mmap
 import os
 import re
-import secrets
 import struct
 import zlib
 
@@ -92,10 +92,11 @@ class Signer:
             serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
         )
 
-    def signed(self, unsigned: bytes) -> bytes:
-        """The receipt, JSON, from the canonical form of its other fields."""
-        fields = json.loads(unsigned)
-        fields["signature"] = base64.b64encode(self._private.sign(unsigned)).decode()
+    def signed(self, kept: bytes) -> bytes:
+        """The receipt, JSON, from its other fields as kept (any JSON of them): the signature
+        is over their canonical form."""
+        fields = json.loads(kept)
+        fields["signature"] = base64.b64encode(self._private.sign(canonical(fields))).decode()
         return json.dumps({name: fields[name] for name in (*FIELDS, "signature")}, ensure_ascii=False).encode()
 
     def __repr__(self) -> str:
@@ -103,7 +104,7 @@ class Signer:
 
 
 def new_id(slot: int, sequence: int) -> str:
-    return f"{slot & 0xFFFF:04x}{sequence & 0xFFFFFFFFFFFF:012x}{secrets.token_hex(8)}"
+    return f"{slot & 0xFFFF:04x}{sequence & 0xFFFFFFFFFFFF:012x}{os.urandom(8).hex()}"
 
 
 def parse_id(receipt_id: str) -> tuple[int, int] | None:
@@ -123,7 +124,7 @@ class Ring:
     """One worker's receipts, the oldest overwritten: an index of `count` entries (by
     sequence number, modulo) and `size` bytes of entries written one after another, from
     the start again when the next does not fit. An entry is [crc32][owner length][owner
-    digest][the receipt's canonical unsigned form]; it is found through the index and kept
+    digest][the receipt's fields, JSON]; it is found through the index and kept
     only while its crc and its id still match (a newer entry may have overwritten it).
 
     In `directory` (the run's, shared by the workers) as `receipts-SLOT.ring`, mapped into
@@ -153,10 +154,8 @@ class Ring:
         return new_id(self.slot, sequence)
 
     def put(self, receipt_id: str, owner: bytes, unsigned: bytes) -> None:
-        """Keep a receipt (its canonical unsigned form) for the client whose key digest is `owner`."""
-        slot_sequence = parse_id(receipt_id)
-        if slot_sequence is None:
-            return
+        """Keep a receipt (its fields but the signature, JSON) for the client whose key digest is `owner`."""
+        sequence = int(receipt_id[4:16], 16)  # an id this ring allocated: well formed
         entry = struct.pack("<I", len(owner)) + owner + unsigned
         entry = _ENTRY.pack(zlib.crc32(entry), len(entry)) + entry
         if len(entry) > self.size:
@@ -166,11 +165,11 @@ class Ring:
         at = self._write_at
         self._map[self._data_at + at : self._data_at + at + len(entry)] = entry
         self._write_at += len(entry)
-        index = (slot_sequence[1] % self.count) * _INDEX.size
-        self._map[index : index + _INDEX.size] = _INDEX.pack(slot_sequence[1] + 1, at, len(entry))
+        index = (sequence % self.count) * _INDEX.size
+        self._map[index : index + _INDEX.size] = _INDEX.pack(sequence + 1, at, len(entry))
 
     def find(self, receipt_id: str) -> tuple[bytes, bytes] | None:
-        """(owner digest, canonical unsigned form) of a receipt still kept, by any worker."""
+        """(owner digest, its fields as kept) of a receipt still kept, by any worker."""
         slot_sequence = parse_id(receipt_id)
         if slot_sequence is None:
             return None

@@ -101,7 +101,7 @@ class Gateway:
         # EHBP's key, the receipt key and this worker's receipts (docs/confidential.md); None with both off
         self.confidential: Confidential | None = None
         if settings.ehbp != "off" or settings.receipts:
-            from tinygw.trust.confidential import Confidential  # noqa: F811 -- pyhpke and cryptography only then
+            from tinygw.trust.confidential import Confidential  # noqa: F811 -- cryptography only then
 
             store = self.metrics.store  # receipts are shared as the metrics are: same directory, same slot
             self.confidential = Confidential(
