@@ -28,6 +28,7 @@ import collections
 import json
 import os
 import shutil
+import socket
 import statistics
 import sys
 import tempfile
@@ -195,8 +196,10 @@ async def measure(requests: int, by_function: dict[str, collections.Counter]) ->
         await asyncio.wait_for(lifespan, 30)
 
 
-def configure(short_port: int, long_port: int, metrics_dir: str) -> None:
-    """The environment `tinygw serve` gives its one worker, with the benchmark's configuration."""
+def configure(short_port: int, long_port: int, metrics_dir: str, port: int) -> None:
+    """The environment `tinygw serve` gives its one worker, with the benchmark's configuration; `port`
+    is the worker's listening socket's (opened here, as Granian opens it: the worker's search for it,
+    tinygw.worker.listener, ends at once, as in a worker, and runs in no request's count)."""
     config = {
         "providers": {
             "up": {"base_url": f"http://{HOST}:{short_port}/v1", "api": "openai"},
@@ -207,7 +210,11 @@ def configure(short_port: int, long_port: int, metrics_dir: str) -> None:
     for name in [k for k in os.environ if k.startswith(("TINYGW_", "PROVIDER_"))]:
         del os.environ[name]
     os.environ.update(
-        TINYGW_HOST=HOST, TINYGW_LOG_LEVEL="info", TINYGW_CONFIG=json.dumps(config), TINYGW_METRICS_DIR=metrics_dir
+        TINYGW_HOST=HOST,
+        TINYGW_PORT=str(port),
+        TINYGW_LOG_LEVEL="info",
+        TINYGW_CONFIG=json.dumps(config),
+        TINYGW_METRICS_DIR=metrics_dir,
     )
 
 
@@ -251,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         procs.append(short)
         long, long_port = start_upstream(LONG_WORDS)
         procs.append(long)
-        configure(short_port, long_port, metrics_dir)
+        listening = socket.create_server((HOST, 0))  # never accepts: no client comes
+        configure(short_port, long_port, metrics_dir, listening.getsockname()[1])
         os.dup2(log_file.fileno(), 2)  # the gateway's log lines, as a worker writes them to its stderr
         try:
             by_function = {k: collections.Counter() for k in ("plain", "short", "long")}
