@@ -60,8 +60,10 @@ _CLOSE = re.compile(rb"(?:^|,)[ \t]*close[ \t]*(?:,|$)", re.IGNORECASE)
 _CHUNK_HEADER = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;.*+)?[ \t]*+")
 # A chunk-size line of a chunk that is not the last (its size, leading zeros aside, in
 # group 1; 1 to 20 hex digits in all), with its CRLF: where it matches, _CHUNK_HEADER
-# matches the same line. Where it does not, the chunk is read step by step.
-_WHOLE_CHUNK_LINE = re.compile(rb"(?=[0-9A-Fa-f]{1,20}[; \t\r])0*([1-9A-Fa-f][0-9A-Fa-f]*)(?:;[^\r\n]*+)?[ \t]*+\r\n")
+# matches the same line. Where it does not, the chunk is read step by step. The next
+# one's: the CRLF that ends a chunk's data, then that line.
+_SIZE_LINE = rb"(?=[0-9A-Fa-f]{1,20}[; \t\r])0*([1-9A-Fa-f][0-9A-Fa-f]*)(?:;[^\r\n]*+)?[ \t]*+\r\n"
+_WHOLE_CHUNK_LINE, _NEXT_CHUNK_LINE = re.compile(_SIZE_LINE), re.compile(rb"\r\n" + _SIZE_LINE)
 _LENGTH = re.compile(rb"[0-9]{1,18}")  # a plain content-length; a longer one goes to h11 (which allows 20)
 
 # A response head (status line and headers) larger than this is a protocol error.
@@ -269,13 +271,20 @@ class Answer:
         find, size_line, crlf_at, append = buffer.find, _CHUNK_HEADER.fullmatch, buffer.startswith, out.append
         pos, state, checked = 0, self._state, self._line_checked
         if state == _SIZE and not checked:  # the usual read: whole chunks, each taken in one short step
-            while (match := _WHOLE_CHUNK_LINE.match(buffer, pos)) is not None:
+            # Each step matches a chunk's footer and the next one's size line at once;
+            # the last footer reached is the steps below's (a chunk's data is taken
+            # once it is all here, its footer checked after it).
+            match, next_line, length = _WHOLE_CHUNK_LINE.match(buffer), _NEXT_CHUNK_LINE.match, len(buffer)
+            while match is not None:
                 start = match.end()
-                end = start + int(match[1], 16)
-                if not crlf_at(b"\r\n", end):  # not all of it is here: the steps below take it
+                pos = start + int(match[1], 16)  # past the chunk's data
+                if pos > length:  # not all of it is here: the steps below take it, from its line
+                    pos = match.start()  # 0, or the footer of the chunk before
                     break
-                append(buffer[start:end])
-                pos = end + 2
+                append(buffer[start:pos])
+                match = next_line(buffer, pos)
+            if pos:
+                state = _FOOTER
         while True:
             if state == _SIZE:
                 line_end = find(b"\r\n", pos + checked)
