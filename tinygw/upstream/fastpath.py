@@ -271,9 +271,10 @@ class Answer:
         find, size_line, crlf_at, append = buffer.find, _CHUNK_HEADER.fullmatch, buffer.startswith, out.append
         pos, state, checked = 0, self._state, self._line_checked
         if state == _SIZE and not checked:  # the usual read: whole chunks, each taken in one short step
-            # Each step matches a chunk's footer and the next one's size line at once;
-            # the last footer reached is the steps below's (a chunk's data is taken
-            # once it is all here, its footer checked after it).
+            # Each step matches a chunk's footer and the next one's size line at once
+            # (a chunk's data is taken once it is all here, its footer checked after it);
+            # the last footer reached is taken here when it is all there, as it is when
+            # a read brings one whole chunk, else by the steps below.
             match, next_line, length = _WHOLE_CHUNK_LINE.match(buffer), _NEXT_CHUNK_LINE.match, len(buffer)
             while match is not None:
                 start = match.end()
@@ -284,7 +285,10 @@ class Answer:
                 append(buffer[start:pos])
                 match = next_line(buffer, pos)
             if pos:
-                state = _FOOTER
+                if crlf_at(b"\r\n", pos):
+                    pos += 2
+                else:
+                    state = _FOOTER
         while True:
             if state == _SIZE:
                 line_end = find(b"\r\n", pos + checked)
