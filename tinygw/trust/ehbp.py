@@ -72,6 +72,12 @@ def _labeled_expand(suite_id: bytes, prk: bytes, label: bytes, info: bytes, leng
     return HKDFExpand(_SHA256, length, labeled_info).derive(prk)
 
 
+def sequence_nonce(base: int, sequence: int) -> bytes:
+    """The nonce of message number `sequence` under a base nonce: RFC 9180's ComputeNonce,
+    which the answer's frames use too (OHTTP's derivation, RFC 9458)."""
+    return (base ^ sequence).to_bytes(AEAD_NONCE_BYTES, "big")
+
+
 def hpke_suite_id(aead: int) -> bytes:
     return b"HPKE" + struct.pack(">HHH", KEM_X25519_HKDF_SHA256, KDF_HKDF_SHA256, aead)
 
@@ -84,7 +90,7 @@ class Recipient:
 
     def __init__(self, private: X25519PrivateKey, info: bytes, aead: int, key_bytes: int) -> None:
         self._private = private
-        self._public = private.public_key().public_bytes_raw()
+        self.public = private.public_key().public_bytes_raw()
         self._suite_id = hpke_suite_id(aead)
         self._key_bytes = key_bytes
         psk_id_hash = _labeled_extract(self._suite_id, b"", b"psk_id_hash", b"")
@@ -97,7 +103,7 @@ class Recipient:
         an all-zero shared secret, as RFC 9180 section 7.1.4 asks)."""
         dh = self._private.exchange(X25519PublicKey.from_public_bytes(enc))
         eae_prk = _labeled_extract(KEM_SUITE_ID, b"", b"eae_prk", dh)
-        shared = _labeled_expand(KEM_SUITE_ID, eae_prk, b"shared_secret", enc + self._public, SECRET_BYTES)
+        shared = _labeled_expand(KEM_SUITE_ID, eae_prk, b"shared_secret", enc + self.public, SECRET_BYTES)
         suite_id, context = self._suite_id, self._context
         secret = _labeled_extract(suite_id, shared, b"secret", b"")  # the PSK: empty in base mode
         return Context(
@@ -121,8 +127,7 @@ class Context:
     def open(self, ciphertext: bytes, aad: bytes) -> bytes:
         """The next message's plaintext; cryptography's InvalidTag when it does not authenticate
         (the sequence number then stays, as the RFC's ContextR.Open)."""
-        nonce = (self._base_nonce ^ self._sequence).to_bytes(AEAD_NONCE_BYTES, "big")
-        plaintext = self._aead.decrypt(nonce, ciphertext, aad)
+        plaintext = self._aead.decrypt(sequence_nonce(self._base_nonce, self._sequence), ciphertext, aad)
         self._sequence += 1
         return plaintext
 
@@ -135,14 +140,13 @@ class KeyPair:
     never shown (`repr` included)."""
 
     def __init__(self, private: X25519PrivateKey) -> None:
-        public = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
         self._private = private
         self._recipient = Recipient(private, REQUEST_INFO, AEAD_AES_256_GCM, AEAD_KEY_BYTES)
         # RFC 9458's key_config, one of them, as Tinfoil's server serves it: key id, KEM,
         # public key, then the length of the cipher suites and the one suite (KDF, AEAD).
         self.config = (
             struct.pack(">BH", KEY_ID, KEM_X25519_HKDF_SHA256)
-            + public
+            + self._recipient.public
             + struct.pack(">HHH", 4, KDF_HKDF_SHA256, AEAD_AES_256_GCM)
         )
         self.config_sha256 = hashlib.sha256(self.config).hexdigest()
@@ -197,9 +201,8 @@ class Sealer:
         """The frame of the answer's next piece; b"" for an empty piece (no frame)."""
         if not piece:
             return b""
-        nonce = (self._base ^ self._sequence).to_bytes(AEAD_NONCE_BYTES, "big")
+        sealed = self._aead.encrypt(sequence_nonce(self._base, self._sequence), piece, None)
         self._sequence += 1
-        sealed = self._aead.encrypt(nonce, piece, None)
         return _LENGTH.pack(len(sealed)) + sealed
 
 

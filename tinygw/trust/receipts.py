@@ -153,10 +153,10 @@ class Ring:
         self._next += 1
         return new_id(self.slot, sequence)
 
-    def put(self, receipt_id: str, owner: bytes, unsigned: bytes) -> None:
+    def put(self, receipt_id: str, owner: bytes, fields: bytes) -> None:
         """Keep a receipt (its fields but the signature, JSON) for the client whose key digest is `owner`."""
         sequence = int(receipt_id[4:16], 16)  # an id this ring allocated: well formed
-        entry = struct.pack("<I", len(owner)) + owner + unsigned
+        entry = struct.pack("<I", len(owner)) + owner + fields
         entry = _ENTRY.pack(zlib.crc32(entry), len(entry)) + entry
         if len(entry) > self.size:
             return  # cannot be: a receipt is a few hundred bytes (a model name is at most 256)
