@@ -17,6 +17,7 @@ import msgspec
 
 # Events end at a blank line; SSE allows \n, \r\n and \r line ends.
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+_LINE_ENDS = re.compile(rb"[\r\n]*")
 
 _decode = msgspec.json.Decoder()
 
@@ -111,10 +112,12 @@ def _event_start(buffer: bytes, pos: int) -> int:
     """The end of the last event boundary (as `split` finds them) before `pos`, which
     is `len(buffer)` or a byte that is neither CR nor LF. A boundary is all CRs and
     LFs: `split`'s scan starts afresh at the beginning of each run of them, so the
-    last run holding a boundary is scanned alone."""
+    last run holding a boundary is scanned alone, from its start to its end (the
+    event after it, often a long incomplete one, holds no boundary)."""
     last = buffer.rfind(b"\n\n", 0, pos)
     after = max(last, 0)  # only a later boundary of another kind matters
-    last = max(last, buffer.rfind(b"\r\r", after, pos), buffer.rfind(b"\r\n\r\n", after, pos))
+    if buffer.find(b"\r", after, pos) >= 0:  # as the other kinds hold a CR
+        last = max(last, buffer.rfind(b"\r\r", after, pos), buffer.rfind(b"\r\n\r\n", after, pos))
     if last < 0:
         return 0
     low = max(0, last - 16)
@@ -122,7 +125,8 @@ def _event_start(buffer: bytes, pos: int) -> int:
     if run == low and low:  # a longer run of line ends
         run = len(buffer[:last].rstrip(b"\r\n"))
     start = 0
-    for match in _EVENT_END.finditer(buffer, run, pos):
+    ends = _LINE_ENDS.match(buffer, last, pos)  # always a match: `*` takes an empty run too
+    for match in _EVENT_END.finditer(buffer, run, ends.end() if ends else pos):
         start = match.end()
     return start
 
