@@ -14,6 +14,9 @@ a fresh gateway for each phase:
 - `streams`: 64 streamed requests for a long answer that it never reads (SO_RCVBUF 4096, never a
   recv), against a provider that streams up to 64 MiB as fast as it is read; the gateway cuts each
   after TINYGW_CLIENT_TIMEOUT_SECONDS;
+- `burst`: 64 streamed requests at once on new connections, as `streams` sends them, for the
+  ordinary short answer, read to its end: what the arrival of `streams`' 64 requests alone costs
+  the others, without the long answers (shown, not in the goals);
 - `limits`: the hostile client is a named client (`clients.hostile`: max_concurrent 4,
   requests_per_minute 120) and floods: it must get 429s. A gateway without named clients refuses
   the `clients` field at start (exit 2); the phase is then skipped, saying so;
@@ -22,7 +25,7 @@ a fresh gateway for each phase:
 
 The hostile client sends at `--hostile-rate` requests a second (4 connections; 8 for `limits`).
 It attacks and rests in turn, in slices of 1 s (`streams`: 64 held for the client timeout + 1.5 s,
-then closed, then as long a rest), about `--seconds` of each, so that whatever else the machine
+then closed, then as long a rest; `burst` as long), about `--seconds` of each, so that whatever else the machine
 does falls on both alike; the well-behaved clients run throughout (after a 1 s warm-up). "with":
 the well-behaved requests that started during its slices; "without": those that started during
 its rests (from 0.25 s after a slice's last answer). Per phase: their success (a 200 with the
@@ -33,10 +36,10 @@ from /metrics). `--rounds` rounds; the table shows the median of the ratios, and
 judge it. The gateway runs at the product's defaults (log level info, access log on) except
 TINYGW_CLIENT_TIMEOUT_SECONDS=2 (default 30), so that the `streams` phase is short. The clients
 and the provider (bench/neighbour_upstream.py) are processes of their own. Loopback only; bounded
-in time (about 4 minutes with the defaults).
+in time (about 5 minutes with the defaults).
 
     .venv/bin/python bench/neighbours.py [--seconds 5] [--rounds 3] [--rate 20] [--hostile-rate 200]
-        [--attacks control,query,account,junk,streams,limits] [--json PATH]
+        [--attacks control,query,account,junk,streams,burst,limits] [--json PATH]
 """
 
 from __future__ import annotations
@@ -96,8 +99,10 @@ ATTACKS = {
     "account": "account headers (`OpenAI-Organization`, `OpenAI-Project`)",
     "junk": f"{JUNK_NAMES} junk model names (`up/junk-N`, 404)",
     "streams": f"{UNREAD_STREAMS} streams it never reads",
+    "burst": f"{UNREAD_STREAMS} short streams at once (what their arrival alone costs; no goal)",
     "limits": "going over its limits (4 at once, 120/min)",
 }
+SHOWN_ONLY = {"control", "burst"}  # phases in the table, not in the goals
 SKIPPED_LIMITS = "limits phase skipped: this gateway has no named clients"
 
 
@@ -295,10 +300,34 @@ async def streams_slice(port: int, seconds: float, statuses: dict[str, int]) -> 
         s.close()
 
 
+async def burst_slice(port: int, seconds: float, statuses: dict[str, int]) -> None:
+    """One slice of the `burst` phase: UNREAD_STREAMS streamed requests for the short answer, sent at
+    once on new connections and read to their ends; then the rest of `seconds`, as `streams` holds."""
+    started = time.monotonic()
+    request = request_bytes(body(stream=True), HOSTILE_KEY)
+
+    async def one() -> None:
+        try:
+            reader, writer = await asyncio.open_connection(HOST, port)
+        except OSError:
+            statuses["0"] = statuses.get("0", 0) + 1
+            return
+        try:
+            status, _answer, _ = await asyncio.wait_for(exchange(reader, writer, request), REQUEST_TIMEOUT_SECONDS)
+        except EXCHANGE_ERRORS:
+            status = 0
+        finally:
+            writer.close()
+        statuses[str(status)] = statuses.get(str(status), 0) + 1
+
+    await asyncio.gather(*(one() for _ in range(UNREAD_STREAMS)))
+    await asyncio.sleep(max(0.0, seconds - (time.monotonic() - started)))
+
+
 def slice_seconds(attack: str) -> float:
     """How long the hostile client attacks, then rests, in turn: the `streams` phase's slice holds
-    its streams past the gateway's cut (the client timeout)."""
-    return CLIENT_TIMEOUT_SECONDS + 1.5 if attack == "streams" else SLICE_SECONDS
+    its streams past the gateway's cut (the client timeout); `burst`'s is as long, to compare."""
+    return CLIENT_TIMEOUT_SECONDS + 1.5 if attack in ("streams", "burst") else SLICE_SECONDS
 
 
 async def hostile(attack: str, port: int, seconds: float, rate: float) -> dict:
@@ -310,7 +339,7 @@ async def hostile(attack: str, port: int, seconds: float, rate: float) -> dict:
     on, off = [], []
     clients: list[Client] = []
     make = None
-    if attack != "streams":
+    if attack not in ("streams", "burst"):
         connections, make = attack_requests(attack)
         clients = [Client(port) for _ in range(connections)]
     try:
@@ -318,6 +347,8 @@ async def hostile(attack: str, port: int, seconds: float, rate: float) -> dict:
             started = time.monotonic()
             if attack == "streams":
                 await streams_slice(port, length, statuses)
+            elif attack == "burst":
+                await burst_slice(port, length, statuses)
             else:
                 await paced_slice(clients, make, rate, length, statuses)
             on.append((started, time.monotonic()))
@@ -511,7 +542,7 @@ def report(results: dict[str, list[dict]], rounds: int, skipped: bool) -> list[s
             f"| {fmt(mid, '.2f')}x; {', '.join(f'{r:.2f}' for r in ratios if r is not None)} | {circuits:.0f} "
             f"| {hostile_got(phases)} |"
         )
-        if attack != "control":
+        if attack not in SHOWN_ONLY:
             judged[attack] = (min(low_without, low_with), mid, circuits)
     print()
     if skipped:
