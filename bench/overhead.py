@@ -6,7 +6,8 @@ gateway the median over rounds of (its round median - direct's round median), wi
 
 Targets: the instant upstream direct, nginx (proxy_pass, keep-alive), tinygw at its defaults, tinygw with
 EHBP and receipts on (one request sealed by Tinfoil's client, its answers sealed; a `goal:` line says
-whether it adds at most 0.1 ms over plain tinygw), and the
+whether it adds at most 0.1 ms over plain tinygw, and a `floor:` line what its cryptography alone costs
+in a loop in this process), and the
 peers of bench/peers.py (LiteLLM, Portkey, TensorZero; installed on first use). One client, one
 keep-alive connection per target, plain chat requests, blocks of --block requests to each target in
 turn. Prints a markdown table. Loopback only; bounded in time.
@@ -21,10 +22,23 @@ import socket
 import statistics
 import sys
 import time
+import timeit
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: its library
-from lib import BODY, HOST, PATH, Proc, ensure_nginx, log, machine, start_gateway, start_nginx, start_upstream  # noqa: E402
+from lib import (  # noqa: E402
+    BODY,
+    HOST,
+    PATH,
+    ROOT,
+    Proc,
+    ensure_nginx,
+    log,
+    machine,
+    start_gateway,
+    start_nginx,
+    start_upstream,
+)
 from peers import DEFAULT_PEERS, PEERS  # noqa: E402
 
 
@@ -149,6 +163,39 @@ def print_goal(results: list[dict]) -> None:
     print(f"goal: {SEALED} at most +{SEALED_GOAL_MS} ms over tinygw at c=1: +{extra:.3f} ms, {verdict}")
 
 
+FLOOR_ANSWER_BYTES = 300  # about the instant upstream's chat.completion
+
+
+def print_floor() -> None:
+    """What the sealed line's cryptography alone costs a request, in a loop in this process (the best
+    of 5 runs of 2,000, µs): opening the request as the bench seals it (X25519, HPKE's key schedule,
+    AES-GCM), the answer's key and its one frame, as tinygw.trust.ehbp does them; and X25519 alone.
+    Inside a request, beside the server and the other processes, the same calls take longer."""
+    sys.path.insert(0, str(ROOT))  # tinygw, from this tree
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+    from ehbp import ServerIdentity
+
+    from tinygw.trust.ehbp import KeyPair
+
+    key = KeyPair.generate()
+    sealed = ServerIdentity.unmarshal_public_config(key.config).encrypt_request_body(BODY.encode())
+    enc, body, answer = sealed.encapsulated_key.hex().encode(), sealed.body, b"x" * FLOOR_ANSWER_BYTES
+
+    def one() -> None:
+        key.open(enc, body).sealer().seal(answer)
+
+    ours, theirs = X25519PrivateKey.generate(), X25519PrivateKey.generate().public_key()
+
+    def best(call) -> float:
+        return min(timeit.repeat(call, number=2000, repeat=5)) / 2000 * 1e6
+
+    total, x25519 = best(one), best(lambda: ours.exchange(theirs))
+    print(
+        f"floor: the cryptography of {SEALED} alone, in a loop in this process: {total:.0f} µs a request "
+        f"(X25519 {x25519:.0f} µs), {total / (SEALED_GOAL_MS * 10):.0f}% of the goal's {SEALED_GOAL_MS * 1000:.0f} µs"
+    )
+
+
 def measure(targets: dict[str, Connection], rounds: int, requests: int, warmup: int, block: int) -> list[dict]:
     """Per round, each target's median latency (ns)."""
     for conn in targets.values():
@@ -213,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print_table(results, [n for n in targets if n != "direct"])
         print_goal(results)
+        if SEALED in targets:
+            print_floor()
         again = {n: c.reconnects for n, c in targets.items() if c.reconnects}
         if again:
             print(
