@@ -1,13 +1,18 @@
 """What an attempt's ending means: docs/design.md section 4's failure table, in one place.
 
-Each ending of an attempt maps to a `Verdict`: whether it counts for the breaker
-(failure, success, or no verdict), whether the request may go on to another target,
-and whether it is a quick failure that the one quick retry may repeat. An answer is
-judged whole here (`of_answer`): its status, and for a 200 held whole its body.
-Nothing else in the gateway decides what an ending means.
+Each ending of an attempt is judged here, and nowhere else: an answer held whole by its
+status and body (`of_answer`; a cloud's by its error's name first, `of_cloud_answer`),
+an attempt without an answer by its error (`of_error`), an answer relayed as it came by
+how the relay saw it end (`of_stream`, an `Ending`), and the client leaving
+(`CLIENT_LEFT`). A `Judgement` says whether the ending counts for the breaker (failure,
+success, or no verdict), whether the request may go on to another target, whether the
+one quick retry may repeat it, its label, and the status the client gets should it be
+the last attempt.
 """
 
 from __future__ import annotations
+
+import enum
 
 import msgspec
 from msgspec import Struct
@@ -28,7 +33,7 @@ class Verdict(Struct, frozen=True):
 
 SUCCESS = Verdict(Outcome.SUCCESS, may_fall_back=False)
 FAILURE = Verdict(Outcome.FAILURE, may_fall_back=True)  # not quick: a timeout, a 401/403, a bad answer
-ERROR_EVENT = FAILURE  # a stream's error event, or its end without output, before output
+QUICK_FAILURE = Verdict(Outcome.FAILURE, may_fall_back=True, quick=True)  # the one quick retry may repeat it
 CUT = Verdict(Outcome.FAILURE, may_fall_back=False)  # a failure after the client had part of the answer
 NO_VERDICT = Verdict(Outcome.NEUTRAL, may_fall_back=False)  # the client's own doing: returned to it
 # No verdict on the provider's health, and another target may serve: a 429, or every
@@ -37,28 +42,89 @@ RATE_LIMITED = Verdict(Outcome.NEUTRAL, may_fall_back=True)
 
 
 class Judgement(Struct, frozen=True):
-    """An answer, judged. `status` is what the client gets with the provider's body
-    should this attempt be the last (502 for a 200 carrying an error); `error`, when
-    set, replaces the answer: the client then gets the gateway's own 502 saying it."""
+    """An attempt's ending, judged. `label` names it in x-tinygw-attempts, the access log
+    and the attempts metric (`tinygw_provider_attempts_total`'s `outcome`). `status` is
+    what the client gets should this attempt be the last: the provider's answer's (502
+    for a 200 carrying an error), or that of the gateway's own answer when there is none.
+    `error`, when set, replaces the answer: the client then gets the gateway's own error
+    saying it, with `retry_after_seconds` when it is told when to come back."""
 
     verdict: Verdict
-    label: str  # for x-tinygw-attempts, the access log and the attempts metric
+    label: str
     status: int
     usage: Usage | None = None
     error: errors.UpstreamError | None = None
+    retry_after_seconds: int | None = None
 
 
-def of_error(e: errors.UpstreamError) -> Verdict:
-    """Refused, reset, DNS, TLS, protocol errors, every timeout, and a cloud provider's
-    token that cannot be had (ProviderCredentials): failures. Only
-    connection errors (not timeouts) are quick. The gateway's own limits are no
-    verdict on the provider: all its connections busy (another target may serve), or
-    an answer over the size the gateway reads whole (no other would do better)."""
-    if isinstance(e, errors.PoolTimeout):
-        return RATE_LIMITED
-    if isinstance(e, errors.ResponseTooLarge):
-        return NO_VERDICT
-    return Verdict(Outcome.FAILURE, may_fall_back=True, quick=e.cause == "connect_error")
+# The client went away (or did not take a send in time) while an attempt was under way:
+# no verdict, and the count is left as it was. Never sent: logged as nginx's 499.
+CLIENT_LEFT = Judgement(NO_VERDICT, "client_closed", 499)
+
+
+class Ending(enum.Enum):
+    """How an answer relayed as it came (a stream, or an answer too large to hold) ended,
+    as the relay saw it: the relay reports it, `of_stream` decides what it means."""
+
+    FINISHED = "finished"  # the provider closed it after an event that marks the answer's end
+    UNFINISHED = "cut"  # the provider closed it without one
+    ERROR_EVENT = "error_event"  # an error event came
+    BROKEN = "broken"  # the connection failed or timed out (its error says how)
+
+
+def of_stream(ending: Ending, output: bool, error: errors.UpstreamError | None = None, status: int = 200) -> Judgement:
+    """A relayed answer of `status` that ended as `ending`, after output reached the
+    client (`output`: nothing is switched, any ending but a finish is a cut, and the
+    client's stream ends with an error event) or before (an ending without output may
+    fall back, and the held events are the client's 502 should it be the last)."""
+    if not output:
+        if ending is Ending.BROKEN and error is not None:
+            return of_error(error)
+        return _ERROR_EVENT if ending is Ending.ERROR_EVENT else _NO_OUTPUT
+    if ending is Ending.FINISHED:
+        return Judgement(SUCCESS, str(status), status)
+    return Judgement(CUT, f"{status}+{cause_of(ending, error)}", status)
+
+
+def cause_of(ending: Ending, error: errors.UpstreamError | None) -> str:
+    """The cause a relayed answer's cut is named by: its error's, else its ending's."""
+    return error.cause if ending is Ending.BROKEN and error is not None else ending.value
+
+
+_NO_OUTPUT = Judgement(FAILURE, "200+no_output", 502)
+_ERROR_EVENT = Judgement(FAILURE, "200+error_event", 502)
+
+
+# The errors of an attempt that ended without an answer, most specific first: the verdict,
+# and the status of the gateway's own answer should the attempt be the last (docs/design.md
+# section 3: 502 unless named). Only connection errors (not timeouts, not a protocol error)
+# are quick. The gateway's own limits are no verdict on the provider: all its connections
+# busy (another target may serve; the client is told to retry in a second), or an answer
+# over the size the gateway reads whole (no other target would do better).
+_ERRORS: tuple[tuple[type[errors.UpstreamError], Verdict, int], ...] = (
+    (errors.PoolTimeout, RATE_LIMITED, 503),
+    (errors.ResponseTooLarge, NO_VERDICT, 502),
+    (errors.ConnectTimeout, FAILURE, 504),
+    (errors.FirstByteTimeout, FAILURE, 504),
+    (errors.StallTimeout, FAILURE, 504),
+    (errors.TotalTimeout, FAILURE, 504),
+    (errors.RemoteProtocolError, FAILURE, 502),
+    (errors.UnusableAnswer, FAILURE, 502),
+    (errors.ProviderCredentials, FAILURE, 502),
+    (errors.UpstreamError, QUICK_FAILURE, 502),  # refused, reset, closed early, DNS, TLS
+)
+# What the client is told to wait before it retries, by the status of the gateway's own
+# answer: a busy target frees a connection within a second.
+_RETRY_AFTER_SECONDS = {503: 1}
+
+
+def of_error(e: errors.UpstreamError) -> Judgement:
+    """An attempt that ended without an answer, by its error (`_ERRORS`): labelled by
+    its cause, and the gateway's own answer (`error`) should it be the last."""
+    for kind, verdict, status in _ERRORS:
+        if isinstance(e, kind):
+            return Judgement(verdict, e.cause, status, error=e, retry_after_seconds=_RETRY_AFTER_SECONDS.get(status))
+    raise TypeError(f"no row of the failure table for {type(e).__name__}")  # _ERRORS ends with their base class
 
 
 def of_status(status: int, elapsed_seconds: float, account_chosen: bool = False) -> Verdict:

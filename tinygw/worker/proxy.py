@@ -46,10 +46,6 @@ from tinygw.worker.upstreams import Upstream
 
 Send = Callable[[dict], Awaitable[None]]
 
-# The status of the gateway's own answer when the last attempt ended without one, by its
-# error's cause (docs/design.md section 3): 502 unless named here.
-_STATUS_OF_CAUSE = {"timeout": 504, "provider_busy": 503}
-
 # The pause before the one quick retry (docs/design.md section 4).
 QUICK_RETRY_DELAY_SECONDS = 0.25
 
@@ -199,12 +195,13 @@ async def _make_attempt(
         if not attempt.committed and attempt.verdict.outcome is Outcome.SUCCESS:  # final: the client gets it
             attempt = await _commit(send, record, attempt)
     except BaseException as e:
-        ticket.done(Outcome.NEUTRAL)
+        left = outcome.CLIENT_LEFT
+        ticket.done(left.verdict.outcome)
         # The client left: its request was cancelled (an answer held whole, `attempt`, may have been
         # going out: its first byte is still to observe; a larger one's was observed as it came).
         if isinstance(e, asyncio.CancelledError):
             first_byte = attempt.first_byte_seconds if attempt is not None else None
-            gateway.metrics.count_attempt(circuit.provider, circuit.label, "client_closed", first_byte)
+            gateway.metrics.count_attempt(circuit.provider, circuit.label, left.label, first_byte)
         raise
     label = attempt.label
     try:
@@ -255,7 +252,7 @@ async def _attempt(
     try:
         response = await upstream.pool.send(request)
     except errors.UpstreamError as e:
-        return Attempt(outcome.of_error(e), e.cause, error=e)
+        return Attempt(outcome.of_error(e))
     elapsed = gateway.clock() - started
     if inbound.stream and response.status == 200:
         content_type = header(response.headers, b"content-type") or b""
@@ -273,7 +270,7 @@ async def _attempt(
         try:
             data, ended = await response.read_upto(HOLD_BYTES)
         except errors.UpstreamError as e:
-            return Attempt(outcome.of_error(e), e.cause, error=e)
+            return Attempt(outcome.of_error(e))
         rest = None if ended else response
     held = None if rest else data
     if provider.cloud:  # Bedrock's and Vertex's errors go by their names first
@@ -285,13 +282,12 @@ async def _attempt(
         judged = outcome.of_answer(response.status, elapsed, held, chosen)
     if judged.error is not None:  # nothing of it is the client's: the gateway's own 502, should it be the last
         await response.aclose()
-        return Attempt(judged.verdict, judged.label, error=judged.error, first_byte_seconds=first_byte)
+        return Attempt(judged, first_byte_seconds=first_byte)
     if judged.usage is not None:  # a success, which is sent: its tokens count
         record.counted(judged.usage)
     redact = upstream.redactor
     return Attempt(
-        judged.verdict,
-        judged.label,
+        judged,
         # a provider's secrets never reach the client (tinygw.trust.redact)
         answer=Answer(judged.status, redact.headers(relay_headers(response.headers)), redact.body(data), rest),
         other_key=response.status == 429 and _rest_key(gateway, upstream, key_index, response),
@@ -346,7 +342,8 @@ async def _commit(send: Send, record: Record, attempt: Attempt) -> Attempt:
     if sent:
         return replace(attempt, committed=True)
     record.was_cut()
-    return replace(attempt, verdict=outcome.CUT, label=f"{answer.status}+cut", committed=True)
+    cut = outcome.of_stream(outcome.Ending.UNFINISHED, output=True, status=answer.status)
+    return replace(attempt, judged=cut, committed=True)
 
 
 async def _send_held(send: Send, record: Record, answer: Answer, current: str | None) -> None:
@@ -382,13 +379,13 @@ async def _send_final(send: Send, record: Record, last: Attempt, target: Target)
         if not await _send_answer(send, record, last.answer):
             record.was_cut()
         return
-    e = last.error
+    judged = last.judged
+    e, retry_after = judged.error, judged.retry_after_seconds
     if e is None:  # an attempt ends with an answer or an error
         raise RuntimeError("an attempt ended with neither an answer nor an error")
-    busy = e.cause == "provider_busy"  # the shape of the circuit-open answer: retry in a second
     body = error_body(
-        f"provider {target.provider} is busy: {e}; retry after 1 s"
-        if busy
+        f"provider {target.provider} is busy: {e}; retry after {retry_after} s"
+        if retry_after
         else f"provider {target.provider} failed: {e}",
         "provider_unavailable",
         e.cause,
@@ -396,8 +393,8 @@ async def _send_final(send: Send, record: Record, last: Attempt, target: Target)
         provider=target.provider,
         provider_model=target.upstream_model,
     )
-    headers = [*JSON_HEADERS, (b"retry-after", b"1")] if busy else JSON_HEADERS
-    await send(record.head(_STATUS_OF_CAUSE.get(e.cause, 502), headers))
+    headers = [*JSON_HEADERS, (b"retry-after", b"%d" % retry_after)] if retry_after else JSON_HEADERS
+    await send(record.head(judged.status, headers))
     await send({"type": "http.response.body", "body": body})
 
 

@@ -14,16 +14,15 @@ from urllib.parse import quote
 
 from msgspec import Struct
 
-from tinygw import errors
 from tinygw.config.settings import DEFAULT_CLIENT, Target
 from tinygw.protocol import usage
 from tinygw.resilience.breaker import Breakers
-from tinygw.resilience.outcome import Verdict
+from tinygw.resilience.outcome import CLIENT_LEFT, Judgement, Verdict
 from tinygw.upstream.pool import Response
 
 # The status logged and counted for a request whose client left before its answer
-# (nginx's convention; never sent, there is nobody to send it to).
-CLIENT_CLOSED = 499
+# (never sent, there is nobody to send it to).
+CLIENT_CLOSED = CLIENT_LEFT.status
 
 
 class Record(Struct):
@@ -156,17 +155,24 @@ class Answer(Struct, frozen=True):
 
 class Attempt(Struct, frozen=True):
     """How one attempt ended: a value, made when it ended (and made anew, with
-    `committed`, once its answer is the client's)."""
+    `committed`, once its answer is the client's). What the ending means is `judged`
+    (tinygw.resilience.outcome); the rest is what this attempt holds."""
 
-    verdict: Verdict
-    label: str  # for x-tinygw-attempts and the access log: a status or a cause
+    judged: Judgement
     committed: bool = False  # the client already has the answer (or its start)
-    answer: Answer | None = None
-    error: errors.UpstreamError | None = None  # no answer the client can use: why
+    answer: Answer | None = None  # the provider's, when the client can use it
     other_key: bool = False  # a 429, and another of the provider's keys is free
     # How long the answer's head took, when it is still to be observed with the attempt's
     # count (an answer held whole: its attempt ends as soon as it came); None once observed.
     first_byte_seconds: float | None = None
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.judged.verdict
+
+    @property
+    def label(self) -> str:
+        return self.judged.label
 
     async def discard(self) -> None:
         """Another attempt follows: this one's answer will not be sent."""

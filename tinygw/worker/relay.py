@@ -29,6 +29,8 @@ from tinygw.config.settings import Target
 from tinygw.protocol import sse, usage
 from tinygw.protocol.wire import relay_headers, sse_error_event
 from tinygw.resilience import outcome
+from tinygw.resilience.breaker import Outcome
+from tinygw.resilience.outcome import Ending
 from tinygw.trust.redact import Redactor
 from tinygw.worker.record import Answer, Attempt, Record
 
@@ -108,9 +110,9 @@ class Relay:
             await self._relaying()
         except errors.UpstreamError as e:
             if self.state is State.HOLDING:
-                return Attempt(outcome.of_error(e), e.cause, error=e)
-            return await self._end_with_error(f"the provider failed mid-stream: {e}", e.cause)
-        return await self._end()
+                return Attempt(outcome.of_stream(Ending.BROKEN, output=False, error=e))
+            return await self._end(Ending.BROKEN, e)
+        return await self._end(self._ending())
 
     # ---- HOLDING -----------------------------------------------------------------------
 
@@ -124,7 +126,7 @@ class Relay:
             if self.state is State.RELAYING:
                 return None
         answer = self._answer(b"".join(self._held) + self._pending.take())
-        return Attempt(outcome.ERROR_EVENT, "200+no_output", answer=answer)
+        return Attempt(outcome.of_stream(self._ending(), output=False), answer=answer)
 
     def _headers(self) -> list[tuple[bytes, bytes]]:
         """The provider's headers that the client gets, its secrets redacted (tinygw.trust.redact)."""
@@ -155,9 +157,8 @@ class Relay:
             event = block[start:end]
             kind, done = sse.kind(event)
             if kind is sse.Kind.ERROR:
-                return Attempt(
-                    outcome.ERROR_EVENT, "200+error_event", answer=self._answer(b"".join(self._held) + block[:end])
-                )
+                answer = self._answer(b"".join(self._held) + block[:end])
+                return Attempt(outcome.of_stream(Ending.ERROR_EVENT, output=False), answer=answer)
             self._held_events += 1
             self._held_bytes += end - start
             self._finished |= done
@@ -211,21 +212,25 @@ class Relay:
 
     # ---- the end -----------------------------------------------------------------------
 
-    async def _end(self) -> Attempt:
-        """The provider ended the stream after output."""
+    def _ending(self) -> Ending:
+        """How the stream ended, when the provider closed it."""
         if self._failed:
+            return Ending.ERROR_EVENT
+        return Ending.FINISHED if self._finished else Ending.UNFINISHED
+
+    async def _end(self, ending: Ending, error: errors.UpstreamError | None = None) -> Attempt:
+        """The stream ended as `ending` after output: the client's stream is ended, cleanly
+        after a finish, else with the provider's error event (relayed already) or one of
+        the gateway's own."""
+        judged = outcome.of_stream(ending, output=True, error=error)
+        if judged.verdict.outcome is not Outcome.SUCCESS:
             self._record.was_cut()
-            await self._send({"type": "http.response.body", "body": b""})  # the provider's error event was relayed
-            return Attempt(outcome.CUT, "200+error_event", committed=True)
-        if not self._finished:
+        if ending is Ending.UNFINISHED:
             target = self._target
             logs.log(logging.WARNING, "stream cut", provider=target.provider, provider_model=target.upstream_model)
-            return await self._end_with_error("the provider ended the stream without a finish", "cut")
-        await self._send({"type": "http.response.body", "body": b""})
-        return Attempt(outcome.SUCCESS, "200", committed=True)
-
-    async def _end_with_error(self, message: str, cause: str) -> Attempt:
-        self._record.was_cut()
-        event = sse_error_event(message, "provider_unavailable", cause=cause)
-        await self._send({"type": "http.response.body", "body": event})
-        return Attempt(outcome.CUT, f"200+{cause}", committed=True)
+        end = b""  # a clean end, or after the provider's own error event
+        if ending in (Ending.UNFINISHED, Ending.BROKEN):
+            why = f"failed mid-stream: {error}" if error is not None else "ended the stream without a finish"
+            end = sse_error_event(f"the provider {why}", "provider_unavailable", cause=outcome.cause_of(ending, error))
+        await self._send({"type": "http.response.body", "body": end})
+        return Attempt(judged, committed=True)
