@@ -229,7 +229,7 @@ def test_an_alias_falls_back_from_anthropic_to_bedrock_to_vertex(start_gateway, 
 
 def test_a_streamed_alias_falls_back_over_an_exception_frame_before_output(start_gateway, clouds):
     clouds.anthropic.script = lambda r: json_reply(529, {"type": "error", "error": {"type": "overloaded_error"}})
-    exception = bedrock_exception("throttlingException", "slow down")
+    exception = bedrock_exception("internalServerException", "it broke")
     clouds.bedrock_answers(
         lambda r: Reply(headers=[("content-type", EVENTSTREAM)], chunks=[(0, f) for f in [exception]])
     )
@@ -418,6 +418,38 @@ ROWS = [
     ("vertex", error_of(403, "PERMISSION_DENIED", google=True), "vertex:403,bedrock:200", 200, True),
     ("bedrock", error_of(400, "ValidationException"), "bedrock:400+ValidationException", 400, False),
 ]
+
+
+STREAM_ROWS = [
+    # (a leading exception frame, the attempts header, the client's status, counts as a failure)
+    ("throttlingException", "bedrock:429+throttlingException,vertex:200", 200, False),
+    ("modelNotReadyException", "bedrock:429+modelNotReadyException,vertex:200", 200, False),
+    ("serviceUnavailableException", "bedrock:503+serviceUnavailableException,vertex:200", 200, True),
+    ("validationException", "bedrock:400+validationException", 400, False),
+    ("internalServerException", "bedrock:200+error_event,vertex:200", 200, True),
+]
+
+
+@pytest.mark.parametrize("name,attempts,client_status,failure", STREAM_ROWS, ids=[row[0] for row in STREAM_ROWS])
+def test_a_leading_exception_frame_is_judged_by_its_name(start_gateway, clouds, name, attempts, client_status, failure):
+    clouds.bedrock_answers(lambda r: _frames_reply([bedrock_exception(name, "no")]))
+    gateway = start_gateway(
+        clouds.config({"m": [f"bedrock:{BEDROCK_MODEL}", f"vertex:{VERTEX_MODEL}"]}), **clouds.env()
+    )
+    status, headers, answer = call("POST", f"{gateway.url}{MESSAGES}", {"model": "m", "stream": True, **PROMPT}, AUTH)
+    assert (status, headers["x-tinygw-attempts"]) == (client_status, attempts), answer
+    assert failures_of(gateway, "bedrock") == (1 if failure else 0)
+
+
+def test_a_throttled_stream_with_no_other_target_is_the_client_s_429_with_retry_after(start_gateway, clouds):
+    clouds.bedrock_answers(lambda r: _frames_reply([bedrock_exception("throttlingException", "slow down")]))
+    gateway = start_gateway(clouds.config({"m": [f"bedrock:{BEDROCK_MODEL}"]}), **clouds.env())
+    for _ in range(6):  # more than PROVIDER_BREAKER_FAILURES: a rate limit never opens the circuit
+        status, headers, answer = call(
+            "POST", f"{gateway.url}{MESSAGES}", {"model": "m", "stream": True, **PROMPT}, AUTH
+        )
+        assert (status, headers["retry-after"]) == (429, "1"), answer
+    assert failures_of(gateway, "bedrock") == 0
 
 
 @pytest.mark.parametrize("who,reply,attempts,client_status,failure", ROWS, ids=[row[2].split(",")[0] for row in ROWS])

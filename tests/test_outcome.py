@@ -72,6 +72,18 @@ ROWS: dict[str, tuple] = {
         lambda: outcome.of_stream(Ending.ERROR_EVENT, output=False),
         (F, True, False, "200+error_event", 502),
     ),
+    "stream_cloud_throttled": (
+        lambda: outcome.of_stream(Ending.ERROR_EVENT, output=False, cloud_error=("throttlingException", FAST)),
+        (N, True, False, "429+throttlingException", 429),
+    ),
+    "stream_cloud_unavailable": (
+        lambda: outcome.of_stream(Ending.ERROR_EVENT, output=False, cloud_error=("serviceUnavailableException", FAST)),
+        (F, True, True, "503+serviceUnavailableException", 503),
+    ),
+    "stream_cloud_validation": (
+        lambda: outcome.of_stream(Ending.ERROR_EVENT, output=False, cloud_error=("validationException", FAST)),
+        (N, False, False, "400+validationException", 400),
+    ),
     "stream_no_output": (
         lambda: outcome.of_stream(Ending.FINISHED, output=False),
         (F, True, False, "200+no_output", 502),
@@ -146,3 +158,11 @@ def test_a_cloud_s_401_without_a_name_is_its_credentials():
     judged = outcome.of_cloud_answer(401, FAST, b"{}", None)
     assert (judged.verdict.outcome.value, judged.status, judged.label) == (F, 502, "401")
     assert isinstance(judged.error, errors.ProviderCredentials)
+
+
+def test_a_cloud_s_error_names_are_matched_in_any_case_and_other_names_are_error_events():
+    for name in ("ThrottlingException", "throttlingexception", "THROTTLINGEXCEPTION"):
+        assert outcome.of_cloud_error(name, FAST).status == 429, name
+    assert outcome.of_cloud_error("throttlingException", FAST).retry_after_seconds == 1
+    assert outcome.of_cloud_error("internalServerException", FAST).label == "200+error_event"
+    assert outcome.of_cloud_answer(429, FAST, b"{}", "throttlingexception").verdict.outcome.value == N

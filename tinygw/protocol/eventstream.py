@@ -189,12 +189,17 @@ _decode_message = msgspec.json.Decoder(_Message)
 _encode = msgspec.json.Encoder()
 
 
+def exception_type(frame: Frame) -> str:
+    """The name an exception frame gives its error (`throttlingException`)."""
+    return frame.headers.get(":exception-type") or frame.headers.get(":error-code") or "exception"
+
+
 def event_of(frame: Frame) -> bytes:
     """The Anthropic event a Bedrock frame carries, as a server-sent event (`event:
     NAME`, `data: JSON`, a blank line). An exception frame is an `error` event; a frame
     that carries no event is BadFrame."""
     if frame.is_exception:
-        name = frame.headers.get(":exception-type") or frame.headers.get(":error-code") or "exception"
+        name = exception_type(frame)
         try:
             message = _decode_message.decode(frame.payload).message
         except (msgspec.MsgspecError, RecursionError):

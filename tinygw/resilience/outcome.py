@@ -72,15 +72,25 @@ class Ending(enum.Enum):
     BROKEN = "broken"  # the connection failed or timed out (its error says how)
 
 
-def of_stream(ending: Ending, output: bool, error: errors.UpstreamError | None = None, status: int = 200) -> Judgement:
+def of_stream(
+    ending: Ending,
+    output: bool,
+    error: errors.UpstreamError | None = None,
+    status: int = 200,
+    cloud_error: tuple[str, float] | None = None,
+) -> Judgement:
     """A relayed answer of `status` that ended as `ending`, after output reached the
     client (`output`: nothing is switched, any ending but a finish is a cut, and the
     client's stream ends with an error event) or before (an ending without output may
-    fall back, and the held events are the client's 502 should it be the last)."""
+    fall back, and the held events are the client's 502 should it be the last).
+    `cloud_error`: a cloud's leading exception, its name and when it came, judged as
+    the HTTP error of that name would be (`of_cloud_error`)."""
     if not output:
         if ending is Ending.BROKEN and error is not None:
             return of_error(error)
-        return _ERROR_EVENT if ending is Ending.ERROR_EVENT else _NO_OUTPUT
+        if ending is Ending.ERROR_EVENT:
+            return of_cloud_error(*cloud_error) if cloud_error else _ERROR_EVENT
+        return NO_OUTPUT
     if ending is Ending.FINISHED:
         return Judgement(SUCCESS, str(status), status)
     return Judgement(CUT, f"{status}+{cause_of(ending, error)}", status)
@@ -91,7 +101,7 @@ def cause_of(ending: Ending, error: errors.UpstreamError | None) -> str:
     return error.cause if ending is Ending.BROKEN and error is not None else ending.value
 
 
-_NO_OUTPUT = Judgement(FAILURE, "200+no_output", 502)
+NO_OUTPUT = Judgement(FAILURE, "200+no_output", 502)
 _ERROR_EVENT = Judgement(FAILURE, "200+error_event", 502)
 
 
@@ -171,15 +181,18 @@ def of_answer(status: int, elapsed_seconds: float, body: bytes | None, account_c
 
 
 # Claude on the clouds (docs/design.md section 18): what Bedrock and Vertex call their
-# errors (tinygw.protocol.clouds.error_name), before their status is read.
+# errors (tinygw.protocol.clouds.error_name), before their status is read: the kind, and
+# the status of the HTTP error of that name. Names are matched in lower case: an HTTP
+# header says `ThrottlingException` where a stream's exception frame says
+# `throttlingException`.
 _CLOUD_ERRORS = {
-    "ThrottlingException": "rate_limited",  # Bedrock, 429
-    "ModelNotReadyException": "rate_limited",  # Bedrock, 429: the model is being loaded
-    "RESOURCE_EXHAUSTED": "rate_limited",  # Vertex, 429: a quota
-    "ServiceUnavailableException": "failure",  # Bedrock, 503
-    "AccessDeniedException": "credentials",  # Bedrock, 403: the credentials' rights
-    "UnrecognizedClientException": "credentials",  # Bedrock, 403: the key or the signature
-    "ValidationException": "client",  # Bedrock, 400: the request's own
+    "throttlingexception": ("rate_limited", 429),  # Bedrock
+    "modelnotreadyexception": ("rate_limited", 429),  # Bedrock: the model is being loaded
+    "resource_exhausted": ("rate_limited", 429),  # Vertex: a quota
+    "serviceunavailableexception": ("failure", 503),  # Bedrock
+    "accessdeniedexception": ("credentials", 403),  # Bedrock: the credentials' rights
+    "unrecognizedclientexception": ("credentials", 403),  # Bedrock: the key or the signature
+    "validationexception": ("client", 400),  # Bedrock: the request's own
 }
 
 
@@ -189,7 +202,7 @@ def of_cloud_answer(status: int, elapsed_seconds: float, body: bytes | None, err
     no verdict); a refusal of the credentials (the named ones, or a 401/403) is a provider
     configuration error, a failure whose client gets the gateway's own 502; a
     ValidationException is the client's 400."""
-    kind = _CLOUD_ERRORS.get(error_name or "")
+    kind, _ = _CLOUD_ERRORS.get((error_name or "").lower(), (None, status))
     label = f"{status}+{error_name}" if kind else str(status)
     if kind == "rate_limited":
         return Judgement(RATE_LIMITED, label, 429)
@@ -201,6 +214,18 @@ def of_cloud_answer(status: int, elapsed_seconds: float, body: bytes | None, err
     if kind == "client":
         return Judgement(NO_VERDICT, label, 400)
     return of_answer(status, elapsed_seconds, body)
+
+
+def of_cloud_error(error_name: str, elapsed_seconds: float) -> Judgement:
+    """A cloud stream's leading exception (Bedrock's exception frame), `elapsed_seconds`
+    into the attempt: judged as the HTTP error of its name would be, and any name
+    that is not one of those as a stream's error event."""
+    _, status = _CLOUD_ERRORS.get(error_name.lower(), (None, 0))
+    if not status:
+        return _ERROR_EVENT
+    judged = of_cloud_answer(status, elapsed_seconds, None, error_name)
+    # No Retry-After came with it: the client is told to come back in a second.
+    return msgspec.structs.replace(judged, retry_after_seconds=1) if judged.status == 429 else judged
 
 
 _NOT_JSON = errors.UnusableAnswer("its answer was a 200 whose body is not JSON")

@@ -34,7 +34,7 @@ class Unwrapped:
     """A Bedrock stream as the relay reads it: `headers` (its content type that of
     server-sent events) and `next_chunk`, the events of the frames that each read completes."""
 
-    __slots__ = ("headers", "keep_frames", "frames", "_response", "_reader")
+    __slots__ = ("headers", "keep_frames", "frames", "exception_type", "_response", "_reader")
 
     def __init__(self, response: Response, keep_frames: bool) -> None:
         self._response = response
@@ -42,6 +42,7 @@ class Unwrapped:
         self.headers = [(k, v) for k, v in response.headers if k != b"content-type"] + [_SSE]
         self.keep_frames = keep_frames  # the Bedrock route: frames are what the client gets
         self.frames: deque[bytes] = deque()  # the frames of the events handed out, not yet sent on
+        self.exception_type: str | None = None  # the name of the last exception frame read
 
     async def next_chunk(self) -> bytes | None:
         """The events of the next read that completes a frame, or None at the stream's end."""
@@ -57,6 +58,9 @@ class Unwrapped:
                 await self._response.aclose()
                 raise errors.RemoteProtocolError(f"the provider's event stream is corrupt: {e}") from None
             if frames:
+                for frame in frames:
+                    if frame.is_exception:
+                        self.exception_type = eventstream.exception_type(frame)
                 if self.keep_frames:
                     self.frames.extend(frame.raw for frame in frames)
                 return events

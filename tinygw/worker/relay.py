@@ -32,6 +32,7 @@ from tinygw.resilience import outcome
 from tinygw.resilience.breaker import Outcome
 from tinygw.resilience.outcome import Ending
 from tinygw.trust.redact import Redactor
+from tinygw.worker import frames
 from tinygw.worker.record import Answer, Attempt, Record
 
 Send = Callable[[dict], Awaitable[None]]
@@ -132,9 +133,20 @@ class Relay:
         """The provider's headers that the client gets, its secrets redacted (tinygw.trust.redact)."""
         return self._redactor.headers(relay_headers(self._response.headers))
 
-    def _answer(self, held: bytes) -> Answer:
-        """The 502 answer made of the events held, sent if no other attempt is made."""
-        return Answer(502, self._headers(), self._redactor.body(held))
+    def _answer(self, held: bytes, judged: outcome.Judgement = outcome.NO_OUTPUT) -> Answer:
+        """The answer made of the events held (502, or the status `judged` gives a cloud's
+        exception), sent if no other attempt is made."""
+        headers = self._headers()
+        if judged.retry_after_seconds:
+            headers = [*headers, (b"retry-after", b"%d" % judged.retry_after_seconds)]
+        return Answer(judged.status, headers, self._redactor.body(held))
+
+    def _cloud_error(self) -> tuple[str, float] | None:
+        """A leading exception of Bedrock's frames, which names its error, and when it came."""
+        events = self._response
+        if isinstance(events, frames.Unwrapped) and events.exception_type is not None:
+            return events.exception_type, self._loop.time() - self._record.started_at
+        return None
 
     async def _hold(self, chunk: bytes) -> Attempt | None:
         """Hold the events `chunk` completes, until one carries output or a bound is passed
@@ -157,8 +169,8 @@ class Relay:
             event = block[start:end]
             kind, done = sse.kind(event)
             if kind is sse.Kind.ERROR:
-                answer = self._answer(b"".join(self._held) + block[:end])
-                return Attempt(outcome.of_stream(Ending.ERROR_EVENT, output=False), answer=answer)
+                judged = outcome.of_stream(Ending.ERROR_EVENT, output=False, cloud_error=self._cloud_error())
+                return Attempt(judged, answer=self._answer(b"".join(self._held) + block[:end], judged))
             self._held_events += 1
             self._held_bytes += end - start
             self._finished |= done
