@@ -40,7 +40,7 @@ def gateway(fake, tmp_path_factory):
             "an": {"base_url": fake.url, "api": "anthropic", "api_key_env": "AN_KEY", "listing": False},
             "oa": {"base_url": f"{fake.url}/v1", "api": "openai", "listing": False},
             "down": {"base_url": f"http://127.0.0.1:{closed_port()}", "api": "anthropic", "listing": False},
-            "slow": {"base_url": fake.url, "api": "anthropic", "listing": False, "first_byte_timeout_s": 0.5},
+            "slow": {"base_url": fake.url, "api": "anthropic", "listing": False, "head_timeout_s": 0.5},
         },
         "models": {
             "claude-*": {"targets": ["an:*"]},

@@ -49,6 +49,15 @@ def test_defaults():
     assert settings.routing.max_attempts == 2 and settings.routing.debug is False
 
 
+def test_a_stream_s_head_waits_30_s_by_default_and_a_model_may_set_its_own():
+    from tinygw.worker.upstreams import model_timeouts
+
+    models = {"m": {"targets": ["a:up"]}, "n": {"targets": ["a:up"], "head_timeout_s": 2}}
+    timeouts = model_timeouts(from_environ(env({"providers": PROVIDERS, "models": models})))
+    assert (timeouts[("m", "a")].head_seconds, timeouts[("n", "a")].head_seconds) == (30.0, 2.0)
+    assert timeouts[("m", "a")].first_byte_seconds == 120.0
+
+
 @pytest.mark.parametrize(
     "extra,where",
     [

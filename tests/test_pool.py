@@ -178,12 +178,28 @@ async def test_refused_is_a_connect_error():
         await post(pool)
 
 
-async def test_no_head_of_a_stream_in_time_is_a_first_byte_timeout(fake):
+async def test_no_head_of_a_stream_in_time_is_a_head_timeout(fake):
     fake.script = lambda r: Reply(action="hang")
-    pool = pool_for(fake.port, first_byte_seconds=0.2)
-    with pytest.raises(errors.FirstByteTimeout):
+    pool = pool_for(fake.port, head_seconds=0.2, first_byte_seconds=60.0)
+    with pytest.raises(errors.HeadTimeout):
         await pool.send(UpstreamRequest(b"POST", b"/", [], b"{}", pool.timeouts, stream=True))
     await wait_until(lambda: fake.peer_closed == 1, what="the hung connection to be closed")
+
+
+async def test_a_stream_s_first_byte_is_waited_for_from_its_head_then_its_pauses_by_the_stall_bound(fake):
+    """head_seconds bounds the head; first_byte_seconds the body's first byte after it
+    (longer than the stall bound here); stall_seconds every pause after that."""
+    fake.script = lambda r: Reply(chunks=[(0.4, b"data: 1\n\n"), (0.4, b"data: 2\n\n")])
+    pool = pool_for(fake.port, head_seconds=0.2, first_byte_seconds=1.0, stall_seconds=0.2)
+    response = await pool.send(UpstreamRequest(b"POST", b"/", [], b"{}", pool.timeouts, stream=True))
+    assert await response.next_chunk() == b"data: 1\n\n"  # 0.4 s: past the stall bound, within the first byte's
+    with pytest.raises(errors.StallTimeout):
+        await response.next_chunk()
+    fake.script = lambda r: Reply(chunks=[(1.0, b"data: 1\n\n")])
+    pool = pool_for(fake.port, head_seconds=5.0, first_byte_seconds=0.2, stall_seconds=5.0)
+    response = await pool.send(UpstreamRequest(b"POST", b"/", [], b"{}", pool.timeouts, stream=True))
+    with pytest.raises(errors.FirstByteTimeout):
+        await response.next_chunk()
 
 
 async def test_the_head_of_a_non_streamed_answer_waits_for_the_total_bound_only(fake):

@@ -42,7 +42,7 @@ def gateway(fake, tmp_path_factory):
             },
             "an": {"base_url": fake.url, "api": "anthropic", "api_key_env": "AN_KEY"},
             "dead": {"base_url": f"http://127.0.0.1:{closed_port()}/v1", "api": "openai"},
-            "slow": {"base_url": f"{fake.url}/v1", "api": "openai", "first_byte_timeout_s": 0.5},
+            "slow": {"base_url": f"{fake.url}/v1", "api": "openai", "head_timeout_s": 0.5, "first_byte_timeout_s": 0.5},
         },
         "models": {
             "gpt-x": {"targets": ["oa:upstream-gpt"]},
@@ -335,7 +335,7 @@ def test_refused_connection_is_502_connect_error(gateway):
     assert b"127.0.0.1" not in body  # no upstream address reaches clients
 
 
-def test_no_first_byte_of_a_stream_in_time_is_504_timeout(gateway, fake):
+def test_no_head_of_a_stream_in_time_is_504_timeout(gateway, fake):
     fake.script = lambda r: Reply(action="hang")
     started = time.monotonic()
     status, _, body = call(

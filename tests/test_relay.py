@@ -213,7 +213,7 @@ def _relayed(pieces: list[bytes], gate=lambda sent: None) -> tuple[str, list[dic
         answer = _Answer(pieces, lambda: gate(sent))
         redactor = Redactor((), lambda places: None)
         attempt = await Relay(answer, send, Record(b"id", 0.0), Target("p", "x"), loop, redactor).run()  # type: ignore[arg-type]
-        return attempt.label
+        return attempt.judged.label
 
     return asyncio.run(run()), sent
 

@@ -332,3 +332,34 @@ def test_a_stream_without_a_finish_ends_with_an_error_event_and_counts(fake, sta
     assert b"event: error\ndata: " in body
     assert call("POST", f"{gateway.url}{CHAT}", {"model": "m", "stream": True})[0] == 503
     assert messages(gateway, "stream cut")
+
+
+def test_a_stream_whose_head_never_comes_falls_back_after_head_timeout_s_not_first_byte(fake, fallback, start_gateway):
+    """A provider that takes the connection and never answers: a streamed answer's head
+    comes at once from every real provider, so the wait for it is `head_timeout_s`, not
+    `first_byte_timeout_s` (120 s): the next target answers, and no quick retry is made."""
+    fake.script = lambda r: Reply(action="hang")
+    gateway = start_gateway(
+        {
+            "providers": {"hung": provider(fake, head_timeout_s=0.5), "fb": provider(fallback)},
+            "models": {"m": {"targets": ["hung:x", "fb:y"]}, "alone": {"targets": ["hung:x"]}},
+            "routing": {"debug": True},
+        }
+    )
+    status, headers, body = call("POST", f"{gateway.url}{CHAT}", {"model": "m", "stream": True})
+    assert (status, headers["x-tinygw-attempts"]) == (200, "hung:timeout,fb:200"), body
+    status, headers, body = call("POST", f"{gateway.url}{CHAT}", {"model": "alone", "stream": True})
+    assert (status, headers["x-tinygw-attempts"]) == (504, "hung:timeout"), body  # a timeout is not retried
+    assert len(chats(fake)) == 2
+
+
+def test_a_model_s_head_timeout_s_is_over_its_provider_s(fake, start_gateway):
+    fake.script = lambda r: Reply(action="hang")
+    gateway = start_gateway(
+        {
+            "providers": {"hung": provider(fake)},  # the default, 30 s
+            "models": {"m": {"targets": ["hung:x"], "head_timeout_s": 0.5}},
+        }
+    )
+    status, _, body = call("POST", f"{gateway.url}{CHAT}", {"model": "m", "stream": True})
+    assert (status, json.loads(body)["error"]["cause"]) == (504, "timeout")

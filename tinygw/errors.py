@@ -42,8 +42,16 @@ class ConnectTimeout(UpstreamError):
     cause = "timeout"
 
 
+class HeadTimeout(UpstreamError):
+    """A streamed request was sent, but no response head arrived within `head_timeout_s`
+    (a provider's streamed answer starts at once: its tokens come later)."""
+
+    cause = "timeout"
+
+
 class FirstByteTimeout(UpstreamError):
-    """The request was sent, but no response head arrived within `first_byte_timeout_s`."""
+    """A streamed answer's head came, but not the first byte of its body within
+    `first_byte_timeout_s` from it."""
 
     cause = "timeout"
 

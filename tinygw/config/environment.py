@@ -30,6 +30,7 @@ from tinygw.config.settings import (
     DEFAULT_RTMR_PATH,
     DEFAULT_TSM_REPORT_DIR,
     METRICS_DIR_VARIABLE,
+    MODEL_TIMEOUTS,
     SERVED_CERT_VARIABLE,
     SERVED_NOT_AFTER_VARIABLE,
     SERVED_SPKI_VARIABLE,
@@ -245,7 +246,7 @@ def _model(where: str, name: str, doc: ModelDoc, providers: Mapping[str, Provide
         if "*" in upstream and upstream != "*":
             raise ConfigError(f"{path}.targets[{i}]", f"the upstream model is a name or '*', got {upstream!r}")
         targets.append(Target(provider, upstream))
-    timeouts = (doc.timeout_s, doc.first_byte_timeout_s, doc.stall_timeout_s)
+    timeouts = tuple(getattr(doc, field) for field in MODEL_TIMEOUTS)
     return Model(name=name, targets=tuple(targets), strategy=doc.strategy, timeouts=timeouts)
 
 

@@ -76,6 +76,9 @@ class ProviderDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     query: dict[str, Value] = {}
     weight: Annotated[int, Meta(ge=1)] = 1
     connect_timeout_s: Seconds = 10.0
+    # A streamed answer's head: every provider sends it at once (the tokens come later).
+    head_timeout_s: Seconds = 30.0
+    # From a streamed answer's head to the first byte of its body.
     first_byte_timeout_s: Seconds = 120.0
     timeout_s: Seconds = 600.0
     # The longest pause between two reads of a streamed answer once it began.
@@ -109,6 +112,7 @@ class ModelDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     timeout_s: Seconds | None = None
     first_byte_timeout_s: Seconds | None = None
     stall_timeout_s: Seconds | None = None
+    head_timeout_s: Seconds | None = None
 
 
 class RoutingDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -226,16 +230,16 @@ def plain(value: str | Secret) -> str:
 
 
 # The timeouts a model may set over its providers', in Model.timeouts' order.
-MODEL_TIMEOUTS = ("timeout_s", "first_byte_timeout_s", "stall_timeout_s")
+MODEL_TIMEOUTS = ("timeout_s", "first_byte_timeout_s", "stall_timeout_s", "head_timeout_s")
 
 
 class Model(Struct, frozen=True, kw_only=True):
     name: str
     targets: tuple[Target, ...]
     strategy: str
-    # The alias's timeouts over its providers' (ModelDoc): timeout_s, first_byte_timeout_s,
-    # stall_timeout_s, each None when the provider's hold.
-    timeouts: tuple[float | None, float | None, float | None] = (None, None, None)
+    # The alias's timeouts over its providers' (ModelDoc), in MODEL_TIMEOUTS' order, each
+    # None when the provider's hold.
+    timeouts: tuple[float | None, ...] = (None, None, None, None)
 
     def order_is_fixed(self) -> bool:
         """Whether every request tries the targets in their configured order (one target,

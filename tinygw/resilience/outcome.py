@@ -115,6 +115,7 @@ _ERRORS: tuple[tuple[type[errors.UpstreamError], Verdict, int], ...] = (
     (errors.PoolTimeout, RATE_LIMITED, 503),
     (errors.ResponseTooLarge, NO_VERDICT, 502),
     (errors.ConnectTimeout, FAILURE, 504),
+    (errors.HeadTimeout, FAILURE, 504),
     (errors.FirstByteTimeout, FAILURE, 504),
     (errors.StallTimeout, FAILURE, 504),
     (errors.TotalTimeout, FAILURE, 504),

@@ -76,8 +76,9 @@ def open_file_limit() -> int:
 class Timeouts(Struct, frozen=True):
     """The bounds of one exchange (docs/design.md section 16): a provider's, or a model's
     where it sets its own. The head of a non-streamed answer comes when generation is
-    done, so its wait is bounded by `total_seconds` alone; a stream's first byte by
-    `first_byte_seconds`, and each pause between reads of a stream that began by
+    done, so its wait is bounded by `total_seconds` alone; a stream's head by
+    `head_seconds` (it comes at once: the tokens come later), the first byte of its body
+    by `first_byte_seconds` from the head, and each pause between reads after that by
     `stall_seconds`."""
 
     connect_seconds: float
@@ -85,6 +86,7 @@ class Timeouts(Struct, frozen=True):
     total_seconds: float
     stall_seconds: float = 120.0
     pool_seconds: float = 10.0  # the wait for a free connection, past which the target is busy
+    head_seconds: float = 30.0
 
 
 class UpstreamRequest(Struct, frozen=True):
@@ -183,9 +185,9 @@ class Pool:
             if connection.send_request(encoded):
                 await connection.drain(deadline)
                 now = loop.time()
-            # a stream's first byte is bounded from the send's time: nothing waited since `now` was read
-            if request.stream and (first_byte := now + timeouts.first_byte_seconds) < deadline:
-                status, response_headers = await connection.receive_head(first_byte, errors.FirstByteTimeout)
+            # a stream's head is bounded from the send's time: nothing waited since `now` was read
+            if request.stream and (head_by := now + timeouts.head_seconds) < deadline:
+                status, response_headers = await connection.receive_head(head_by, errors.HeadTimeout)
             else:  # a non-streamed answer's head comes when it is generated: bounded by the total alone
                 status, response_headers = await connection.receive_head(deadline, errors.TotalTimeout)
             # The usual answer has no content-encoding: looked for in C, without decoder_for's frame
@@ -195,8 +197,10 @@ class Pool:
                 connection.close()
             self._release_slot()
             raise
-        stall = timeouts.stall_seconds if request.stream else None
-        return Response(status, response_headers, self, connection, deadline, decoder, stall)
+        if request.stream:  # the body's first byte is waited for from the head, its pauses after it
+            waits = (timeouts.first_byte_seconds, errors.FirstByteTimeout, timeouts.stall_seconds)
+            return Response(status, response_headers, self, connection, deadline, decoder, *waits)
+        return Response(status, response_headers, self, connection, deadline, decoder)
 
     async def _connect(self, seconds: float) -> Connection:
         origin = self.origin
@@ -323,7 +327,11 @@ class Response(Struct):
     _connection: Connection
     _deadline: float
     _decoder: Decoder | None
-    _stall_seconds: float | None = None  # a stream's: the longest pause between two reads
+    # A stream's: the longest wait for the next read (the first byte's, then a pause's,
+    # `_then_seconds`), and the error that ends it.
+    _stall_seconds: float | None = None
+    _stall_error: type[errors.UpstreamError] = errors.StallTimeout
+    _then_seconds: float | None = None
     _done: bool = False
 
     async def next_chunk(self) -> bytes | None:
@@ -336,7 +344,10 @@ class Response(Struct):
                 return piece
             connection, deadline = self._connection, self._deadline
             if self._stall_seconds is not None and (stalled := self._pool.now() + self._stall_seconds) < deadline:
-                data = await connection.receive_data(stalled, errors.StallTimeout)
+                data = await connection.receive_data(stalled, self._stall_error)
+                if self._then_seconds is not None:  # the first byte came: pauses are bounded from now on
+                    self._stall_seconds, self._then_seconds = self._then_seconds, None
+                    self._stall_error = errors.StallTimeout
             else:
                 data = await connection.receive_data(deadline, errors.TotalTimeout)
             if decoder is not None:

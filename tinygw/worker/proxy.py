@@ -125,7 +125,7 @@ async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, se
             attempts_left -= 1
             quick = quick or retry is Retry.QUICK
             await attempt.discard()
-            _count_retry(gateway, targets[index], ticket.circuit, retry, attempt.label)
+            _count_retry(gateway, targets[index], ticket.circuit, retry, attempt.judged.label)
             attempt = await _make_attempt(gateway, inbound, resolution, targets[index], ticket, send, record)
     finally:
         await attempt.discard()  # safe twice, and once the answer was read to its end
@@ -143,15 +143,16 @@ async def _next_attempt(
     is `circuit`): why, at which target, with its ticket; None when `last` is final."""
     if last.other_key:
         retry = Retry.KEY_ROTATION
-    elif not last.verdict.may_fall_back:
+    elif not last.judged.verdict.may_fall_back:
         return None
     else:
         later, ticket = _admit(gateway.breakers, targets, index + 1)
         if ticket is not None:
             return Retry.FALLBACK, later, ticket
         # No target is left: the one quick retry, unless this failure opened the circuit.
+        verdict = last.judged.verdict
         if not (
-            last.verdict.quick and gateway.settings.retry_fast_failures and not quick_retry_used and circuit.available()
+            verdict.quick and gateway.settings.retry_fast_failures and not quick_retry_used and circuit.available()
         ):
             return None
         retry = Retry.QUICK
@@ -192,7 +193,7 @@ async def _make_attempt(
     attempt = None  # until the provider's answer came
     try:
         attempt = await _attempt(gateway, gateway.upstreams[target.provider], inbound, resolution, target, send, record)
-        if not attempt.committed and attempt.verdict.outcome is Outcome.SUCCESS:  # final: the client gets it
+        if not attempt.committed and attempt.judged.verdict.outcome is Outcome.SUCCESS:  # final: the client gets it
             attempt = await _commit(send, record, attempt)
     except BaseException as e:
         left = outcome.CLIENT_LEFT
@@ -203,9 +204,9 @@ async def _make_attempt(
             first_byte = attempt.first_byte_seconds if attempt is not None else None
             gateway.metrics.count_attempt(circuit.provider, circuit.label, left.label, first_byte)
         raise
-    label = attempt.label
+    label = attempt.judged.label
     try:
-        ticket.done(attempt.verdict.outcome, label)  # the circuit keeps a failure's label as its last error
+        ticket.done(attempt.judged.verdict.outcome, label)  # the circuit keeps a failure's label as its last error
         record.attempt_ended(target, label)
         gateway.metrics.count_attempt(circuit.provider, circuit.label, label, attempt.first_byte_seconds)
     except BaseException:  # the answer will not be sent: a rest still being read must not keep its pool slot
@@ -332,10 +333,10 @@ async def _commit(send: Send, record: Record, attempt: Attempt) -> Attempt:
     sent as it is read; cut short, it is a failure."""
     answer: Answer = attempt.answer  # type: ignore[assignment]  # a success has one
     if answer.rest is None:  # the usual answer: held whole
-        await _send_held(send, record, answer, attempt.label)
+        await _send_held(send, record, answer, attempt.judged.label)
         return replace(attempt, committed=True)
     try:
-        sent = await _send_answer(send, record, answer, attempt.label)
+        sent = await _send_answer(send, record, answer, attempt.judged.label)
     except BaseException:  # the client left (or send failed) while a large answer was relayed
         await answer.discard()
         raise

@@ -17,7 +17,7 @@ from msgspec import Struct
 from tinygw.config.settings import DEFAULT_CLIENT, Target
 from tinygw.protocol import usage
 from tinygw.resilience.breaker import Breakers
-from tinygw.resilience.outcome import CLIENT_LEFT, Judgement, Verdict
+from tinygw.resilience.outcome import CLIENT_LEFT, Judgement
 from tinygw.upstream.pool import Response
 
 # The status logged and counted for a request whose client left before its answer
@@ -165,14 +165,6 @@ class Attempt(Struct, frozen=True):
     # How long the answer's head took, when it is still to be observed with the attempt's
     # count (an answer held whole: its attempt ends as soon as it came); None once observed.
     first_byte_seconds: float | None = None
-
-    @property
-    def verdict(self) -> Verdict:
-        return self.judged.verdict
-
-    @property
-    def label(self) -> str:
-        return self.judged.label
 
     async def discard(self) -> None:
         """Another attempt follows: this one's answer will not be sent."""

@@ -195,7 +195,12 @@ def encode_query(query: dict[str, str]) -> bytes:
 def _provider_timeouts(p: Provider) -> Timeouts:
     doc = p.doc
     return Timeouts(
-        doc.connect_timeout_s, doc.first_byte_timeout_s, doc.timeout_s, doc.stall_timeout_s, doc.pool_timeout_s
+        doc.connect_timeout_s,
+        doc.first_byte_timeout_s,
+        doc.timeout_s,
+        doc.stall_timeout_s,
+        doc.pool_timeout_s,
+        doc.head_timeout_s,
     )
 
 
@@ -205,7 +210,7 @@ def model_timeouts(settings: Settings) -> dict[tuple[str, str], Timeouts]:
     provider-qualified request (`provider/*`) has its provider's."""
     timeouts = {(f"{name}/*", name): _provider_timeouts(p) for name, p in settings.providers.items()}
     for model in settings.models.values():
-        total, first_byte, stall = model.timeouts
+        total, first_byte, stall, head = model.timeouts
         for target in model.targets:
             own = timeouts[(f"{target.provider}/*", target.provider)]
             timeouts[(model.name, target.provider)] = Timeouts(
@@ -214,5 +219,6 @@ def model_timeouts(settings: Settings) -> dict[tuple[str, str], Timeouts]:
                 total if total is not None else own.total_seconds,
                 stall if stall is not None else own.stall_seconds,
                 own.pool_seconds,
+                head if head is not None else own.head_seconds,
             )
     return timeouts
