@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
+import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -308,6 +310,80 @@ def test_tokens_per_minute_charges_each_answers_usage_when_it_ends(start_gateway
     rows = {c["name"]: c for c in json.loads(call("GET", f"{gateway.url}/status.json")[2])["clients"]}
     assert rows["hostile"]["tokens_this_minute"] == 14 and rows["good"]["tokens_this_minute"] == 7
     assert "default" in rows  # the keys of TINYGW_API_KEYS
+
+
+STREAM = {**CHAT, "stream": True}
+NO_CHOICES = re.compile(rb'"choices":\s*\[\]')  # the chunk that only reports the usage
+
+
+def client_rows(gateway) -> dict:
+    return {c["name"]: c for c in json.loads(call("GET", f"{gateway.url}/status.json")[2])["clients"]}
+
+
+def test_tokens_per_minute_charges_every_stream_asking_the_usage_the_client_did_not(start_gateway, fake):
+    """An OpenAI chat stream reports its usage only when asked: the gateway asks for a
+    charged client and does not relay the usage-only chunk it did not ask for; its limit
+    then bites after streams as after held answers (7 tokens each)."""
+    clients = {"hostile": {"keys_env": "HOSTILE_KEYS", "tokens_per_minute": 30}, "good": {"keys_env": "GOOD_KEYS"}}
+    gateway = start_gateway(clients_config(fake, clients), **key_env())
+    status, _, body = chat(gateway, HOSTILE_KEY, STREAM)
+    assert status == 200 and body.endswith(b"data: [DONE]\n\n") and not NO_CHOICES.search(body), body
+    assert json.loads(fake.requests[-1].body)["stream_options"] == {"include_usage": True}
+    assert client_rows(gateway)["hostile"]["tokens_this_minute"] == 7
+    asked = {**STREAM, "stream_options": {"include_usage": True}}  # asked by the client: it gets the chunk
+    status, _, body = chat(gateway, HOSTILE_KEY, asked)
+    assert status == 200 and NO_CHOICES.search(body) and b"data: [DONE]" in body
+    status, _, body = chat(gateway, GOOD_KEY, STREAM)  # a client not charged by its tokens: as it sent it
+    assert status == 200 and "stream_options" not in json.loads(fake.requests[-1].body)
+    for _ in range(3):  # 14, 21, 28: each under 30 when it came
+        assert chat(gateway, HOSTILE_KEY, STREAM)[0] == 200
+    status, headers, _ = chat(gateway, HOSTILE_KEY, STREAM)
+    assert (status, headers["x-tinygw-limit"]) == (429, "tokens_per_minute")
+    assert client_rows(gateway)["hostile"]["tokens_this_minute"] == 35
+    lines = [r for r in gateway.log_records() if r.get("msg") == "request" and r.get("client") == "hostile"]
+    assert [r["tokens_estimated"] for r in lines if r["status"] == 200] == [False] * 5
+    assert all("tokens_estimated" not in r for r in gateway.log_records() if r.get("client") == "good")
+
+
+def test_a_stream_that_ends_without_usage_is_charged_its_bytes_over_4(start_gateway, fake):
+    clients = {"hostile": {"keys_env": "HOSTILE_KEYS", "tokens_per_minute": 100000}}
+    gateway = start_gateway(clients_config(fake, clients), **key_env())
+    events = openai_stream_events("up", ["one", " two", " three"], include_usage=True)
+    fake.script = lambda r: Reply(
+        headers=[("content-type", "text/event-stream")], chunks=[(0, e) for e in events[:3]], action="cut"
+    )
+    status, _, body = chat(gateway, HOSTILE_KEY, STREAM)
+    assert status == 200 and b"event: error" in body  # cut by the provider before its usage
+    expected = -(-(len(json.dumps(STREAM).encode()) + len(body)) // 4)
+    assert client_rows(gateway)["hostile"]["tokens_this_minute"] == expected
+    [line] = [r for r in gateway.log_records() if r.get("msg") == "request" and r.get("client") == "hostile"]
+    assert line["tokens_estimated"] is True
+
+
+def test_a_stream_the_client_cuts_before_its_usage_is_charged_too(start_gateway, fake):
+    clients = {"hostile": {"keys_env": "HOSTILE_KEYS", "tokens_per_minute": 100000}}
+    gateway = start_gateway(clients_config(fake, clients), **key_env())
+    gate = threading.Event()
+    events = openai_stream_events("up", ["one", " two"], include_usage=True)
+    fake.script = lambda r: Reply(
+        headers=[("content-type", "text/event-stream")], chunks=[(0, e) for e in events[:3]] + [(gate, events[3])]
+    )
+    body = json.dumps(STREAM).encode()
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as s:
+        s.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            + b"authorization: Bearer %s\r\ncontent-length: %d\r\n\r\n" % (HOSTILE_KEY.encode(), len(body))
+            + body
+        )
+        received = b""
+        while b" two" not in received:
+            received += s.recv(65536)
+    try:
+        wait_until(lambda: client_rows(gateway)["hostile"]["tokens_this_minute"] > 0, 10, "the cut stream charged")
+    finally:
+        gate.set()
+    [line] = [r for r in gateway.log_records() if r.get("msg") == "request" and r.get("client") == "hostile"]
+    assert (line["status"], line["tokens_estimated"]) == (499, True)
 
 
 # ---- across workers --------------------------------------------------------------------------

@@ -17,6 +17,8 @@ import os
 import sys
 from collections.abc import Awaitable
 
+from msgspec.structs import replace
+
 from tinygw import logs
 from tinygw.api import models, sealed
 from tinygw.api.attestation import attestation_page
@@ -29,7 +31,7 @@ from tinygw.config.settings import CLOUDS, DEFAULT_CLIENT
 from tinygw.errors import ConfigError, EvidenceUnavailable, SealedBodyRefused, UnsendableRequest
 from tinygw.protocol import wire
 from tinygw.protocol.routing import Endpoint, Paths, Route, api_endpoint, cloud_endpoint, page_endpoint
-from tinygw.protocol.wire import BadBody, read_head, send_error
+from tinygw.protocol.wire import BadBody, read_head, send_error, with_usage_asked
 from tinygw.resilience.limits import Refusal
 from tinygw.worker import discovery, listener, proxy
 from tinygw.worker.gateway import Gateway
@@ -229,6 +231,9 @@ async def _proxy(
                 query=scope["query_string"],
                 request_id=request_id,
             )
+            if client in gateway.clients.charged:  # by its tokens: every answer is charged
+                send = record.charging(send, body)
+                inbound = _usage_asked(inbound)
             if settings.routing.debug:
                 record.forwarding(gateway.breakers)
             await proxy.forward(gateway, inbound, resolution, send, record)
@@ -318,11 +323,13 @@ def _account(gateway: Gateway, route, scope, first: dict, record: Record, loop: 
         gateway.metrics.count_proxied(
             route.path, record.model, record.status, duration, target.provider, prompt, completion
         )
+    estimated, charged_fields = (None, _NO_FIELDS) if record.charged_bytes is None else record.estimate()
     if record.limited is not None:
         gateway.metrics.count_limited(record.client, record.limited)
     else:
         if record.admitted:  # out of flight, its tokens charged to its client's minute
-            gateway.clients.finish(record.client, prompt + completion, gateway.clock())
+            charged = prompt + completion if estimated is None else estimated
+            gateway.clients.finish(record.client, charged, gateway.clock())
         gateway.metrics.count_client(record.client, record.status, prompt, completion)
     if record.first_output_at is not None:
         gateway.metrics.observe_first_token(record.model, record.first_output_at - record.started_at)
@@ -341,7 +348,22 @@ def _account(gateway: Gateway, route, scope, first: dict, record: Record, loop: 
         attempts=",".join(record.attempts),
         cut=record.cut,
         duration_ms=round(duration * 1000, 1),
+        **charged_fields,
     )
+
+
+# The routes whose streams report their usage only when the body asks for it
+# (`stream_options.include_usage`): the gateway asks, for a client charged by its tokens.
+USAGE_ASKED_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
+_NO_FIELDS: dict = {}
+
+
+def _usage_asked(inbound: proxy.Inbound) -> proxy.Inbound:
+    """`inbound`, for a client charged by its tokens: a stream of USAGE_ASKED_ROUTES asks
+    for its usage if the client did not."""
+    if inbound.stream and inbound.route.path in USAGE_ASKED_ROUTES and (body := with_usage_asked(inbound.body)):
+        return replace(inbound, body=body, usage_asked=True)
+    return inbound
 
 
 MODEL_ROUTE = f"{MODEL_PREFIX}{{id}}"

@@ -80,6 +80,8 @@ class ClientTable:
     def __init__(self, clients: Mapping[str, Client], directory: str | None = None, slot: int = 1) -> None:
         names = sorted(clients)
         self.clients = {name: clients[name] for name in names}
+        # The clients whose every answer is charged by its tokens (tokens_per_minute).
+        self.charged = frozenset(name for name in names if clients[name].tokens_per_minute is not None)
         self._rows = {name: _HEADER_FLOATS + i * _ROW_FLOATS for i, name in enumerate(names)}
         self._floats = _HEADER_FLOATS + len(names) * _ROW_FLOATS
         self._layout = float(zlib.crc32("\n".join(names).encode()) + len(names))

@@ -33,7 +33,7 @@ class Usage(Struct):
         """The prompt and completion tokens reported, in either API's names (0 when absent)."""
         prompt = self.prompt_tokens if self.prompt_tokens is not None else self.input_tokens or 0
         completion = self.completion_tokens if self.completion_tokens is not None else self.output_tokens or 0
-        return Tokens(prompt, completion)
+        return Tokens(prompt, completion, reported=True)
 
 
 class _Holder(Struct):
@@ -79,14 +79,25 @@ def of_event(event: bytes) -> Usage | None:
     return None
 
 
+# An OpenAI stream's last chunk when its usage was asked for: no choices, only the usage.
+_NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
+
+
+def usage_only(event: bytes) -> bool:
+    """Is `event` the chunk that only reports a stream's usage (`stream_options.include_usage`)?"""
+    return _NO_CHOICES.search(event) is not None and of_event(event) is not None
+
+
 class Tokens(Struct):
     """A stream's tokens so far: the largest of each running total seen."""
 
     prompt: int = 0
     completion: int = 0
+    reported: bool = False  # a usage was read
 
     def add(self, usage: Usage | None) -> None:
         if usage is not None:
+            self.reported = True
             reported = usage.tokens()
             self.prompt = max(self.prompt, reported.prompt)
             self.completion = max(self.completion, reported.completion)

@@ -173,6 +173,28 @@ def document_of(body: bytes) -> dict:
     return document
 
 
+class _StreamOptions(msgspec.Struct):
+    stream_options: object = None
+
+
+_decode_stream_options = msgspec.json.Decoder(_StreamOptions)
+
+
+def with_usage_asked(body: bytes) -> bytes | None:
+    """An OpenAI stream's `body` asking for its usage (`stream_options.include_usage`,
+    without which a chat or completions stream reports none), or None when it asks
+    already."""
+    try:
+        options = _decode_stream_options.decode(body).stream_options
+    except (msgspec.MsgspecError, RecursionError):  # read_head took it: the whole document says why
+        options = None
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return None
+    document = document_of(body)
+    document["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    return encode_document(document)
+
+
 def encode_document(document: dict) -> bytes:
     """A document of document_of's, encoded (the standard library's way when it holds a
     lone surrogate, which has no UTF-8)."""

@@ -66,6 +66,9 @@ class Inbound(Struct, frozen=True):
     headers: list[tuple[bytes, bytes]]
     query: bytes
     request_id: bytes  # the request's id (tinygw.worker.record), sent upstream as x-request-id
+    # The body asks for a stream's usage that the client did not (its tokens are charged):
+    # the chunk that only reports it is not relayed.
+    usage_asked: bool = False
 
     def __repr__(self) -> str:  # its headers hold the gateway key, its body the prompt
         return f"Inbound({self.route.path!r}, model={self.model!r}, request_id={self.request_id.decode()!r})"
@@ -258,10 +261,10 @@ async def _attempt(
     if inbound.stream and response.status == 200:
         content_type = header(response.headers, b"content-type") or b""
         if content_type.startswith(b"text/event-stream"):
-            return await _relay(gateway, upstream, response, send, record, target, elapsed)
+            return await _relay(gateway, upstream, response, send, record, target, elapsed, inbound.usage_asked)
         if content_type.startswith(eventstream.CONTENT_TYPE):  # Bedrock's frames, read as events
             events = frames.Unwrapped(response, keep_frames=inbound.route.api == "bedrock")
-            return await _relay(gateway, upstream, response, send, record, target, elapsed, events)
+            return await _relay(gateway, upstream, response, send, record, target, elapsed, False, events)
     first_byte: float | None = elapsed  # observed with the attempt's count (_make_attempt), or now
     data = response.whole_body(HOLD_BYTES)  # the usual answer: all of it came with its head, taken without a wait
     rest = None  # the answer still to be read, when it is not held whole
@@ -304,6 +307,7 @@ async def _relay(
     record: Record,
     target: Target,
     first_byte_seconds: float,
+    drop_usage: bool,
     unwrapped: frames.Unwrapped | None = None,
 ) -> Attempt:
     """A stream's attempt: relayed as it comes (tinygw.worker.relay). Its first byte is
@@ -315,7 +319,8 @@ async def _relay(
     if unwrapped is not None and unwrapped.keep_frames:
         send = frames.rewrapped(send, unwrapped)
     try:
-        return await Relay(events, record.timed(send, loop), record, target, loop, upstream.redactor).run()
+        relay = Relay(events, record.timed(send, loop), record, target, loop, upstream.redactor, drop_usage)
+        return await relay.run()
     finally:
         await response.aclose()
 
@@ -402,7 +407,7 @@ async def _send_final(send: Send, record: Record, last: Attempt, target: Target)
 async def _send_circuit_open(send: Send, record: Record, skipped: list[Circuit], resolution: Resolution) -> None:
     """Every usable target's circuit is open: 503 with the wait until the next probe."""
     circuit = min(skipped, key=lambda c: c.retry_after() or 0.0)
-    record.aimed_at(Target(circuit.provider, circuit.provider_model))
+    record.refused_at(Target(circuit.provider, circuit.provider_model))
     retry_after = circuit.retry_after_header()
     body = error_body(
         f"every target of {resolution.model!r} is unavailable (circuit open); retry after {retry_after} s",

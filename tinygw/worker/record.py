@@ -39,10 +39,14 @@ class Record(Struct):
     model: str = "unknown"
     status: int = 0  # the status sent (0 while none was), or the one logged
     target: Target | None = None
+    asked: bool = False  # a provider was asked: an attempt began
     attempts: list[str] = []  # "provider:status or cause", one per attempt that ended
     cut: bool = False  # a stream that ended without a finish, or with an error after output
     tokens: usage.Tokens | None = None  # what the sent answer's `usage` reported
     first_output_at: float | None = None  # the loop's time when a stream's first output was sent
+    # A client charged by its tokens (tokens_per_minute): the bytes an answer that reports
+    # no usage is charged by, its request body's and then every answer byte sent (`charging`).
+    charged_bytes: int | None = None
     # The loop's time when a send to the client that is `timed` began, while it waits:
     # the client's watch cuts a client that does not take its answer (tinygw.api.body).
     sending_since: float | None = None
@@ -64,7 +68,12 @@ class Record(Struct):
         self.debug = debug
 
     def aimed_at(self, target: Target) -> None:
-        """An attempt at `target` begins (or, when every circuit is open, the one named in the 503)."""
+        """An attempt at `target` begins."""
+        self.target = target
+        self.asked = True
+
+    def refused_at(self, target: Target) -> None:
+        """Every circuit is open: `target` is the one named in the 503, and no provider was asked."""
         self.target = target
 
     def attempt_ended(self, target: Target, label: str) -> None:
@@ -88,6 +97,28 @@ class Record(Struct):
 
     def client_left(self) -> None:
         self.status = CLIENT_CLOSED
+
+    def charging(self, send, body: bytes):
+        """`send`, each answer byte it sends counted in `charged_bytes` after `body`'s."""
+        self.charged_bytes = len(body)
+
+        async def counted_send(message: dict) -> None:
+            if message["type"] == "http.response.body":
+                self.charged_bytes += len(message["body"])  # type: ignore[operator]  # set above
+            await send(message)
+
+        return counted_send
+
+    def estimate(self) -> tuple[int | None, dict]:
+        """For a client charged by its tokens: what an answer that reported no usage
+        costs, its bytes over 4 (docs/design.md section 16), or None when it is charged
+        what was reported (or nothing: no provider was asked); and the access log's
+        field that says which."""
+        estimated = None
+        if self.charged_bytes is not None and self.asked:
+            if self.tokens is None or not self.tokens.reported:
+                estimated = -(-self.charged_bytes // 4)
+        return estimated, {"tokens_estimated": estimated is not None}
 
     def timed(self, send, loop: asyncio.AbstractEventLoop):
         """`send`, each of its waits marked in `sending_since`: for the answers whose

@@ -76,6 +76,7 @@ class Relay:
         "_tokens",
         "_finished",
         "_failed",
+        "_drop_usage",
     )
 
     def __init__(
@@ -86,8 +87,13 @@ class Relay:
         target: Target,
         loop: asyncio.AbstractEventLoop,
         redactor: Redactor,
+        drop_usage: bool = False,
     ) -> None:
+        """`drop_usage`: the gateway asked for the usage that the client did not (to charge
+        its tokens), so the chunk that only reports it is not relayed: whole events are
+        sent, never a part of one."""
         self.state = State.HOLDING
+        self._drop_usage = drop_usage
         self._redactor = redactor
         self._response = response
         self._send = send
@@ -108,7 +114,7 @@ class Relay:
             failure = await self._holding()
             if failure is not None:
                 return failure
-            await self._relaying()
+            await (self._relaying_whole_events() if self._drop_usage else self._relaying())
         except errors.UpstreamError as e:
             if self.state is State.HOLDING:
                 return Attempt(outcome.of_stream(Ending.BROKEN, output=False, error=e))
@@ -192,7 +198,10 @@ class Relay:
         self._scan(block, held_end)
         await self._send(record.head(200, self._headers(), "200"))
         held, rest = self._held, self._pending.peek()
-        body = b"".join([*held, block, rest]) if held or rest else block  # no copy of a lone block
+        if self._drop_usage:  # whole events only: the rest goes with the event it begins
+            body = _without_usage_only(b"".join([*held, block]))
+        else:
+            body = b"".join([*held, block, rest]) if held or rest else block  # no copy of a lone block
         self._held = []
         await self._send({"type": "http.response.body", "body": body, "more_body": True})
         record.output(self._tokens, self._loop.time())  # counted from here on
@@ -208,6 +217,24 @@ class Relay:
             if pending.size > MAX_HELD_BYTES:  # no event end in sight: stop looking
                 self._read(pending.take())
             await send({"type": "http.response.body", "body": chunk, "more_body": True})  # all that came, at once
+
+    async def _relaying_whole_events(self) -> None:
+        """RELAYING, for `drop_usage`: each read's complete events are sent, less the
+        usage-only chunk; what is left when the provider ends the stream goes as it is."""
+        next_chunk, send, pending = self._response.next_chunk, self._send, self._pending
+        while (chunk := await next_chunk()) is not None:
+            block = pending.feed(chunk)
+            if block:
+                self._scan(block)
+                block = _without_usage_only(block)
+            if pending.size > MAX_HELD_BYTES:  # no event end in sight: stop looking
+                taken = pending.take()
+                self._read(taken)
+                block += taken
+            if block:
+                await send({"type": "http.response.body", "body": block, "more_body": True})
+        if rest := pending.take():
+            await send({"type": "http.response.body", "body": rest, "more_body": True})
 
     def _scan(self, block: bytes, start: int = 0) -> None:
         """Read the events of `block[start:]` (complete events, sent on) that may end or fail
@@ -246,3 +273,11 @@ class Relay:
             end = sse_error_event(f"the provider {why}", "provider_unavailable", cause=outcome.cause_of(ending, error))
         await self._send({"type": "http.response.body", "body": end})
         return Attempt(judged, committed=True)
+
+
+def _without_usage_only(block: bytes) -> bytes:
+    """`block`, complete events, less the chunk that only reports the stream's usage."""
+    for event in sse.suspects(block, len(block)):
+        if usage.usage_only(event):
+            block = block.replace(event, b"", 1)
+    return block
