@@ -219,7 +219,7 @@ class Relay:
             return Attempt(outcome.CUT, "200+error_event", committed=True)
         if not self._finished:
             target = self._target
-            logs.log(logging.WARNING, "stream cut", provider=target.provider, provider_model=target.upstream_model)
+            logs.log(logging.WARNING, "stream cut", provider=target.provider, provider_model=target.shown_model)
             return await self._end_with_error("the provider ended the stream without a finish", "cut")
         await self._send({"type": "http.response.body", "body": b""})
         return Attempt(outcome.SUCCESS, "200", committed=True)
