@@ -214,13 +214,12 @@ async def _proxy(
             body = await read_body(receive, first.get(b"content-length"), settings.max_body_bytes, watch)
             if exchange is not None:  # opened (or refused) before anything reads it
                 body = exchange.open(body, record)
-            in_path = route.model_in(scope["path"])  # a cloud shape's model is in its path
-            head = read_head(body, in_path)
+            head = read_head(body, route.model_in(scope["path"]))  # a cloud shape's model is in its path
             model: str = head.model  # type: ignore[assignment]  # read_head refuses a body without one
             resolution = gateway.resolver.resolve(route, model)
             if resolution is None:
                 raise Refused(404, f"the model {model!r} does not exist on {route.path}", "model_not_found")
-            if exchange is not None and in_path is None:  # a sealed body's names are shown concealed
+            if exchange is not None and route.pattern is None:  # a sealed body's names (not a path's) concealed
                 resolution = exchange.shown(resolution, gateway.breakers.by_target)
             record.resolved(resolution.model)
             inbound = proxy.Inbound(
