@@ -389,7 +389,8 @@ def test_the_private_keys_are_in_a_private_memory_directory_removed_at_exit(fake
     assert len(made) == 1, made
     (directory,) = made
     assert directory.stat().st_mode & 0o777 == 0o700
-    assert {p.name: p.stat().st_mode & 0o777 for p in directory.iterdir()} == {"hpke.key": 0o600, "receipt.key": 0o600}
+    files = {p.name: p.stat().st_mode & 0o777 for p in directory.iterdir()}
+    assert files == {"hpke.key": 0o600, "names.key": 0o600, "receipt.key": 0o600}
     hpke = (directory / "hpke.key").read_bytes()
     assert hpke.hex() not in gateway.logs() and base64.b64encode(hpke).decode() not in gateway.logs()
     gateway.stop()

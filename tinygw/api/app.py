@@ -221,6 +221,8 @@ async def _proxy(
             resolution = gateway.resolver.resolve(route, model)
             if resolution is None:
                 raise Refused(404, f"the model {model!r} does not exist on {route.path}", "model_not_found")
+            if exchange is not None and route.pattern is None:  # a sealed body's names (not a path's) concealed
+                resolution = exchange.shown(resolution, gateway.breakers.by_target)
             record.resolved(resolution.model)
             inbound = proxy.Inbound(
                 route=route,

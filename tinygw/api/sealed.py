@@ -10,7 +10,8 @@ the gateway's own shaping) and, for an EHBP request, sealed as one frame, the he
 `content-length` dropped and `Ehbp-Response-Nonce` added. The receipt is kept before the
 answer's last piece goes out, so that a client that fetches it after reading its answer
 finds it. Answers before the body was opened (401, 413, 408: nothing of the client's was
-read) are neither sealed nor receipted. Nothing here logs, counts or keeps a body.
+read) are neither sealed nor receipted. Nothing here logs, counts or keeps a body; the
+names a sealed body carried are shown concealed wherever others read them (`Exchange.shown`).
 
 The trust modules behind it (on cryptography) are loaded only when EHBP or receipts
 are on (tinygw.worker.gateway); this module reaches them through the worker's
@@ -21,13 +22,16 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Container
 from typing import TYPE_CHECKING
 
 from tinygw.api.body import Refused
 from tinygw.errors import SealedBodyRefused
+from tinygw.protocol.routing import Resolution, concealed
 from tinygw.protocol.wire import JSON_HEADERS, BadBody, error_body, read_head
 
 if TYPE_CHECKING:
+    from tinygw.config.settings import Target
     from tinygw.trust.confidential import Confidential
     from tinygw.trust.ehbp import Sealer
     from tinygw.worker.record import Record
@@ -96,6 +100,13 @@ class Exchange:
             except BadBody:
                 self._model = ""
         return body
+
+    def shown(self, resolution: Resolution, configured: Container[Target]) -> Resolution:
+        """`resolution` as others may see it: when the body was sealed, the names it carried
+        concealed (tinygw.protocol.routing.concealed; `configured`: the operator's targets)."""
+        if self._sealer is None:
+            return resolution
+        return concealed(resolution, configured, self._confidential.conceal)
 
     async def send(self, message) -> None:
         """The request's `send`: its answer sealed and hashed as it goes out."""

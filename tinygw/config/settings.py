@@ -164,11 +164,20 @@ class Target(Struct, frozen=True):
     provider: str
     upstream_model: str
     # `provider:upstream_model`, as the access log writes it per request: spelled once,
-    # when the target is made (whatever is passed here is replaced).
+    # when the target is made (whatever is passed here is replaced). With `concealed`,
+    # `provider:*#h`.
     name: str = ""
+    # `*#h` when the upstream model is a name a sealed body carried (docs/confidential.md),
+    # else "": shown in the model's place wherever others may read it.
+    concealed: str = ""
+    # The upstream model as metrics, logs and the status page show it: `concealed`, else
+    # itself (spelled once, as `name`; whatever is passed here is replaced).
+    shown_model: str = ""
 
     def __post_init__(self) -> None:
-        msgspec.structs.force_setattr(self, "name", f"{self.provider}:{self.upstream_model}")
+        shown = self.concealed or self.upstream_model
+        msgspec.structs.force_setattr(self, "shown_model", shown)
+        msgspec.structs.force_setattr(self, "name", f"{self.provider}:{shown}")
 
     def __str__(self) -> str:
         return self.name

@@ -10,6 +10,8 @@ every live worker's. A circuit tells the board when it changed (the breakers'
 Entries (family, labels, part):
 - ("status_worker", (), "started_at"): the worker's start, wall-clock seconds
 - ("status_circuit", (provider, provider_model), "state" | "failures" | "pause" | "opened_at")
+  (provider_model as the circuit shows it: `*#h` for a name a sealed body carried,
+  docs/confidential.md)
   (state 0 closed, 1 open, 2 half-open; opened_at on the machine's monotonic clock,
   which every process shares)
 - ("status_error", (provider, provider_model, label), ""): when `label` became the
@@ -75,7 +77,7 @@ class Board:
         its own (breaker.OTHER) is not shown, and a forgotten one is taken off the page."""
         if circuit.label == OTHER:
             return
-        key = (circuit.provider, circuit.provider_model)
+        key = (circuit.provider, circuit.shown)  # its name as shown: `*#h` for one a sealed body named
         if circuit.forgotten:
             self._published.pop(key, None)
             self.store.set(("status_circuit", key, "state"), _FORGOTTEN)

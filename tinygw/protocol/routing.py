@@ -21,7 +21,7 @@ Claude to `bedrock` and `vertex` providers (docs/design.md section 18).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from typing import NamedTuple
 
 import msgspec
@@ -155,6 +155,25 @@ def resolve(settings: Settings, route: Route, model: str) -> Resolution | None:
     if not targets:
         return None
     return Resolution(alias.name, targets, None if alias.order_is_fixed() else alias)
+
+
+def concealed(resolution: Resolution, configured: Container[Target], conceal: Callable[[str], str]) -> Resolution:
+    """`resolution` for a request whose body was sealed (docs/confidential.md): each target
+    whose upstream model the body named (a provider-qualified model, a pattern's `*`) carries
+    `conceal(upstream model)`, shown in its place wherever others may read it. A target in
+    `configured` is the operator's name, not the client's: shown as it is."""
+    if all(t in configured for t in resolution.targets):  # an alias's own targets: the usual request
+        return resolution
+
+    def hidden(target: Target) -> Target:
+        if target in configured:
+            return target
+        return Target(target.provider, target.upstream_model, concealed=conceal(target.upstream_model))
+
+    alias = resolution.alias  # a pattern's targets, ordered by its strategy: the same targets, concealed
+    if alias is not None:
+        alias = msgspec.structs.replace(alias, targets=tuple(map(hidden, alias.targets)))
+    return msgspec.structs.replace(resolution, targets=tuple(map(hidden, resolution.targets)), alias=alias)
 
 
 class Resolver:

@@ -11,6 +11,9 @@ target until the pause ends (or a health check succeeds), then HALF_OPEN admits
 `half_open_probes` probes; that many successes in a row close it and reset the pause;
 any probe failure reopens it with the pause doubled, capped at `max_open_seconds`. A
 probe without a verdict (NEUTRAL: client left, 4xx, 429) gives its slot back.
+
+Metrics, logs and the status page show a circuit by its `shown` name: its upstream model,
+or `*#h` once a sealed request named it (docs/confidential.md).
 """
 
 from __future__ import annotations
@@ -114,9 +117,11 @@ class Circuit:
         clock: Clock,
         on_transition: OnTransition | None = None,
         on_change: OnChange | None = None,
+        shown: str = "",
     ) -> None:
         self.provider = provider
         self.provider_model = provider_model
+        self.shown = shown or provider_model  # or `*#h` once a sealed request named it (Breakers.circuit)
         self.settings = settings
         self._clock = clock
         self._on_transition = on_transition
@@ -130,10 +135,15 @@ class Circuit:
         self.probe_successes = 0
         self.last_error: str | None = None
         self.enabled = settings.failures > 0  # 0 failures turns breakers off
-        self.label = provider_model  # its upstream model's name in metrics and on the status page (Breakers)
+        self.label = self.shown  # its name in metrics and on the status page: `shown`, or OTHER (Breakers)
         self.forgotten = False  # no longer kept by its Breakers (it may still finish an attempt)
 
     # ---- reading ------------------------------------------------------------------------
+
+    def target(self) -> Target:
+        """Its target, as a request that reached it would name it: concealed when it is shown so."""
+        concealed = self.shown if self.shown != self.provider_model else ""
+        return Target(self.provider, self.provider_model, concealed=concealed)
 
     def state(self) -> State:
         """The state now: an OPEN circuit whose pause has ended becomes HALF_OPEN here."""
@@ -261,6 +271,18 @@ class NamedCircuit(Circuit):
         super()._done(ticket, outcome, error)
 
 
+def _show_as(circuit: NamedCircuit, concealed: str) -> None:
+    """A sealed request named a circuit shown by its name (a plain request's first): it is shown as
+    `concealed` from now on, its old name taken off as a forgotten circuit's is; its state is kept."""
+    circuit.forgotten = True
+    circuit._changed()
+    circuit.forgotten = False
+    circuit.shown = concealed
+    if circuit.label != OTHER:
+        circuit.label = concealed
+    circuit._changed()
+
+
 def forgettable(named: Iterable[NamedCircuit], now: float, recent_seconds: float) -> NamedCircuit | None:
     """Which of a provider's named circuits (least recently used first) is forgotten to make
     room for a new name (docs/design.md section 16): the least recently used of those closed
@@ -281,17 +303,18 @@ def forgettable(named: Iterable[NamedCircuit], now: float, recent_seconds: float
 
 class ByTarget(dict[Target, Circuit]):
     """The circuit of a target, `by_target[target]`: `circuit(target.provider,
-    target.upstream_model)`. A configured target's is an entry, found by the subscript
-    alone (no Python call); any other's (a name as sent, or a provider-qualified one) is
-    asked of `circuit` each time and not kept here: clients cannot grow this dict. Only
-    the subscript asks (`get` and `in` see the configured targets alone)."""
+    target.upstream_model, target.concealed)`. A configured target's is an entry, found by
+    the subscript alone (no Python call); any other's (a name as sent, or a
+    provider-qualified one) is asked of `circuit` each time and not kept here: clients
+    cannot grow this dict. Only the subscript asks (`get` and `in` see the configured
+    targets alone)."""
 
-    def __init__(self, circuit: Callable[[str, str], Circuit]) -> None:
+    def __init__(self, circuit: Callable[[str, str, str], Circuit]) -> None:
         super().__init__()
         self._circuit = circuit
 
     def __missing__(self, target: Target) -> Circuit:
-        return self._circuit(target.provider, target.upstream_model)
+        return self._circuit(target.provider, target.upstream_model, target.concealed)
 
 
 class Breakers:
@@ -325,9 +348,11 @@ class Breakers:
             self._circuits[(provider, provider_model)] = self.by_target[Target(provider, provider_model)] = circuit
             circuit._changed()
 
-    def circuit(self, provider: str, provider_model: str = "") -> Circuit:
+    def circuit(self, provider: str, provider_model: str = "", concealed: str = "") -> Circuit:
         """The circuit of (provider, upstream model); "" is the provider's own breaker,
-        for requests that name no model."""
+        for requests that name no model. `concealed`: the upstream model is a name a sealed
+        body carried, to be shown so (docs/confidential.md); a configured target's name is
+        the operator's, shown as it is."""
         circuit = self._circuits.get((provider, provider_model))
         if circuit is not None:
             return circuit
@@ -335,10 +360,14 @@ class Breakers:
         kept = named.get(provider_model)
         if kept is not None:
             named.move_to_end(provider_model)
+            if concealed and kept.shown != concealed:
+                _show_as(kept, concealed)
             return kept
-        return self._make_named(provider, provider_model, named)
+        return self._make_named(provider, provider_model, named, concealed)
 
-    def _make_named(self, provider: str, provider_model: str, named: OrderedDict[str, NamedCircuit]) -> Circuit:
+    def _make_named(
+        self, provider: str, provider_model: str, named: OrderedDict[str, NamedCircuit], concealed: str
+    ) -> Circuit:
         kept = True
         if len(named) >= MAX_CIRCUITS_PER_PROVIDER:
             old = forgettable(named.values(), self._clock(), self.settings.max_open_seconds)
@@ -349,7 +378,9 @@ class Breakers:
                 old.forgotten = True
                 old._changed()
         settings, clock = self.settings, self._clock
-        circuit = NamedCircuit(provider, provider_model, settings, clock, self._on_transition, self._on_change)
+        circuit = NamedCircuit(
+            provider, provider_model, settings, clock, self._on_transition, self._on_change, concealed
+        )
         labelled = self._labelled.setdefault(provider, set())
         if kept and provider_model not in labelled and len(labelled) < MAX_LABELS_PER_PROVIDER:
             labelled.add(provider_model)

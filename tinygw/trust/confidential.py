@@ -1,5 +1,7 @@
 """The keys of EHBP and of receipts (docs/confidential.md): made once by serve, before its
 workers start, so that every worker serves the same ones; and what one worker holds of them.
+With EHBP on, a third: the key under which the names a sealed body carried are shown
+(`shown_name`), the same in every worker so that each name is shown the same everywhere.
 
 serve makes them in memory and hands them to its workers as the attested TLS key is handed
 (tinygw.trust.tls): a 0600 file each in a fresh 0700 directory on a memory file system,
@@ -9,6 +11,7 @@ metric or an error. A worker not started by serve (a test's) makes its own.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 import shutil
@@ -20,8 +23,21 @@ from tinygw import lifecycle
 from tinygw.errors import ConfigError
 from tinygw.trust import ehbp, receipts, tls
 
-HPKE_FILE, RECEIPT_FILE = "hpke.key", "receipt.key"
+HPKE_FILE, RECEIPT_FILE, NAMES_FILE = "hpke.key", "receipt.key", "names.key"
 KEY_BYTES = 32
+# A name a sealed body carried is shown as this prefix and the first SHOWN_DIGITS hex
+# digits of its HMAC-SHA256 (docs/confidential.md): 48 bits, so that the names of one
+# gateway stay distinct, and short enough for a label.
+SHOWN_PREFIX = "*#"
+SHOWN_DIGITS = 12
+
+
+def shown_name(key: bytes, name: str) -> str:
+    """`name` (an upstream model a sealed body carried) as metrics, logs and the status page
+    show it: `*#` and the first hex digits of HMAC-SHA256(key, name). Distinct names stay
+    distinct; without the key nobody can tell which name it is, nor try names to find out."""
+    digest = hmac.new(key, name.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+    return SHOWN_PREFIX + digest[:SHOWN_DIGITS]
 
 
 class Made(Struct, frozen=True):
@@ -41,6 +57,7 @@ def make(ehbp_on: bool, receipts_on: bool, candidates: list[str]) -> Made:
     try:
         if ehbp_on:
             _write_new(os.path.join(directory, HPKE_FILE), ehbp.KeyPair.generate().private_bytes())
+            _write_new(os.path.join(directory, NAMES_FILE), os.urandom(KEY_BYTES))
         if receipts_on:
             _write_new(os.path.join(directory, RECEIPT_FILE), receipts.Signer.generate().private_bytes())
     except BaseException:
@@ -56,7 +73,7 @@ def remove(made: Made | None) -> None:
 
 
 class Confidential:
-    """One worker's EHBP key, receipt key and receipt ring (None for what is off)."""
+    """One worker's EHBP key, names key, receipt key and receipt ring (None for what is off)."""
 
     def __init__(
         self,
@@ -69,16 +86,24 @@ class Confidential:
     ) -> None:
         self.ehbp_mode = ehbp_mode  # "off" | "on" | "required"
         self.hpke: ehbp.KeyPair | None = None
+        self._names_key: bytes | None = None
         self.signer: receipts.Signer | None = None
         self.ring: receipts.Ring | None = None
         if ehbp_mode != "off":
             raw = _read(keys_dir, HPKE_FILE)
             self.hpke = ehbp.KeyPair.from_private_bytes(raw) if raw else ehbp.KeyPair.generate()
+            self._names_key = _read(keys_dir, NAMES_FILE) or os.urandom(KEY_BYTES)
         if receipts_on:
             raw = _read(keys_dir, RECEIPT_FILE)
             self.signer = receipts.Signer.from_private_bytes(raw) if raw else receipts.Signer.generate()
             count, size = receipts.shares(workers)
             self.ring = receipts.Ring(ring_dir, slot, count, size)
+
+    def conceal(self, name: str) -> str:
+        """`name`, a name a sealed body carried, as others may see it (`shown_name`)."""
+        if self._names_key is None:
+            raise RuntimeError("EHBP is off: no body is sealed")
+        return shown_name(self._names_key, name)
 
     def allocate(self) -> str:
         """A new receipt's id (receipts on)."""

@@ -51,6 +51,12 @@ def _configured_circuits(settings: Settings) -> list[tuple[str, str]]:
     )
 
 
+def _open_until(circuit: Circuit) -> float:
+    """tinygw_circuit_open's value for `circuit`: when its pause ends while it is open, else 0."""
+    state, _, pause, opened_at, _ = circuit.snapshot()
+    return (opened_at or 0.0) + pause if state is State.OPEN else 0.0
+
+
 class Gateway:
     def __init__(
         self,
@@ -164,10 +170,13 @@ class Gateway:
 
     def _on_change(self, circuit: Circuit) -> None:
         """What the status page shows of `circuit` changed (or it was forgotten: then its
-        gauge is 0, as for a circuit that is not open)."""
+        gauge is 0, as for a circuit that is not open; or it is shown by a new name while
+        open, breaker._show_as: the gauge of that name follows)."""
         self.board.publish_circuit(circuit)
         if circuit.forgotten:
             self.metrics.set_circuit_open_until(circuit.provider, circuit.label, 0.0)
+        elif circuit.snapshot()[0] is State.OPEN:
+            self.metrics.set_circuit_open_until(circuit.provider, circuit.label, _open_until(circuit))
 
     def _on_redacted(self, provider: str) -> Callable[[int], None]:
         """What follows a secret of `provider` found in its answer: counted, and a warning
@@ -184,14 +193,13 @@ class Gateway:
 
     def _on_transition(self, circuit: Circuit, old: State, new: State) -> None:
         self.metrics.count_transition(circuit.provider, circuit.label, new.value)
-        open_until = (circuit.opened_at or 0.0) + circuit.pause_seconds if new is State.OPEN else 0.0
-        self.metrics.set_circuit_open_until(circuit.provider, circuit.label, open_until)
+        self.metrics.set_circuit_open_until(circuit.provider, circuit.label, _open_until(circuit))
         if new is State.OPEN:
             logs.log(
                 logging.WARNING,
                 "provider circuit opened",
                 provider=circuit.provider,
-                provider_model=circuit.provider_model,
+                provider_model=circuit.shown,
                 failures=circuit.failures if old is State.CLOSED else None,
                 after_probe=old is State.HALF_OPEN,
                 pause_seconds=circuit.pause_seconds,
@@ -202,7 +210,7 @@ class Gateway:
                 logging.INFO,
                 "provider circuit closed",
                 provider=circuit.provider,
-                provider_model=circuit.provider_model,
+                provider_model=circuit.shown,
                 probes=self.settings.breaker.half_open_probes,
             )
         else:
@@ -210,7 +218,7 @@ class Gateway:
                 logging.INFO,
                 "provider circuit half-open",
                 provider=circuit.provider,
-                provider_model=circuit.provider_model,
+                provider_model=circuit.shown,
                 pause_seconds=circuit.pause_seconds,
             )
 

@@ -171,7 +171,7 @@ def _count_retry(gateway: Gateway, target: Target, circuit: Circuit, retry: Retr
             logging.INFO,
             "retrying provider after a quick failure",
             provider=target.provider,
-            provider_model=target.upstream_model,
+            provider_model=target.shown_model,
             failure=failure,
             delay_ms=int(QUICK_RETRY_DELAY_SECONDS * 1000),
         )
@@ -407,7 +407,7 @@ async def _send_final(send: Send, record: Record, last: Attempt, target: Target)
 async def _send_circuit_open(send: Send, record: Record, skipped: list[Circuit], resolution: Resolution) -> None:
     """Every usable target's circuit is open: 503 with the wait until the next probe."""
     circuit = min(skipped, key=lambda c: c.retry_after() or 0.0)
-    record.refused_at(Target(circuit.provider, circuit.provider_model))
+    record.refused_at(circuit.target())
     retry_after = circuit.retry_after_header()
     body = error_body(
         f"every target of {resolution.model!r} is unavailable (circuit open); retry after {retry_after} s",

@@ -150,10 +150,11 @@ class Record(Struct):
             attempts = [*attempts, f"{self.target.provider}:{current}"]
         headers = [(b"x-tinygw-attempts", _header_value(",".join(attempts)))]
         if self.target is not None:
-            circuit = breakers.circuit(self.target.provider, self.target.upstream_model)
+            circuit = breakers.by_target[self.target]
             headers += [
                 (b"x-tinygw-provider", _header_value(self.target.provider)),
-                (b"x-tinygw-provider-model", _header_value(self.target.upstream_model)),
+                # headers go in the clear past whatever ends TLS: a sealed body's name stays concealed
+                (b"x-tinygw-provider-model", _header_value(self.target.shown_model)),
                 (b"x-tinygw-circuit", circuit.state().value.encode()),
             ]
         return headers

@@ -266,7 +266,7 @@ class Relay:
             self._record.was_cut()
         if ending is Ending.UNFINISHED:
             target = self._target
-            logs.log(logging.WARNING, "stream cut", provider=target.provider, provider_model=target.upstream_model)
+            logs.log(logging.WARNING, "stream cut", provider=target.provider, provider_model=target.shown_model)
         end = b""  # a clean end, or after the provider's own error event
         if ending in (Ending.UNFINISHED, Ending.BROKEN):
             why = f"failed mid-stream: {error}" if error is not None else "ended the stream without a finish"
