@@ -110,3 +110,22 @@ def test_a_short_lived_token_is_used_for_half_its_life(start_gateway, clouds, ex
         status, _, answer = call("POST", f"{gateway.url}{MESSAGES}", {"model": "m", **PROMPT}, AUTH)
         assert status == 200, answer
     assert len(clouds.assertions) == 1  # one fetch, one signature: the token is kept
+
+
+# ---- the status page -----------------------------------------------------------------------------
+
+
+def test_the_status_page_shows_cloud_providers_without_a_listing_never_down(start_gateway, clouds):
+    env = {**clouds.env(), "PROVIDER_LISTING_SECONDS": "60"}
+    gateway = start_gateway(clouds.config({"m": [f"bedrock:{BEDROCK_MODEL}", f"vertex:{VERTEX_MODEL}"]}), **env)
+    status, _, answer = call("POST", f"{gateway.url}{MESSAGES}", {"model": "m", **PROMPT}, AUTH)
+    assert status == 200, answer
+    page = json.loads(call("GET", f"{gateway.url}/status.json")[2])
+    listings = {p["name"]: p["listing"] for p in page["providers"]}
+    for cloud in ("bedrock", "vertex"):
+        assert listings[cloud] == {"enabled": False, "up": None, "models": None}
+    assert page["summary"]["providers_listing_down"] == []
+    html = call("GET", f"{gateway.url}/status")[2].decode()
+    assert "listing down" not in html and "every listing up" in html
+    assert html.count("Listing: none for Claude on a cloud (its models are those configured)") == 2
+    assert not [r for fake in (clouds.bedrock, clouds.vertex) for r in fake.requests if r.method == "GET"]
