@@ -129,3 +129,33 @@ def test_the_status_page_shows_cloud_providers_without_a_listing_never_down(star
     assert "listing down" not in html and "every listing up" in html
     assert html.count("Listing: none for Claude on a cloud (its models are those configured)") == 2
     assert not [r for fake in (clouds.bedrock, clouds.vertex) for r in fake.requests if r.method == "GET"]
+
+
+# ---- receipts of the cloud shapes ------------------------------------------------------------
+
+
+def receipt_of(gateway, headers) -> dict:
+    return json.loads(call("GET", f"{gateway.url}/v1/receipts/{headers['x-tinygw-receipt-id']}", headers=AUTH)[2])
+
+
+def test_receipts_of_the_cloud_shapes_carry_the_model_of_the_path(start_gateway, clouds):
+    config = clouds.config({"sonnet": [f"bedrock:{BEDROCK_MODEL}"], "claude-*": [f"vertex:{VERTEX_MODEL}"]})
+    gateway = start_gateway(config, **clouds.env(), TINYGW_RECEIPTS="on")
+    vertex = "/v1/projects/p/locations/l/publishers/anthropic/models/claude-sonnet-4-5"
+    asked = [
+        ("/model/sonnet/invoke", {"anthropic_version": "bedrock-2023-05-31"}, "sonnet", "bedrock"),
+        ("/model/sonnet/invoke-with-response-stream", {"anthropic_version": "bedrock-2023-05-31"}, "sonnet", "bedrock"),
+        (f"{vertex}:rawPredict", {"anthropic_version": "vertex-2023-10-16"}, "claude-sonnet-4-5", "vertex"),
+        (
+            f"{vertex}:streamRawPredict",
+            {"anthropic_version": "vertex-2023-10-16", "stream": True},
+            "claude-sonnet-4-5",
+            "vertex",
+        ),
+        (MESSAGES, {"model": "sonnet"}, "sonnet", "bedrock"),
+    ]
+    for path, fields, model, provider in asked:
+        status, headers, answer = call("POST", f"{gateway.url}{path}", {**fields, **PROMPT}, AUTH)
+        assert status == 200, (path, answer)
+        receipt = receipt_of(gateway, headers)
+        assert (receipt["model"], receipt["provider"], receipt["status"]) == (model, provider, 200), (path, receipt)
