@@ -128,6 +128,10 @@ def test_the_jwt_assertion_is_rs256_for_the_token_endpoint():
 # ---- a token's life, on an injected clock ------------------------------------------------------
 
 
+# A request's wait for a token, as its attempt bounds it: longer than any of these stories.
+WAIT = 30.0
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 1000.0
@@ -151,23 +155,23 @@ def test_a_token_is_used_until_a_minute_before_it_expires_and_renewed_ahead():
         nonlocal gate
         source = TokenSource(fetch, clock, "vertex")
         # concurrent first requests share one fetch
-        assert await asyncio.gather(source.token(), source.token()) == ["token-1", "token-1"]
+        assert await asyncio.gather(source.token(WAIT), source.token(WAIT)) == ["token-1", "token-1"]
         assert fetched == [1000.0]
         clock.now = 1000 + 3600 - 60 - 240 - 1  # before the renewal is due: kept
-        assert await source.token() == "token-1" and len(fetched) == 1
+        assert await source.token(WAIT) == "token-1" and len(fetched) == 1
         clock.now += 2  # due: the token in use is still given, a renewal starts in the background
         gate = asyncio.Event()
-        assert await source.token() == "token-1"
+        assert await source.token(WAIT) == "token-1"
         await asyncio.sleep(0)  # the renewal's task runs
         assert len(fetched) == 2
-        assert await source.token() == "token-1" and len(fetched) == 2  # one renewal at a time
+        assert await source.token(WAIT) == "token-1" and len(fetched) == 2  # one renewal at a time
         gate.set()
         await asyncio.sleep(0)
         await asyncio.sleep(0)
-        assert await source.token() == "token-2"
+        assert await source.token(WAIT) == "token-2"
         gate = None
         clock.now = fetched[-1] + 3600 - 60  # past its use: a request waits for a new one
-        assert await source.token() == "token-3"
+        assert await source.token(WAIT) == "token-3"
 
     asyncio.run(story())
 
@@ -185,9 +189,9 @@ def test_a_token_that_cannot_be_had_fails_each_waiting_request_and_is_tried_agai
 
     async def story() -> None:
         source = TokenSource(fetch, clock, "vertex")
-        results = await asyncio.gather(source.token(), source.token(), return_exceptions=True)
+        results = await asyncio.gather(source.token(WAIT), source.token(WAIT), return_exceptions=True)
         assert all(isinstance(r, errors.ProviderCredentials) for r in results) and calls == 1
-        assert await source.token() == "ok"
+        assert await source.token(WAIT) == "ok"
 
     asyncio.run(story())
 
@@ -197,3 +201,50 @@ def test_a_short_lived_token_is_renewed_from_half_its_life():
     assert (token.renew_from, token.use_until) == (30.0, 60.0)
     assert not token.due(29.9) and token.due(30.0) and token.usable(59.9) and not token.usable(60.0)
     assert repr(token.value) == "***"
+
+
+@pytest.mark.parametrize(
+    "expires_in,use_until,renew_from",
+    [(3600, 3540.0, 3300.0), (120, 60.0, 30.0), (60, 30.0, 15.0), (20, 10.0, 5.0), (0, 0.0, 0.0)],
+)
+def test_a_token_is_used_until_expires_in_less_the_smaller_of_a_minute_and_half(expires_in, use_until, renew_from):
+    token = signing.Token.received("t", expires_in, 0.0)
+    assert (token.use_until, token.renew_from) == (use_until, renew_from)
+
+
+@pytest.mark.parametrize(
+    "value,fault",
+    [
+        ("ya29.a0-_~+/=", None),
+        ("a" * 4096, None),
+        ("a" * 4097, "an access token of 4097 characters (at most 4,096)"),
+        ("", "an empty access token"),
+        ("a\r\nb", "an access token with characters outside visible ASCII"),
+        ("a b", "an access token with characters outside visible ASCII"),
+        ("a\tb", "an access token with characters outside visible ASCII"),
+        ("tök", "an access token with characters outside visible ASCII"),
+    ],
+)
+def test_an_access_token_is_visible_ascii_of_at_most_4096_characters(value, fault):
+    assert signing.access_token_fault(value) == fault
+
+
+def test_a_request_waits_for_a_token_no_longer_than_it_is_given_and_the_fetch_goes_on():
+    clock = Clock()
+    gate = asyncio.Event()
+    fetched = 0
+
+    async def fetch() -> signing.Token:
+        nonlocal fetched
+        fetched += 1
+        await gate.wait()
+        return signing.Token.received("late", 3600, clock.now)
+
+    async def story() -> None:
+        source = TokenSource(fetch, clock, "vertex")
+        with pytest.raises(errors.ProviderCredentials, match="no token within the attempt's 0.01 s"):
+            await source.token(0.01)
+        gate.set()  # the fetch was not cancelled: the next request has its token
+        assert await source.token(0.01) == "late" and fetched == 1
+
+    asyncio.run(story())

@@ -218,6 +218,8 @@ async def _proxy(
                 body = exchange.open(body, record)
             head = read_head(body, route.model_in(scope["path"]))  # a cloud shape's model is in its path
             model: str = head.model  # type: ignore[assignment]  # read_head refuses a body without one
+            if exchange is not None:
+                exchange.named(model)
             resolution = gateway.resolver.resolve(route, model)
             if resolution is None:
                 raise Refused(404, f"the model {model!r} does not exist on {route.path}", "model_not_found")

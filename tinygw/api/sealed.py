@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from tinygw.api.body import Refused
 from tinygw.errors import SealedBodyRefused
 from tinygw.protocol.routing import Resolution, concealed
-from tinygw.protocol.wire import JSON_HEADERS, BadBody, error_body, read_head
+from tinygw.protocol.wire import JSON_HEADERS, error_body
 
 if TYPE_CHECKING:
     from tinygw.config.settings import Target
@@ -95,10 +95,6 @@ class Exchange:
             self._record = record
             self._request_sha256 = hashlib.sha256(body).hexdigest()
             self._response = hashlib.sha256()
-            try:
-                self._model = str(read_head(body).model)
-            except BadBody:
-                self._model = ""
         return body
 
     def shown(self, resolution: Resolution, configured: Container[Target]) -> Resolution:
@@ -107,6 +103,11 @@ class Exchange:
         if self._sealer is None:
             return resolution
         return concealed(resolution, configured, self._confidential.conceal)
+
+    def named(self, model: str) -> None:
+        """The model the request names, as the gateway read it (in its body, or in its path
+        for a cloud shape): the receipt's `model` ("" when it names none it can read)."""
+        self._model = model
 
     async def send(self, message) -> None:
         """The request's `send`: its answer sealed and hashed as it goes out."""

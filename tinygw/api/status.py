@@ -5,8 +5,9 @@ shared metric store where each worker publishes them (tinygw.observe.board), whi
 and the gateway: version, artifact sha256 (when frozen), config hash, start and uptime,
 live workers (slot and PID) and each model alias's strategy and targets. Times in
 status.json are wall-clock ISO 8601 (UTC). For each provider: its listing state (on or
-off; `up` true when every live worker's last listing succeeded, false when one failed
-or has not finished yet, null when listing is off) and the number of models listed;
+off, as tinygw.worker.discovery decides: off for Claude on a cloud, which has none; `up`
+true when every live worker's last listing succeeded, false when one failed or has not
+finished yet, null when listing is off) and the number of models listed;
 for each circuit of each worker (`worker` = its slot): the state in words ("Circuit
 Open" etc.), the consecutive failures, the current pause, the seconds until the next
 probe and when that is (null unless open), when it opened, and the last error. For
@@ -37,10 +38,12 @@ from html import escape
 import msgspec
 
 from tinygw import __version__
+from tinygw.config.settings import CLOUDS
 from tinygw.errors import EvidenceUnavailable
 from tinygw.observe import board
 from tinygw.protocol.wire import JSON_HEADERS
 from tinygw.resilience.breaker import State
+from tinygw.worker.discovery import lists_models
 from tinygw.worker.gateway import Gateway
 
 STATE_WORDS = {
@@ -127,7 +130,7 @@ def snapshot(gateway: Gateway, pid: int, artifact_sha256: str | None = None) -> 
     providers: list[dict] = []
     for name in sorted(settings.providers):
         provider = settings.providers[name]
-        enabled = provider.doc.listing and settings.listing_seconds > 0
+        enabled = lists_models(provider) and settings.listing_seconds > 0  # never Claude on a cloud
         listed = [w.listings.get(name) for w in workers]
         counts = [n for n in listed if n is not None]
         up = bool(listed) and len(counts) == len(listed)
@@ -233,9 +236,9 @@ def _seconds(value: float) -> str:
     return f"{value:g} s" if value == int(value) else f"{value:.1f} s"
 
 
-def _listing_text(listing: dict) -> str:
+def _listing_text(listing: dict, api: str) -> str:
     if not listing["enabled"]:
-        return "off"
+        return "none for Claude on a cloud (its models are those configured)" if api in CLOUDS else "off"
     if listing["up"]:
         count = listing["models"]
         return f"up, {count} model{'' if count == 1 else 's'}"
@@ -285,7 +288,7 @@ def _provider_section(p: dict) -> str:
     keys = f'<p class="keys">Key pool: {escape(_key_pool_text(pool))}</p>' if pool and pool["keys"] else ""
     return (
         f'<section><h2>{escape(p["name"])} <small class="meta">({escape(p["api"])})</small></h2>'
-        f'<p class="listing">Listing: {escape(_listing_text(p["listing"]))}</p>{keys}{table}</section>'
+        f'<p class="listing">Listing: {escape(_listing_text(p["listing"], p["api"]))}</p>{keys}{table}</section>'
     )
 
 

@@ -32,9 +32,10 @@ IDLE_SECONDS = 4.0
 
 
 # A provider's credentials made for one request, from the head as it will be written
-# (Host and Content-Length included) and the body: AWS's signature, Google's token
-# (tinygw.worker.credentials). Returns the head to write; raises ProviderCredentials.
-Authorize = Callable[[bytes, bytes, list[tuple[bytes, bytes]], bytes], Awaitable[list[tuple[bytes, bytes]]]]
+# (Host and Content-Length included) and the body, waited for at most the seconds given:
+# AWS's signature, Google's token (tinygw.worker.credentials). Returns the head to write;
+# raises ProviderCredentials.
+Authorize = Callable[[bytes, bytes, list[tuple[bytes, bytes]], bytes, float], Awaitable[list[tuple[bytes, bytes]]]]
 
 # What `read()` takes whole when no smaller limit is given (model listings pass their
 # own). The proxy never reads an answer whole: it holds at most 1 MiB of it (proxy.py).
@@ -164,13 +165,19 @@ class Pool:
         encoded (UnsendableRequest, the client's) takes no connection."""
         body = request.body
         head = [self.host_header, (b"content-length", b"%d" % len(body)), *request.headers]
-        if self._authorize is not None:  # signed as it will be written (before any slot is taken)
-            head = await self._authorize(request.method, request.target, head, body)
-        encoded = encode_request(request.method, request.target, head, body)
         timeouts = request.timeouts
         loop = self._loop or asyncio.get_running_loop()
         now = loop.time()
         deadline = now + timeouts.total_seconds
+        if self._authorize is not None:  # signed as it will be written (before any slot is taken)
+            # a wait for them (a token's fetch) is the attempt's: within its head's bound for a
+            # stream, and within its total, which it counts against
+            seconds = timeouts.total_seconds
+            if request.stream:
+                seconds = min(seconds, timeouts.head_seconds)
+            head = await self._authorize(request.method, request.target, head, body, seconds)
+            now = loop.time()
+        encoded = encode_request(request.method, request.target, head, body)
         if self._free_slots:
             self._free_slots -= 1
         else:
@@ -198,8 +205,8 @@ class Pool:
             self._release_slot()
             raise
         if request.stream:  # the body's first byte is waited for from the head, its pauses after it
-            waits = (timeouts.first_byte_seconds, errors.FirstByteTimeout, timeouts.stall_seconds)
-            return Response(status, response_headers, self, connection, deadline, decoder, *waits)
+            first_byte = (timeouts.first_byte_seconds, errors.FirstByteTimeout, timeouts.stall_seconds)
+            return Response(status, response_headers, self, connection, deadline, decoder, *first_byte)
         return Response(status, response_headers, self, connection, deadline, decoder)
 
     async def _connect(self, seconds: float) -> Connection:

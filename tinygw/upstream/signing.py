@@ -14,6 +14,7 @@ import base64
 import hashlib
 import hmac
 import json
+import re
 import time
 from urllib.parse import quote, unquote_to_bytes
 
@@ -198,9 +199,28 @@ def token_request_body(assertion: bytes) -> bytes:
     return f"grant_type={quote(GRANT_TYPE, safe='')}&assertion={assertion.decode()}".encode()
 
 
-# A token is used until this long before it expires (a request sent with it must still
-# find it valid), and renewed from RENEW_AHEAD_SECONDS before that, while it is still
-# used: requests do not wait for a renewal unless the token is past its use.
+# An access token goes into an `Authorization` line as it came: Google's are a few hundred
+# characters of visible ASCII. Any other is the token endpoint's fault, never a request's.
+MAX_ACCESS_TOKEN_CHARS = 4096
+_VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")
+
+
+def access_token_fault(value: str) -> str | None:
+    """What makes `value` no access token to send, in words that never quote it; None when
+    it is one: visible ASCII, of at most MAX_ACCESS_TOKEN_CHARS characters."""
+    if not value:
+        return "an empty access token"
+    if len(value) > MAX_ACCESS_TOKEN_CHARS:
+        return f"an access token of {len(value)} characters (at most {MAX_ACCESS_TOKEN_CHARS:,})"
+    if not _VISIBLE_ASCII.fullmatch(value):
+        return "an access token with characters outside visible ASCII"
+    return None
+
+
+# A token is used until a minute before it expires, or half its life for one that lives
+# two minutes or less (a request sent with it must still find it valid), and renewed from
+# RENEW_AHEAD_SECONDS before that, while it is still used: requests do not wait for a
+# renewal unless the token is past its use.
 EXPIRY_MARGIN_SECONDS = 60.0
 RENEW_AHEAD_SECONDS = 240.0
 
@@ -214,9 +234,10 @@ class Token(Struct, frozen=True):
 
     @classmethod
     def received(cls, value: str, expires_in: float, now: float) -> Token:
-        """A token that came at `now` and expires `expires_in` seconds later. A short-lived
-        one is renewed from half its usable life on."""
-        use_until = now + max(0.0, expires_in - EXPIRY_MARGIN_SECONDS)
+        """A token that came at `now` and expires `expires_in` seconds later: used until
+        `expires_in - min(60, expires_in / 2)`. A short-lived one is renewed from half its
+        usable life on."""
+        use_until = now + max(0.0, expires_in - min(EXPIRY_MARGIN_SECONDS, expires_in / 2))
         renew_from = max(now + (use_until - now) / 2, use_until - RENEW_AHEAD_SECONDS)
         return cls(Secret(value), renew_from, use_until)
 

@@ -5,9 +5,11 @@ Vertex's carrying an OAuth 2.0 access token from Google's JWT bearer grant.
 The signature and the assertion are pure (tinygw.upstream.signing); here is their I/O:
 the wall clock they are made at, and a token fetched from the service account's
 `token_uri`, kept in a `TokenSource` per provider and worker: used until 60 s before it
-expires, renewed in the background from a few minutes before that (requests do not wait
-for it), and fetched while requests wait only when there is none to use. A token that
-cannot be had is `ProviderCredentials`: a failure of the provider, 502 for the client.
+expires (half its life for a short one, signing.Token), renewed in the background from a
+few minutes before that (requests do not wait for it), and fetched while requests wait
+only when there is none to use, each no longer than its attempt may wait. A token that
+cannot be had (refused, unreachable, late, an answer over 64 KiB, or no token to put in
+a header) is `ProviderCredentials`: a failure of the provider, 502 for the client.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ Clock = Callable[[], float]
 def aws_signer(credentials: AwsCredentials, region: str, wall_clock: Clock, service: str = "bedrock") -> Authorize:
     """The pool's `authorize` for a bedrock provider: every request signed at its time."""
 
-    async def sign(method: bytes, target: bytes, head: list[tuple[bytes, bytes]], body: bytes):
+    async def sign(method: bytes, target: bytes, head: list[tuple[bytes, bytes]], body: bytes, seconds: float):
         return signing.sigv4_headers(method, target, head, body, credentials, region, service, wall_clock())
 
     return sign
@@ -51,7 +53,9 @@ class TokenSource:
         self._token: signing.Token | None = None
         self._fetching: asyncio.Future[signing.Token] | None = None
 
-    async def token(self) -> str:
+    async def token(self, seconds: float) -> str:
+        """The token to send, waited for at most `seconds` when there is none to use (the
+        fetch goes on for the requests after this one)."""
         now = self._clock()
         token = self._token
         if token is not None and token.usable(now):
@@ -59,8 +63,14 @@ class TokenSource:
                 self._start().add_done_callback(self._renewed)
             return token.value.reveal()
         fetching = self._fetching or self._start()
-        # shielded: a request whose client leaves does not cancel the fetch that others wait for
-        return (await asyncio.shield(fetching)).value.reveal()
+        try:
+            async with asyncio.timeout(seconds):
+                # shielded: a request that stops waiting does not cancel the fetch that others wait for
+                return (await asyncio.shield(fetching)).value.reveal()
+        except TimeoutError:
+            raise errors.ProviderCredentials(
+                f"its token endpoint gave no token within the attempt's {seconds:g} s"
+            ) from None
 
     def _start(self) -> asyncio.Future[signing.Token]:
         self._fetching = fetching = asyncio.ensure_future(self._fetch())
@@ -77,9 +87,12 @@ class TokenSource:
         if not fetching.cancelled() and (e := fetching.exception()) is not None:
             logs.log(logging.WARNING, "provider token renewal failed", provider=self._provider, reason=str(e))
 
-    async def authorize(self, method: bytes, target: bytes, head: list[tuple[bytes, bytes]], body: bytes):
-        """The pool's `authorize` for a vertex provider: its token as a bearer."""
-        return [*head, (b"authorization", b"Bearer " + (await self.token()).encode())]
+    async def authorize(
+        self, method: bytes, target: bytes, head: list[tuple[bytes, bytes]], body: bytes, seconds: float
+    ):
+        """The pool's `authorize` for a vertex provider: its token as a bearer, waited for
+        at most `seconds` (its attempt's bound)."""
+        return [*head, (b"authorization", b"Bearer " + (await self.token(seconds)).encode())]
 
 
 class _TokenAnswer(msgspec.Struct):
@@ -111,6 +124,8 @@ def google_fetch(
         try:
             response = await pool.request(b"POST", path, headers, body)
             answer = await response.read(MAX_TOKEN_ANSWER_BYTES)
+        except errors.ResponseTooLarge:
+            raise errors.ProviderCredentials("its token endpoint's answer is over 64 KiB") from None
         except errors.UpstreamError as e:
             raise errors.ProviderCredentials(f"its token endpoint could not be reached ({e.cause})") from None
         if response.status != 200:
@@ -124,6 +139,8 @@ def google_fetch(
             token = _decode_answer.decode(answer)
         except (msgspec.MsgspecError, RecursionError):
             raise errors.ProviderCredentials("its token endpoint answered no access token") from None
+        if (fault := signing.access_token_fault(token.access_token)) is not None:
+            raise errors.ProviderCredentials(f"its token endpoint answered {fault}")
         return signing.Token.received(token.access_token, token.expires_in, started)
 
     return fetch
