@@ -431,6 +431,37 @@ def test_a_receipt_of_a_gateway_error_and_a_plain_request(sealed):
     assert receipt["response_sha256"] == hashlib.sha256(body).hexdigest()
 
 
+def test_a_receipt_is_proven_only_by_an_attestation_that_verify_verified_and_saved(sealed, verified, tmp_path):
+    """Before: the gateway's /attestation answer as it came (its quote never checked) made the
+    receipt PASS, exit 0, with no verdict line."""
+    gateway, _, _, _ = sealed
+    headers = {"Authorization": f"Bearer {KEYS[0]}"}
+    answer_headers = call("POST", f"{gateway.url}/v1/chat/completions", ask(), headers)[1]
+    receipt = tmp_path / "receipt.json"
+    receipt.write_bytes(
+        call("GET", f"{gateway.url}/v1/receipts/{answer_headers['x-tinygw-receipt-id']}", headers=headers)[2]
+    )
+    saved = json.loads(verified[1].read_text())
+    record = saved["attest_verify"]
+    assert record["verdict"] == "PASS" and record["url"] == gateway.url
+    assert {"quote signature", "report_data", "receipt key bound"} <= {c["name"] for c in record["checks"]}
+    code, verdicts, output = receipt_verify(receipt, "--attestation", verified[1])
+    assert code == 0 and set(verdicts.values()) == {"PASS"}, output
+    assert output.splitlines()[-1] == "verdict: PASS: every check PASSed (3 checks); exit 0", output
+    raw = tmp_path / "raw.json"  # the same gateway's evidence, fetched, never verified
+    raw.write_bytes(call("GET", f"{gateway.url}/attestation?nonce={os.urandom(32).hex()}")[2])
+    skipped = tmp_path / "skipped.json"  # saved, but a check did not PASS (as --save-attestation never writes)
+    record = {
+        **record,
+        "checks": [{**c, "result": "SKIP"} if c["name"] == "quote signature" else c for c in record["checks"]],
+    }
+    skipped.write_text(json.dumps({**saved, "attest_verify": record}))
+    for evidence in (raw, skipped):
+        code, verdicts, output = receipt_verify(receipt, "--attestation", evidence)
+        assert code == 4 and verdicts["receipt key bound"] == verdicts["receipt signature"] == "SKIP", output
+        assert "PASS receipt signature" not in output and output.splitlines()[-1].startswith("verdict: UNVERIFIED: ")
+
+
 def test_the_private_keys_are_in_a_private_memory_directory_removed_at_exit(fake, start_gateway):
     config = {"providers": {"fake": provider(fake)}, "models": {"m": {"targets": ["fake:m"]}}}
     before = {
