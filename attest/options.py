@@ -112,7 +112,8 @@ def _output_options(p):
     p.add_argument(
         "--save-attestation",
         metavar="FILE",
-        help="write the /attestation answer here, only when every check PASSed (for `receipt --attestation`)",
+        help="write the /attestation answer here with the record of this run, only when every check PASSed "
+        "(for `receipt --attestation`, which trusts no other)",
     )
     p.add_argument(
         "--json",

@@ -3,24 +3,28 @@
     attest/verify receipt RECEIPT.json --attestation EVIDENCE.json [--request FILE] [--response FILE] [--json]
 
 EVIDENCE.json is an /attestation answer that attest/verify checked in full and saved
-(`--save-attestation FILE`: written only when every check PASSed). Checks, one line each:
+(`--save-attestation FILE`: written only when every check PASSed, with the record of that run,
+attest/sealing.py's VERIFIED). Checks, one line each:
 
   receipt key bound   the evidence's receipt_public_key hashes to its receipt_key_sha256, and its
                       report_data is the v3 one over its own nonce, config and key digests (the
-                      quote's REPORTDATA was checked against it when the evidence was verified)
+                      quote's REPORTDATA was checked against it when the evidence was verified);
+                      SKIP when nothing says the evidence was verified: a hardware provider's, saved
+                      with the record of a run whose checks all PASSed (an /attestation answer as
+                      it came, `"provider": "none"`, a check FAILed or SKIPped: the key is anyone's)
   receipt fields      the receipt is version 1 with every field, of the right types
   receipt signature   Ed25519, by that key, over the RFC 8785 canonical JSON of every field but
-                      `signature`
+                      `signature`; SKIP (when it holds) by a key that is not trusted
   request hash        (--request FILE) sha256 of the file is the receipt's request_sha256: the
                       request body the gateway received (after EHBP decryption)
   response hash       (--response FILE) sha256 of the file is the receipt's response_sha256: the
                       answer body the gateway sent (before encryption; a stream: every byte of it)
 
-Exit status as attest/verify's: 0 every check PASSed, 1 one FAILed, 2 bad usage or a file that
-cannot be read. Needs `cryptography` (make verifier installs it).
+Then, last, the verdict line (checks.Checks.verdict_line), or with --json one document. Exit status
+as attest/verify's: 0 every check PASSed, 1 one FAILed, 2 bad usage or a file that cannot be read,
+4 none FAILed but one was SKIPped (not proven). Needs `cryptography` (make verifier installs it).
 """
 
-import argparse
 import base64
 import binascii
 import hashlib
@@ -29,12 +33,19 @@ import re
 import sys
 
 import sealing
-from checks import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Checks
+from checks import EXIT_FAILED, EXIT_OK, EXIT_UNVERIFIED, EXIT_USAGE, PASS, Checks
+from options import Parser, UsageError
 
 FILE_MAX_BYTES = 64 << 20  # a request body is at most the gateway's limit (10 MiB by default); answers larger
 STRINGS = ("id", "client", "route", "model", "provider", "provider_model", "request_sha256", "response_sha256")
 INTEGERS = ("v", "created", "status")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+# The providers whose evidence is a quote or report that the hardware signed.
+HARDWARE_PROVIDERS = ("tdx_guest", "sev_guest")
+# What a run must have PASSed for the key to be the quoted gateway's: the key's binding,
+# report_data against the quote, and the quote's (or SEV-SNP report's) signature.
+VOUCHING_CHECKS = ("receipt key bound", "report_data")
+SIGNATURE_CHECKS = ("quote signature", "report signature")
 
 
 def canonical(fields):
@@ -44,10 +55,11 @@ def canonical(fields):
 
 
 def parser():
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="attest/verify receipt",
         description="Check a tinygw receipt against a verified attestation (docs/confidential.md).",
-        epilog="exit status: 0 every check PASSed, 1 a check FAILed, 2 bad usage or a local I/O error",
+        epilog="exit status: 0 every check PASSed, 1 a check FAILed, 2 bad usage or a local I/O error, "
+        "4 unverified (a check was SKIPped: the attestation was not verified)",
     )
     p.add_argument("receipt", metavar="RECEIPT.json", help="the receipt, as GET /v1/receipts/{id} answered it")
     p.add_argument(
@@ -87,12 +99,38 @@ def read_json(path, what):
     return value
 
 
+def unverified(evidence):
+    """Why nothing says that `evidence` was verified (its receipt key may be anyone's), or None:
+    it is a hardware provider's, saved by attest/verify with the record of a run whose checks
+    all PASSed, among them those that bind the key to the quote (VOUCHING_CHECKS, a signature)."""
+    quoted = evidence.get("evidence")
+    provider = quoted.get("provider") if isinstance(quoted, dict) else None
+    if provider not in HARDWARE_PROVIDERS:
+        return f"the evidence is from provider {str(provider)[:40]!r}, not a quote the hardware signed"
+    record = evidence.get(sealing.VERIFIED)
+    results = record.get("checks") if isinstance(record, dict) else None
+    if not isinstance(results, list) or not all(isinstance(r, dict) for r in results):
+        return (
+            "the attestation is not one that attest/verify verified and saved (--save-attestation, "
+            "written only when every check PASSed): nothing says its quote was verified"
+        )
+    names = [str(r.get("name"))[:40] for r in results]
+    not_passed = [name for name, r in zip(names, results, strict=True) if r.get("result") != PASS]
+    if not_passed or record.get("verdict") != PASS:
+        return f"the attestation's checks did not all PASS ({', '.join(not_passed) or 'its verdict'})"
+    missing = [n for n in VOUCHING_CHECKS if n not in names]
+    missing += [] if set(SIGNATURE_CHECKS) & set(names) else ["quote signature"]
+    if missing:
+        return f"the attestation's run did not check {', '.join(missing)}"
+    return None
+
+
 def check_key(evidence, checks):
-    """The receipt key of the evidence, or None (a FAIL said)."""
+    """(the receipt key of the evidence, whether it is trusted), or (None, False) (a FAIL said)."""
     key, why = sealing.receipt_key(evidence)
     if key is None:
         checks.report("receipt key bound", why)
-        return None
+        return None, False
     config, spki, nonce = evidence.get("config_sha256"), evidence.get("tls_spki_sha256"), evidence.get("nonce")
     digests = sealing.bound_digests(evidence)
     try:
@@ -101,9 +139,10 @@ def check_key(evidence, checks):
         expected = None
     if expected is None or evidence.get("report_data") != expected:
         checks.report("receipt key bound", "the evidence's report_data is not the v3 one over its own fields")
-        return None
-    checks.report("receipt key bound", receipt_key_sha256=evidence["receipt_key_sha256"])
-    return key
+        return None, False
+    why = unverified(evidence)
+    checks.report("receipt key bound", why, skip=True, receipt_key_sha256=evidence["receipt_key_sha256"])
+    return key, why is None
 
 
 def check_fields(receipt, checks):
@@ -122,7 +161,7 @@ def check_fields(receipt, checks):
     return True
 
 
-def check_signature(receipt, key, checks):
+def check_signature(receipt, key, trusted, checks):
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -132,7 +171,8 @@ def check_signature(receipt, key, checks):
         Ed25519PublicKey.from_public_bytes(key).verify(signature, canonical(unsigned))
     except (binascii.Error, ValueError, InvalidSignature):
         return checks.report("receipt signature", "the signature is not the attested receipt key's over this receipt")
-    checks.report("receipt signature")
+    untrusted = "by the evidence's receipt key, which no verified attestation vouches for: proves nothing"
+    checks.report("receipt signature", None if trusted else untrusted, skip=True)
 
 
 def check_hash(name, field, path, what, receipt, checks):
@@ -151,27 +191,38 @@ def check_hash(name, field, path, what, receipt, checks):
 def run(args, checks):
     receipt = read_json(args.receipt, "the receipt")
     evidence = read_json(args.attestation, "the attestation")
-    key = check_key(evidence, checks)
+    key, trusted = check_key(evidence, checks)
     if check_fields(receipt, checks) and key is not None:
-        check_signature(receipt, key, checks)
+        check_signature(receipt, key, trusted, checks)
     if args.request:
         check_hash("request hash", "request_sha256", args.request, "--request", receipt, checks)
     if args.response:
         check_hash("response hash", "response_sha256", args.response, "--response", receipt, checks)
-    return EXIT_FAILED if checks.failed else EXIT_OK
+    return EXIT_FAILED if checks.failed else EXIT_UNVERIFIED if checks.skipped else EXIT_OK
 
 
 def main(argv):
-    args = parser().parse_args(argv)
-    checks = Checks(as_json=args.json)
+    """The exit status of one run; it ends with the verdict line (or the --json document),
+    whatever happened, as attest/verify's own runs do."""
+    checks = Checks(as_json=any(len(arg) > 2 and "--json".startswith(arg) for arg in argv))
+    p, error = parser(), None
     try:
+        args = p.parse_args(argv)  # --help: its text, exit 0, no verdict (nothing was run)
+        checks.as_json = args.json
         code = run(args, checks)
+    except UsageError as e:
+        p.print_usage(sys.stderr)
+        print(f"attest/verify receipt: error: {e}", file=sys.stderr)
+        error, code = f"bad usage: {e}", EXIT_USAGE
     except LocalError as e:
         print(f"attest/verify receipt: {e}", file=sys.stderr)
-        code = EXIT_USAGE
+        error, code = str(e), EXIT_USAGE
     except ImportError:
         checks.report("receipt signature", "the cryptography package is not installed (make verifier)")
         code = EXIT_FAILED
-    if args.json:
-        print(checks.document(code), flush=True)
+    sys.stderr.flush()  # what went to stderr comes before the verdict, which is the last line
+    if checks.as_json:
+        print(checks.document(code, **({"error": error} if error else {})), flush=True)
+    else:
+        print(checks.verdict_line(code, error), flush=True)
     return code

@@ -15,9 +15,14 @@ does the rest. Python 3 stdlib only.
 import base64
 import binascii
 import hashlib
+import json
 import re
 
 DOMAIN_KEYS = b"tinygw.attest.v3"
+# The field of a saved attestation (--save-attestation) that records the run that verified it:
+# its verdict and each check's result, all PASS (nothing else is ever saved). attest/verify
+# receipt trusts the answer's receipt key only with it (attest/receipt.py).
+VERIFIED = "attest_verify"
 OFF = bytes(32)
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 ED25519_HEX = re.compile(r"[0-9a-f]{64}")
@@ -81,13 +86,17 @@ def check_keys(answer, args, checks):
         checks.report("receipt key bound", receipt_key(answer)[1])
 
 
-def save(args, answer, raw_answer, write_file, checks):
-    """--save-hpke and --save-attestation, once every check PASSed (the caller makes sure)."""
+def save(args, answer, write_file, checks):
+    """--save-hpke and --save-attestation, once every check PASSed (the caller makes sure): the
+    attestation is the answer with the record of this run in VERIFIED (a field the answer
+    itself may not set: any it had is replaced)."""
     if getattr(args, "save_hpke", None):
         config, _ = hpke_config(answer)
         if config is not None:
             write_file(args.save_hpke, config, ".hpke-")
             checks.note(f"saved the attested HPKE key configuration to {args.save_hpke}")
-    if getattr(args, "save_attestation", None) and raw_answer is not None:
-        write_file(args.save_attestation, raw_answer, ".attestation-")
+    if getattr(args, "save_attestation", None):
+        results = [{"name": r["name"], "result": r["result"]} for r in checks.results]
+        record = {"verdict": "PASS", "url": args.url, "checks": results}
+        write_file(args.save_attestation, json.dumps({**answer, VERIFIED: record}, indent=2) + "\n", ".attestation-")
         checks.note(f"saved the verified attestation to {args.save_attestation}")

@@ -13,12 +13,15 @@ import os
 import socket
 import struct
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 from ehbp import EHBPTransport, KeyConfigMismatchError, ServerIdentity
+from pyhpke import AEADId, CipherSuite, KDFId, KEMId
 from test_attest import SIMULATED_SIGNATURE, two_workers_on_fake_tdx, verify
 
 from conftest import call, provider, wait_until
@@ -252,6 +255,61 @@ def test_a_wrong_key_configuration_is_422_key_config_and_tinfoils_client_says_so
         sdk(gateway, bytes(other)).chat.completions.create(**ask())
 
 
+# ---- a sealed body's frames are bounded ----------------------------------------------------
+
+HOSTILE = "the hostile prompt 11d0"
+MAX_BODY = 10 * 1024 * 1024  # the default TINYGW_MAX_BODY_BYTES
+
+
+def sender_to(key_config: bytes):
+    """(Ehbp-Encapsulated-Key, an HPKE sender context) sealing to the key configuration's key:
+    pyhpke's, so that a test may frame a body as no well-behaved client would."""
+    suite = CipherSuite.new(KEMId.DHKEM_X25519_HKDF_SHA256, KDFId.HKDF_SHA256, AEADId.AES256_GCM)
+    enc, sender = suite.create_sender_context(suite.kem.deserialize_public_key(key_config[3:35]), info=b"ehbp request")
+    return enc.hex(), sender
+
+
+def frame(ciphertext: bytes) -> bytes:
+    return struct.pack(">I", len(ciphertext)) + ciphertext
+
+
+def hostile_bodies(key_config: bytes) -> list[tuple[str, bytes]]:
+    """A real request in its first frame, then 10 MiB of empty frames (length 0), and then
+    5 MiB of frames each sealing no plaintext (all authentic): each opened well before."""
+    enc, sender = sender_to(key_config)
+    head = frame(sender.seal(json.dumps(ask(HOSTILE)).encode(), b""))
+    zeros = head + bytes(4 * ((MAX_BODY - len(head)) // 4))
+    enc_2, sender_2 = sender_to(key_config)
+    head_2 = frame(sender_2.seal(json.dumps(ask(HOSTILE)).encode(), b""))
+    empties = head_2 + b"".join(frame(sender_2.seal(b"", b"")) for _ in range(5 * 1024 * 1024 // 20))
+    return [(enc, zeros), (enc_2, empties)]
+
+
+def test_a_sealed_body_of_too_many_or_empty_frames_is_400_at_once_and_the_worker_serves_others(fake, start_gateway):
+    """Before: each was opened frame by frame on the worker's loop (0.7 to 1.8 s each), held
+    every other request of the worker meanwhile, and then forwarded."""
+    config = {"providers": {"fake": provider(fake)}, "models": {"m": {"targets": ["fake:m"]}}}
+    gateway = start_gateway(config, TINYGW_EHBP="on", TINYGW_API_KEYS=KEYS[0])
+    key_config = call("GET", f"{gateway.url}/.well-known/hpke-keys")[2]
+    bodies = hostile_bodies(key_config) * 3
+    waits: list[float] = []
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        answers = [pool.submit(post_sealed, gateway, enc, body) for enc, body in bodies]
+        while not waits or not all(a.done() for a in answers):  # a well-behaved request, meanwhile
+            started = time.monotonic()
+            assert call("POST", f"{gateway.url}/v1/chat/completions", ask("probe"), {"x-api-key": KEYS[0]})[0] == 200
+            waits.append(time.monotonic() - started)
+    for status, headers, answer in (a.result() for a in answers):
+        assert status == 400 and headers["content-type"] == "application/problem+json", answer[:200]
+        problem = json.loads(answer)
+        assert problem["type"] == "about:blank" and problem["status"] == 400 and problem["title"]
+    assert not [r for r in fake.requests if HOSTILE.encode() in r.body]  # no attempt
+    assert max(waits) < 1.0, waits  # not held by seconds (a request takes milliseconds)
+    # a body framed as a client frames it, however large, still opens: Tinfoil's 64 KiB frames
+    plaintext = json.dumps(ask()).encode() + b" " * (MAX_BODY - 64 * 1024)
+    assert post_sealed(gateway, *sealed_request(key_config, plaintext, 64 * 1024))[0] == 200
+
+
 def test_required_refuses_plain_requests_naming_ehbp_and_serves_sealed_ones(fake, start_gateway):
     config = {"providers": {"fake": provider(fake)}, "models": {"m": {"targets": ["fake:m"]}}}
     gateway = start_gateway(config, TINYGW_EHBP="required")
@@ -371,6 +429,37 @@ def test_a_receipt_of_a_gateway_error_and_a_plain_request(sealed):
     )
     assert receipt["status"] == 404 and receipt["provider"] == "" and receipt["model"] == "nope"
     assert receipt["response_sha256"] == hashlib.sha256(body).hexdigest()
+
+
+def test_a_receipt_is_proven_only_by_an_attestation_that_verify_verified_and_saved(sealed, verified, tmp_path):
+    """Before: the gateway's /attestation answer as it came (its quote never checked) made the
+    receipt PASS, exit 0, with no verdict line."""
+    gateway, _, _, _ = sealed
+    headers = {"Authorization": f"Bearer {KEYS[0]}"}
+    answer_headers = call("POST", f"{gateway.url}/v1/chat/completions", ask(), headers)[1]
+    receipt = tmp_path / "receipt.json"
+    receipt.write_bytes(
+        call("GET", f"{gateway.url}/v1/receipts/{answer_headers['x-tinygw-receipt-id']}", headers=headers)[2]
+    )
+    saved = json.loads(verified[1].read_text())
+    record = saved["attest_verify"]
+    assert record["verdict"] == "PASS" and record["url"] == gateway.url
+    assert {"quote signature", "report_data", "receipt key bound"} <= {c["name"] for c in record["checks"]}
+    code, verdicts, output = receipt_verify(receipt, "--attestation", verified[1])
+    assert code == 0 and set(verdicts.values()) == {"PASS"}, output
+    assert output.splitlines()[-1] == "verdict: PASS: every check PASSed (3 checks); exit 0", output
+    raw = tmp_path / "raw.json"  # the same gateway's evidence, fetched, never verified
+    raw.write_bytes(call("GET", f"{gateway.url}/attestation?nonce={os.urandom(32).hex()}")[2])
+    skipped = tmp_path / "skipped.json"  # saved, but a check did not PASS (as --save-attestation never writes)
+    record = {
+        **record,
+        "checks": [{**c, "result": "SKIP"} if c["name"] == "quote signature" else c for c in record["checks"]],
+    }
+    skipped.write_text(json.dumps({**saved, "attest_verify": record}))
+    for evidence in (raw, skipped):
+        code, verdicts, output = receipt_verify(receipt, "--attestation", evidence)
+        assert code == 4 and verdicts["receipt key bound"] == verdicts["receipt signature"] == "SKIP", output
+        assert "PASS receipt signature" not in output and output.splitlines()[-1].startswith("verdict: UNVERIFIED: ")
 
 
 def test_the_private_keys_are_in_a_private_memory_directory_removed_at_exit(fake, start_gateway):

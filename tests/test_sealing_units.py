@@ -9,6 +9,7 @@ import struct
 
 import pytest
 from ehbp import FrameDecryptor, ServerIdentity, derive_response_keys
+from pyhpke import AEADId, CipherSuite, KDFId, KEMId
 
 from tinygw.errors import SealedBodyRefused
 from tinygw.trust import ehbp, receipts
@@ -20,7 +21,7 @@ def test_a_body_sealed_by_tinfoils_client_opens_and_the_answer_opens_there_frame
     assert identity.marshal_public_config() == key.config  # the key configuration, byte for byte
     stream = identity.encrypt_request_stream([b'{"model":', b'"m"}'])
     body = b"".join(stream.frames)
-    body = struct.pack(">I", 0) + body  # an empty write: ignored
+    body += struct.pack(">I", 0)  # an empty last write: ignored
     opened = key.open(stream.encapsulated_key.hex().encode(), body)
     assert opened.plaintext == b'{"model":"m"}'
     sealer = opened.sealer()
@@ -49,6 +50,52 @@ def test_bodies_that_do_not_open_are_refused_with_the_protocols_status(enc, body
     with pytest.raises(SealedBodyRefused) as caught:
         key.open(enc if enc is not None else good.encapsulated_key.hex().encode(), body)
     assert caught.value.status == status
+
+
+def sealer_to(key: ehbp.KeyPair):
+    """(Ehbp-Encapsulated-Key, a frame of `plaintext`) of one sender to `key` (pyhpke's)."""
+    suite = CipherSuite.new(KEMId.DHKEM_X25519_HKDF_SHA256, KDFId.HKDF_SHA256, AEADId.AES256_GCM)
+    enc, sender = suite.create_sender_context(
+        suite.kem.deserialize_public_key(key.config[3:35]), info=ehbp.REQUEST_INFO
+    )
+    return enc.hex().encode(), lambda plaintext: _frame(sender.seal(plaintext, b""))
+
+
+def _frame(ciphertext: bytes) -> bytes:
+    return struct.pack(">I", len(ciphertext)) + ciphertext
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        [b"x", b"", b"y"],  # a ciphertext of no plaintext before the last
+        [b"x", None, b"y"],  # an empty write (length 0) before the last
+        [None, b"x"],
+        [b"x" * 10] * 6,  # 6 frames of 30 bytes: at most ceil(180 / 1024) + 4 = 5
+    ],
+)
+def test_too_many_frames_or_an_empty_frame_before_the_last_is_400_before_any_frame_is_opened(pieces):
+    key = ehbp.KeyPair.generate()
+    enc, seal = sealer_to(key)
+    body = b"".join(struct.pack(">I", 0) if p is None else seal(p) for p in pieces)
+    with pytest.raises(SealedBodyRefused) as caught:
+        key.open(enc, body)
+    assert caught.value.status == 400
+    assert ehbp.frames(body[:0]) == []
+    with pytest.raises(SealedBodyRefused):  # from the lengths alone: the frames are not opened
+        ehbp.frames(body)
+
+
+def test_the_bound_is_a_frame_a_kib_and_four_and_the_last_frame_may_be_empty():
+    assert [ehbp.max_frames(n) for n in (0, 1, 1024, 1025, 10 * 1024 * 1024)] == [4, 5, 5, 6, 10244]
+    key = ehbp.KeyPair.generate()
+    enc, seal = sealer_to(key)
+    body = b"".join(seal(b"x" * 10) for _ in range(4))  # and a last frame of no plaintext: 5, the most
+    assert key.open(enc, body + seal(b"")).plaintext == b"x" * 40
+    enc, seal = sealer_to(key)
+    assert key.open(enc, seal(b"x" * 900) + struct.pack(">I", 0)).plaintext == b"x" * 900  # or of length 0
+    enc, seal = sealer_to(key)
+    assert key.open(enc, seal(b"x" * 3000)).plaintext == b"x" * 3000
 
 
 def test_the_canonical_form_is_rfc_8785_for_strings_and_integers():

@@ -9,7 +9,10 @@ import json
 import pytest
 
 from conftest import call, free_port, run_tinygw
+from tinygw.config.clients import clients, taken_variables
 from tinygw.config.environment import from_environ
+from tinygw.config.settings import ClientDoc, ProviderDoc
+from tinygw.errors import ConfigError
 
 PROVIDER = {"base_url": "https://api.example.com/v1", "api": "openai", "api_key_env": "A_KEY"}
 GOOD = {"providers": {"a": PROVIDER}, "models": {"m": {"targets": ["a:up"]}}}
@@ -142,6 +145,87 @@ def test_a_document_nested_1000_deep_exits_2_naming_the_bound_of_64(command, tmp
 def test_a_number_in_other_digits_or_a_gateway_key_with_a_space_exits_2_naming_the_variable(extra, where, command):
     line = refused(run_tinygw([command], env(**{"TINYGW_PORT": str(free_port()), **extra})), where)
     assert "gw-key" not in line
+
+
+# ---- a client's keys are its own variables' ---------------------------------------------------
+
+BEDROCK = {
+    "api": "bedrock",
+    "region": "us-east-1",
+    "aws_access_key_id_env": "AWS_ID",
+    "aws_secret_access_key_env": "AWS_SECRET",
+}
+
+
+def _with_team(keys_env, providers: dict | None = None) -> dict:
+    doc = {**GOOD, "clients": {"team": {"keys_env": keys_env}}}
+    return {**doc, "providers": {**GOOD["providers"], **(providers or {})}}
+
+
+@pytest.mark.parametrize("command", ["check", "serve"])
+@pytest.mark.parametrize(
+    "doc,extra,variable",
+    [
+        # the gateway's own: the word `on` (a setting, shown at /attestation) would be a key
+        (_with_team("TINYGW_EHBP"), {"TINYGW_EHBP": "on"}, "TINYGW_EHBP"),
+        (
+            _with_team(["TEAM_KEYS", "PROVIDER_RETRY_FAST_FAILURES"]),
+            {"PROVIDER_RETRY_FAST_FAILURES": "true"},
+            "PROVIDER_RETRY_FAST_FAILURES",
+        ),
+        # a provider's key: the upstream key would open the gateway
+        (_with_team("A_KEY"), {}, "A_KEY"),
+        (_with_team("A_KEY"), {"A_KEY": None, "A_KEY_FILE": "KEY_FILE"}, "A_KEY"),
+        (
+            _with_team("B_KEY", {"b": {**PROVIDER, "api_key_env": ["OTHER_KEY", "B_KEY"]}}),
+            {"OTHER_KEY": "o", "B_KEY": "secret-b"},
+            "B_KEY",
+        ),
+        (_with_team("T", {"b": {**PROVIDER, "headers": {"x-team": {"env": "T"}}}}), {"T": "secret-t"}, "T"),
+        (
+            _with_team("AWS_SECRET", {"bed": BEDROCK}),
+            {"AWS_ID": "AKIDEXAMPLE", "AWS_SECRET": "secret-aws"},
+            "AWS_SECRET",
+        ),
+    ],
+)
+def test_a_client_whose_keys_env_is_the_gateways_or_a_providers_variable_exits_2_naming_both(
+    doc, extra, variable, command, tmp_path
+):
+    """Before: exit 0, and the variable's value (`on`, the upstream key) was a gateway key."""
+    key_file = tmp_path / "key"
+    key_file.write_text("secret-a\n")
+    environment = env(doc, TEAM_KEYS="sk-team-own", TINYGW_PORT=str(free_port()))
+    for name, value in extra.items():
+        environment.pop(name, None)
+        if value is not None:
+            environment[name] = str(key_file) if value == "KEY_FILE" else value
+    line = refused(run_tinygw([command], environment), "TINYGW_CONFIG $.clients.team.keys_env: ")
+    assert "'team'" in line and variable in line
+    assert "secret-" not in line
+
+
+def test_the_variables_no_client_may_read_its_keys_from():
+    providers = {
+        "a": ProviderDoc(api="openai", base_url="https://a.example", api_key_env=["A_KEY", "A_KEY_2"]),
+        "v": ProviderDoc(api="vertex", project="p", region="global", credentials_env="SA_JSON"),
+    }
+    taken = taken_variables(providers)
+    for name in ("A_KEY", "A_KEY_2_FILE", "SA_JSON", "SA_JSON_FILE", "TINYGW_API_KEYS", "TINYGW_LAUNCH_DIR"):
+        assert name in taken
+    assert "provider 'v'" in taken["SA_JSON"] and "for itself" in taken["TINYGW_EHBP"]
+    docs = {"team": ClientDoc(keys_env="OWN")}
+    env_ = {"OWN": "sk-own", "TINYGW_API_KEYS": "sk-d"}
+    assert set(clients(env_, "here", docs, (), "TINYGW_API_KEYS", taken)) == {"team"}
+    # a client reads NAME and NAME_FILE: either may be taken
+    for keys_env, clash in [
+        ("TINYGW_TLS_KEY", "TINYGW_TLS_KEY_FILE"),
+        ("A_KEY_FILE", "A_KEY_FILE"),
+        ("A_KEY", "A_KEY"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            clients(env_, "here", {"team": ClientDoc(keys_env=["OWN", keys_env])}, (), "TINYGW_API_KEYS", taken)
+        assert e.value.where == "here $.clients.team.keys_env" and clash in e.value.reason
 
 
 # ---- plaintext only to loopback, unless said -----------------------------------------------

@@ -110,7 +110,10 @@ def test_any_bytes_parse_to_an_object_or_one_reason(body):
         assert "\n" not in str(e)
         return
     assert isinstance(answer, dict)
-    judge(answer, "http://127.0.0.1:1", None)
+    checks = judge(answer, "http://127.0.0.1:1", None)
+    assert checks.results and all(r["result"] in ("PASS", "FAIL", "SKIP") for r in checks.results)
+    assert checks.failed or checks.skipped  # nothing here is signed: it never all PASSes
+    assert all(r["result"] == "PASS" or r["reason"] and "\n" not in r["reason"] for r in checks.results)
 
 
 @given(st.integers(DEPTH_MAX - 2, DEPTH_MAX + 2), st.sampled_from(["[", '{"a":']))
@@ -128,11 +131,15 @@ def test_nesting_is_bounded_at_its_limit(levels, opener):
 
 
 def test_a_random_answer_from_os_urandom_is_judged():
-    judge(
-        {"evidence": {"provider": "tdx_guest", "outblob": base64.b64encode(os.urandom(5000)).decode()}},
-        "https://127.0.0.1:1",
-        os.urandom(600),
-    )
+    """A genuine answer but for its quote, 5,000 random bytes: every check has its verdict, and
+    the quote is a FAIL that says why."""
+    answer = genuine()
+    answer["evidence"] = {"provider": "tdx_guest", "outblob": base64.b64encode(os.urandom(5000)).decode()}
+    checks = judge(answer, "https://127.0.0.1:1", os.urandom(600))
+    results = {r["name"]: r for r in checks.results}
+    assert results["nonce echoed"]["result"] == "PASS"  # judged as the rest of the answer deserves
+    assert results["quote signature"]["result"] == "FAIL" and results["quote signature"]["reason"]
+    assert all(r["result"] in ("PASS", "FAIL", "SKIP") for r in checks.results)
 
 
 policy_documents = st.dictionaries(

@@ -280,6 +280,118 @@ def test_a_local_error_or_bad_usage_is_exit_2_never_a_traceback(args):
     assert output.splitlines()[-1].startswith("attest/verify: "), output
 
 
+# ---- a receipt is trusted only with a verified attestation -------------------------------------
+
+
+def forged_receipt(tmp_path: Path, provider: str = "none", record: dict | None = None) -> list[str]:
+    """What anyone can make: a key of their own, evidence that binds it consistently (report_data
+    v3 over its own fields) but that no hardware signed, and a receipt signed by that key;
+    `record`: what --save-attestation would have recorded of a run. attest/verify receipt's args."""
+    from tinygw.trust.receipts import Signer
+
+    signer, nonce, config = Signer.generate(), os.urandom(32), "cd" * 32
+    data = hashlib.sha512(
+        b"tinygw.attest.v3"
+        + nonce
+        + bytes.fromhex(config)
+        + bytes(32)
+        + bytes(32)
+        + bytes.fromhex(signer.public_key_sha256)
+    )
+    evidence = {
+        "nonce": nonce.hex(),
+        "config_sha256": config,
+        "report_data": data.hexdigest(),
+        "receipt_public_key": signer.public_key.hex(),
+        "receipt_key_sha256": signer.public_key_sha256,
+        "evidence": {"provider": provider, "outblob": ""},
+        **({"attest_verify": record} if record is not None else {}),
+    }
+    request, response = b'{"model": "m"}', b'{"answer": "forged"}'
+    fields = {
+        "v": 1, "id": "ab" * 16, "created": 1796000000, "client": "default", "route": "/v1/chat/completions",
+        "model": "m", "provider": "up", "provider_model": "m", "status": 200,
+        "request_sha256": hashlib.sha256(request).hexdigest(), "response_sha256": hashlib.sha256(response).hexdigest(),
+    }  # fmt: skip
+    files = {"evidence.json": json.dumps(evidence).encode(), "request": request, "response": response}
+    files["receipt.json"] = signer.signed(json.dumps(fields).encode())
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+    return [
+        "receipt", str(tmp_path / "receipt.json"), "--attestation", str(tmp_path / "evidence.json"),
+        "--request", str(tmp_path / "request"), "--response", str(tmp_path / "response"),
+    ]  # fmt: skip
+
+
+ALL_PASSED = [
+    {"name": n, "result": "PASS"} for n in ("nonce echoed", "report_data", "receipt key bound", "quote signature")
+]
+
+
+@pytest.mark.parametrize(
+    "provider, record, says",
+    [
+        ("none", None, "provider 'none'"),  # an /attestation answer as it came, from no TEE
+        ("tdx_guest", None, "not one that attest/verify verified and saved"),  # never verified
+        ("none", {"verdict": "PASS", "checks": ALL_PASSED}, "provider 'none'"),
+        (
+            "tdx_guest",
+            {"verdict": "FAIL", "checks": [*ALL_PASSED[:3], {"name": "quote signature", "result": "FAIL"}]},
+            "quote signature",
+        ),
+        (
+            "tdx_guest",
+            {"verdict": "UNVERIFIED", "checks": [*ALL_PASSED[:3], {"name": "quote signature", "result": "SKIP"}]},
+            "quote signature",
+        ),
+        ("tdx_guest", {"verdict": "PASS", "checks": ALL_PASSED[:3]}, "did not check quote signature"),
+    ],
+)
+def test_a_receipt_key_from_unverified_evidence_is_skip_exit_4_never_pass(tmp_path, provider, record, says):
+    """Before: five PASS lines and exit 0, against a key anyone could make, and no verdict line."""
+    code, verdicts, output = verify(*forged_receipt(tmp_path, provider, record))
+    assert code == 4, output
+    assert verdicts == {
+        "receipt key bound": "SKIP",
+        "receipt fields": "PASS",
+        "receipt signature": "SKIP",
+        "request hash": "PASS",
+        "response hash": "PASS",
+    }, output
+    assert says in next(line for line in output.splitlines() if line.startswith("SKIP receipt key bound")), output
+    assert output.splitlines()[-1] == (
+        "verdict: UNVERIFIED: 2 of 5 checks SKIPped (receipt key bound, receipt signature), "
+        "the others PASSed: not proven; exit 4"
+    ), output
+
+
+def test_a_receipt_whose_signature_does_not_hold_fails_even_under_an_unverified_key(tmp_path):
+    args = forged_receipt(tmp_path)
+    receipt = json.loads((tmp_path / "receipt.json").read_bytes())
+    (tmp_path / "receipt.json").write_text(json.dumps({**receipt, "status": 201}))
+    code, verdicts, output = verify(*args)
+    assert code == 1 and verdicts["receipt signature"] == "FAIL", output
+    assert output.splitlines()[-1].startswith("verdict: FAIL: "), output
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["receipt", "/no/such/receipt.json", "--attestation", "/no/such/evidence.json"], "cannot read the receipt"),
+        (["receipt", "/no/such/receipt.json"], "bad usage: the following arguments are required: --attestation"),
+        (["receipt", "/no/such/receipt.json", "--attestation", "x", "--bogus"], "bad usage: unrecognized arguments"),
+    ],
+)
+def test_every_receipt_run_ends_with_its_verdict_line(args, says):
+    """Before: bad usage left from inside argparse, and no run printed a verdict line."""
+    done = subprocess.run(
+        [sys.executable, str(test_attest.VERIFY), *args], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    last = done.stdout.splitlines()[-1]
+    assert last.startswith(f"verdict: ERROR: nothing was verified: {says}") and last.endswith("; exit 2"), done.stdout
+
+
 # ---- the verifier runs its own code only -------------------------------------------------------
 
 ATTEST_MODULES = sorted(path.stem for path in (test_attest.ROOT / "attest").glob("*.py"))

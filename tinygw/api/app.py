@@ -215,7 +215,7 @@ async def _proxy(
             record.admitted_in()
             body = await read_body(receive, first.get(b"content-length"), settings.max_body_bytes, watch)
             if exchange is not None:  # opened (or refused) before anything reads it
-                body = exchange.open(body, record)
+                body = await exchange.open(body, record)
             head = read_head(body, route.model_in(scope["path"]))  # a cloud shape's model is in its path
             model: str = head.model  # type: ignore[assignment]  # read_head refuses a body without one
             if exchange is not None:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from tinygw.config import strict
 from tinygw.config.files import read_file
-from tinygw.config.settings import DEFAULT_CLIENT, Client, ClientDoc
+from tinygw.config.settings import DEFAULT_CLIENT, Client, ClientDoc, ProviderDoc
 from tinygw.config.variables import ASCII_SPACE, gateway_key, secret, variable_name
 from tinygw.errors import ConfigError
 from tinygw.secret import Secret
@@ -34,6 +35,26 @@ def inbound_keys(env: Mapping[str, str]) -> tuple[tuple[Secret, ...], str]:
     return keys, name
 
 
+def taken_variables(providers: Mapping[str, ProviderDoc]) -> dict[str, str]:
+    """The variables no client may read its keys from, each with whose it is: the gateway's
+    own (it reads them for itself: `TINYGW_EHBP` would make the word `on` a key) and every
+    provider's credentials, with their `_FILE` (an upstream key would become a gateway key)."""
+    taken = dict.fromkeys(strict.OPERATOR_VARIABLES | strict.SET_BY_SERVE, "a variable the gateway reads for itself")
+    for provider, doc in sorted(providers.items()):
+        for name in doc.key_variables():
+            for read in (name, f"{name}_FILE"):
+                taken.setdefault(read, f"a credential variable of the provider {provider!r}")
+    return taken
+
+
+def _refuse_taken(where: str, client: str, name: str, taken: Mapping[str, str]) -> None:
+    """ConfigError when the keys of `client`, read from `name` or `NAME_FILE`, would be read
+    from a variable of `taken`."""
+    for read in (name, f"{name}_FILE"):
+        if read in taken:
+            raise ConfigError(where, f"the client {client!r} reads its keys from {name}, but {read} is {taken[read]}")
+
+
 def _client_keys(env: Mapping[str, str], name: str) -> tuple[Secret, ...]:
     """The keys of a client's variable `name` (or `NAME_FILE`): a comma list."""
     words = secret(env, name).reveal().split(",")
@@ -44,11 +65,17 @@ def _client_keys(env: Mapping[str, str], name: str) -> tuple[Secret, ...]:
 
 
 def clients(
-    env: Mapping[str, str], where: str, docs: dict[str, ClientDoc], default_keys: tuple[Secret, ...], default_env: str
+    env: Mapping[str, str],
+    where: str,
+    docs: dict[str, ClientDoc],
+    default_keys: tuple[Secret, ...],
+    default_env: str,
+    taken: Mapping[str, str],
 ) -> dict[str, Client]:
     """Every client a request may be (docs/design.md section 16). `default` has the keys of
     TINYGW_API_KEYS (`default_keys`, from `default_env`); it exists when it has keys or no
-    other client has (then every request is it), with the limits `clients` gives it."""
+    other client has (then every request is it), with the limits `clients` gives it. No
+    client reads its keys from a variable of `taken` (taken_variables)."""
     owners: dict[str, str] = {key.reveal(): DEFAULT_CLIENT for key in default_keys}  # key -> its client
     clients: dict[str, Client] = {}
     for name, doc in docs.items():
@@ -64,6 +91,7 @@ def clients(
             raise ConfigError(path, f"the client {name!r} has no keys: name the variables that hold them in keys_env")
         for key_name in names:
             variable_name(f"{path}.keys_env", key_name)
+            _refuse_taken(f"{path}.keys_env", name, key_name, taken)
         keys = tuple(key for key_name in names for key in _client_keys(env, key_name))
         for key in keys:
             owner = owners.setdefault(key.reveal(), name)

@@ -274,7 +274,8 @@ def from_environ(env: Mapping[str, str] | None = None) -> Settings:
         for name, m in doc.models.items()
     }
     api_keys, api_keys_env = clients_of.inbound_keys(env)
-    clients = clients_of.clients(env, where, client_docs, api_keys, api_keys_env)
+    taken = clients_of.taken_variables(provider_docs)
+    clients = clients_of.clients(env, where, client_docs, api_keys, api_keys_env, taken)
     return Settings(
         **_listening(env, authenticated=any(c.keys for c in clients.values())),
         api_keys=api_keys,

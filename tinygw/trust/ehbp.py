@@ -14,7 +14,8 @@ one frame.
 Here, over bytes only: the key configuration served at /.well-known/hpke-keys (`KeyPair`),
 a request body opened whole (`open_request`, `KeyPair.open`, which raises `SealedBodyRefused`: 422
 key-config when the first frame cannot be opened, as Tinfoil's server answers, so that a
-client re-fetches the key; 400 for bad framing, a bad encapsulated key or a later frame),
+client re-fetches the key; 400 for bad framing, a bad encapsulated key or a later frame;
+its frames are counted from their length prefixes first, and bounded, `frames`),
 and an answer's sealer fed its pieces (`Opened.sealer`). The HTTP side (headers, the
 problem answers) is tinygw.api.sealed's; this module is imported only when EHBP is on.
 
@@ -124,7 +125,7 @@ class Context:
         self._exporter_secret = exporter_secret
         self._sequence = 0
 
-    def open(self, ciphertext: bytes, aad: bytes) -> bytes:
+    def open(self, ciphertext: bytes | memoryview, aad: bytes) -> bytes:
         """The next message's plaintext; cryptography's InvalidTag when it does not authenticate
         (the sequence number then stays, as the RFC's ContextR.Open)."""
         plaintext = self._aead.decrypt(sequence_nonce(self._base_nonce, self._sequence), ciphertext, aad)
@@ -212,35 +213,65 @@ KEY_CONFIG_TITLE = "the request was not sealed to this gateway's key configurati
 BAD_REQUEST_TITLE = "the encrypted request body is malformed or does not open"
 
 
+# A sealed body's frames at most: one a KiB of the body as received, and a few more (a
+# short last frame, an empty one). Each frame costs an AES-GCM open on the worker's loop,
+# whatever its size: without a bound, 10 MiB of empty frames (20 bytes each) held the loop
+# for over a second (docs/confidential.md).
+FRAME_BYTES_PER_FRAME = 1024
+EXTRA_FRAMES = 4
+AEAD_TAG_BYTES = 16  # an AES-GCM ciphertext of no plaintext
+
+
+def max_frames(body_bytes: int) -> int:
+    """The most frames a sealed body of `body_bytes` bytes may hold."""
+    return -(-body_bytes // FRAME_BYTES_PER_FRAME) + EXTRA_FRAMES
+
+
+def frames(body: bytes) -> list[tuple[int, int]]:
+    """Each frame of a sealed body as (where its ciphertext starts, its length), read from
+    the length prefixes alone, before any cryptography; SealedBodyRefused (400) for bad
+    framing: a length cut short, a frame longer than the body, more frames than
+    `max_frames`, or an empty frame (length 0, or a ciphertext of no plaintext) before the
+    last. The scan stops at the bound, so that it is cheap too."""
+    found: list[tuple[int, int]] = []
+    at, end, most, unpack = 0, len(body), max_frames(len(body)), _LENGTH.unpack_from
+    while at < end:
+        if end - at < _LENGTH.size or len(found) == most:
+            raise SealedBodyRefused(400, BAD_REQUEST_TITLE)
+        (length,) = unpack(body, at)
+        at += _LENGTH.size
+        if length > end - at:
+            raise SealedBodyRefused(400, BAD_REQUEST_TITLE)
+        found.append((at, length))
+        at += length
+    for _, length in found[:-1]:
+        if length in (0, AEAD_TAG_BYTES):
+            raise SealedBodyRefused(400, BAD_REQUEST_TITLE)
+    return found
+
+
 def open_request(key: KeyPair, encapsulated_key: bytes, body: bytes) -> Opened:
     """Open a whole sealed request body. SealedBodyRefused (the client's fault) when it
     does not open: 422 when its first frame fails (a key configuration that is not this
-    gateway's), 400 for a bad encapsulated key, bad framing or any later frame."""
+    gateway's), 400 for a bad encapsulated key, bad framing (`frames`) or any later frame."""
     try:
         enc = bytes.fromhex(encapsulated_key.decode("ascii"))
     except (UnicodeDecodeError, ValueError):
         raise SealedBodyRefused(400, BAD_REQUEST_TITLE) from None
     if len(enc) != ENC_BYTES:
         raise SealedBodyRefused(400, BAD_REQUEST_TITLE)
+    framed = frames(body)
     try:
         context = key._recipient.setup(enc)
     except ValueError:  # a low-order point: the client's key, refused
         raise SealedBodyRefused(400, BAD_REQUEST_TITLE) from None
-    pieces = []
-    at, end, first = 0, len(body), True
-    while at < end:
-        if end - at < _LENGTH.size:
-            raise SealedBodyRefused(400, BAD_REQUEST_TITLE)
-        (length,) = _LENGTH.unpack_from(body, at)
-        at += _LENGTH.size
-        if length == 0:  # an empty write: ignored, as the protocol says
+    pieces, view = [], memoryview(body)  # each frame opened where it lies, not copied out first
+    for i, (at, length) in enumerate(framed):
+        if length == 0:  # an empty last write: ignored, as the protocol says
             continue
-        if length > end - at:
-            raise SealedBodyRefused(400, BAD_REQUEST_TITLE)
         try:
-            pieces.append(context.open(body[at : at + length], b""))
+            pieces.append(context.open(view[at : at + length], b""))
         except InvalidTag:  # the frame does not authenticate
+            first = i == 0
             raise SealedBodyRefused(422 if first else 400, KEY_CONFIG_TITLE if first else BAD_REQUEST_TITLE) from None
-        at += length
-        first = False
     return Opened(b"".join(pieces), enc, context.export(EXPORT_LABEL, EXPORT_BYTES))
