@@ -246,7 +246,7 @@ def _model(where: str, name: str, doc: ModelDoc, providers: Mapping[str, Provide
             raise ConfigError(f"{path}.targets[{i}]", f"the upstream model is a name or '*', got {upstream!r}")
         targets.append(Target(provider, upstream))
     timeouts = (doc.timeout_s, doc.first_byte_timeout_s, doc.stall_timeout_s)
-    return Model(name=name, targets=tuple(targets), strategy=doc.strategy, timeouts=timeouts)
+    return Model(name=name, targets=tuple(targets), strategy=doc.strategy, timeouts=timeouts, affinity=doc.affinity)
 
 
 def from_environ(env: Mapping[str, str] | None = None) -> Settings:
