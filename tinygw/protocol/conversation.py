@@ -24,7 +24,6 @@ from msgspec import Raw, Struct
 
 from tinygw.headers import CONVERSATION
 
-
 # A field's JSON as it is written in the body; empty when the body has none.
 _ABSENT = Raw()
 
