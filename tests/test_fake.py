@@ -256,3 +256,12 @@ def test_the_fake_reports_what_it_read_from_its_cache_in_both_apis():
     assert well_behaved()(FakeRequest("POST", "/v1/messages", key, json.dumps(grown(1)).encode())).body.count(
         b'"input_tokens": 3'
     )  # without a cache: 3 tokens, as before
+
+
+def test_a_moved_cache_mark_is_not_part_of_the_prompt():
+    def body(marked: int) -> dict:
+        blocks = [{"type": "text", "text": f"part {i}"} for i in range(3)]
+        blocks[marked] = {**blocks[marked], "cache_control": {"type": "ephemeral"}}
+        return {"messages": [{"role": "user", "content": blocks}]}
+
+    assert prompt_blocks(body(0)) == prompt_blocks(body(2))

@@ -3,7 +3,8 @@ per API key) and model, a prompt's prefix is kept for a few minutes after its la
 and a later prompt that starts with it reads those tokens from the cache.
 
 A prompt is a list of blocks (its system prompt, its tools, each message), a block's
-tokens a quarter of its bytes. A read finds the longest cached run of leading blocks,
+tokens a quarter of its bytes; a block's `cache_control` marks are not part of it (an
+agent moves its mark to the last message at every turn). A read finds the longest cached run of leading blocks,
 and every prefix of the prompt is then kept for `life_seconds` more. `bench/agents.py`
 measures by it what conversation affinity keeps (docs/performance.md).
 """
@@ -32,7 +33,16 @@ def prompt_blocks(body: dict) -> list[bytes]:
     blocks = [body[name] for name in ("system", "instructions", "tools") if body.get(name)]
     entries = body.get("messages", body.get("input"))
     blocks += entries if isinstance(entries, list) else [entries] if entries else []
-    return [json.dumps(block, sort_keys=True, separators=(",", ":")).encode() for block in blocks]
+    return [json.dumps(_unmarked(block), sort_keys=True, separators=(",", ":")).encode() for block in blocks]
+
+
+def _unmarked(value: object) -> object:
+    """`value` without its `cache_control` marks, at any depth."""
+    if isinstance(value, dict):
+        return {k: _unmarked(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_unmarked(v) for v in value]
+    return value
 
 
 class PromptCache:
