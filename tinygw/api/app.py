@@ -230,7 +230,7 @@ async def _proxy(
                 query=scope["query_string"],
                 request_id=request_id,
                 # its target and key, when its conversation chooses them (decided per name, not per request)
-                conversation=conversation_key(body, scope["headers"], client) if resolution.affinity else None,
+                conversation=conversation_key(head, scope["headers"], client) if resolution.affinity else None,
             )
             if settings.routing.debug:
                 record.forwarding(gateway.breakers)

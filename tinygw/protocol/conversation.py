@@ -9,10 +9,10 @@ OpenAI's leading `system`/`developer` messages, Responses' `instructions`) and t
 user message. It is always combined with the client's name, so that two clients never
 share one, and it never leaves the gateway (the header is not forwarded: tinygw.headers).
 
-Only these fields are decoded: the messages as raw JSON spans of the body, and only
-those up to the first user message are looked into (their role and content). A
-content block is taken without its `cache_control`, which an agent moves from turn to
-turn.
+The fields are the spans that tinygw.protocol.wire.read_head found in the body's one
+parse; only the messages up to the first user message are looked into (their role and
+content). A content block is taken without its `cache_control`, which an agent moves
+from turn to turn.
 """
 
 from __future__ import annotations
@@ -23,20 +23,9 @@ import msgspec
 from msgspec import Raw, Struct
 
 from tinygw.headers import CONVERSATION
+from tinygw.protocol.wire import RequestHead
 
-# A field's JSON as it is written in the body; empty when the body has none.
-_ABSENT = Raw()
-
-
-class _Body(Struct):
-    """The fields of a request body that may name or open its conversation, undecoded."""
-
-    prompt_cache_key: Raw = _ABSENT
-    metadata: Raw = _ABSENT
-    system: Raw = _ABSENT  # Anthropic's
-    instructions: Raw = _ABSENT  # the Responses API's
-    messages: list[Raw] | None = None  # chat completions' and Anthropic's
-    input: Raw = _ABSENT  # the Responses API's: a string, or its items
+_ABSENT = Raw()  # a field the JSON does not have
 
 
 class _Metadata(Struct):
@@ -61,7 +50,6 @@ class _Block(Struct):
         return [(self.type or "").encode(), *map(bytes, (self.text, self.source, self.image_url, self.file))]
 
 
-_decode_body = msgspec.json.Decoder(_Body)
 _decode_metadata = msgspec.json.Decoder(_Metadata)
 _decode_message = msgspec.json.Decoder(_Message)
 _decode_blocks = msgspec.json.Decoder(list[_Block])
@@ -72,19 +60,15 @@ _HEADER = CONVERSATION.encode()
 _SYSTEM_ROLES = ("system", "developer")
 
 
-def conversation_key(body: bytes, headers: list[tuple[bytes, bytes]], client: str) -> bytes:
-    """The 32-byte key of the conversation that the request (`body`, its `headers`) of
-    `client` belongs to. A body whose fields are not of the expected types has the
-    key of an empty opening (its provider will refuse it anyway)."""
-    try:
-        fields = _decode_body.decode(body)
-    except (msgspec.MsgspecError, RecursionError):
-        fields = _Body()
-    name = _named(fields) or next((v for k, v in headers if k == _HEADER), None) or _opening(fields)
+def conversation_key(head: RequestHead, headers: list[tuple[bytes, bytes]], client: str) -> bytes:
+    """The 32-byte key of the conversation that the request (its body's `head`, its
+    `headers`) of `client` belongs to. What is not of the expected type counts as absent
+    (the provider will refuse such a body anyway)."""
+    name = _named(head) or next((v for k, v in headers if k == _HEADER), None) or _opening(head)
     return hashlib.sha256(b"%s\0%s" % (client.encode(), name)).digest()
 
 
-def _named(fields: _Body) -> bytes | None:
+def _named(fields: RequestHead) -> bytes | None:
     """The conversation's name as the body gives it: `prompt_cache_key`, else `metadata.user_id`
     (each when it is a non-empty string)."""
     for raw, decode in ((fields.prompt_cache_key, _decode_str), (fields.metadata, _decode_user)):
@@ -101,7 +85,7 @@ def _decode_user(raw: Raw) -> str | None:
     return _decode_metadata.decode(raw).user_id
 
 
-def _opening(fields: _Body) -> bytes:
+def _opening(fields: RequestHead) -> bytes:
     """The SHA-256 of the system prompt and the first user message, as `o` + hex digest."""
     opening = hashlib.sha256()
     try:
@@ -113,18 +97,18 @@ def _opening(fields: _Body) -> bytes:
     return b"o" + opening.hexdigest().encode()
 
 
-def _opening_parts(fields: _Body):
+def _opening_parts(fields: RequestHead):
     """The spans of the opening, each as the hash takes it (_content)."""
     for system in (fields.system, fields.instructions):
         if system:
             yield _content(system)
-    items = fields.messages
-    if items is None and fields.input:
-        if bytes(fields.input).lstrip().startswith(b'"'):  # the Responses API's input as one user message
-            yield _content(fields.input)
-            return
-        items = _decode_items.decode(fields.input)
-    for item in items or ():
+    items = fields.messages or fields.input
+    if not items:
+        return
+    if _first_byte(items) == b'"':  # the Responses API's input as one user message
+        yield _content(items)
+        return
+    for item in _decode_items.decode(items):
         message = _decode_message.decode(item)
         if message.role in _SYSTEM_ROLES:
             yield _content(message.content)
@@ -136,7 +120,11 @@ def _opening_parts(fields: _Body):
 def _content(content: Raw) -> bytes:
     """A message's content (or a system prompt): a string as it is written, a list of
     blocks by their parts that are content (not `cache_control`), each length-prefixed."""
-    raw = bytes(content)
-    if not raw.lstrip().startswith(b"["):
-        return raw
-    return b"".join(b"%d:%s" % (len(span), span) for block in _decode_blocks.decode(raw) for span in block.spans())
+    if _first_byte(content) != b"[":
+        return bytes(content)
+    return b"".join(b"%d:%s" % (len(span), span) for block in _decode_blocks.decode(content) for span in block.spans())
+
+
+def _first_byte(value: Raw) -> bytes:
+    """A value's first byte, which says its JSON type (msgspec's spans start at the value), without copying it."""
+    return bytes(memoryview(value)[:1])
