@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))  # tinygw, from this tree
 from tinygw.fake.cache import PromptCache  # noqa: E402
 from tinygw.fake.upstream import FakeRequest, FakeUpstream, Reply, well_behaved  # noqa: E402
 from tinygw.protocol.conversation import conversation_key  # noqa: E402
+from tinygw.protocol.wire import read_head  # noqa: E402
 from tinygw.resilience.strategy import rendezvous  # noqa: E402
 
 GATEWAY_KEY = "bench-agents-key"
@@ -230,8 +231,8 @@ def rule_spread() -> str:
     keys = [b"%d" % i for i in range(len(KEYS))]
     by_target, by_key = collections.Counter(), collections.Counter()
     for i in range(RULE_CONVERSATIONS):
-        body = json.dumps({"metadata": {"user_id": f"conversation-{i}"}}).encode()
-        conversation = conversation_key(body, [], "default")
+        body = json.dumps({"model": "claude-agent", "metadata": {"user_id": f"conversation-{i}"}}).encode()
+        conversation = conversation_key(read_head(body), [], "default")
         by_target[rendezvous(conversation, targets, [1] * len(targets))[0]] += 1
         by_key[rendezvous(conversation, keys, [1] * len(keys))[0]] += 1
 
