@@ -166,3 +166,34 @@ def test_a_failed_targets_conversation_moves_and_comes_back_when_its_circuit_clo
         back = back + 1 if turn(gateway, "agent", n, home["m-east"]) == "m-east" else 0
         n += 1
     assert turn(gateway, "agent", n, home["m-west"]) == "m-west"
+
+
+def test_a_resting_keys_conversation_moves_to_another_key_and_comes_back(east, west, start_gateway):
+    gateway = start(start_gateway, east, west)
+    named = {"prompt_cache_key": "resting"}
+    (own,) = pool_keys(gateway, east, named)
+    other = {"prompt_cache_key": "other"}
+    (others,) = pool_keys(gateway, east, other)
+    busy = {"on": True}
+
+    def script(request):
+        if busy["on"] and request.headers.get("authorization") == own:
+            return json_reply(429, {"error": {"message": "slow down"}}, [("retry-after", "1")])
+        return well_behaved("east")(request)
+
+    east.script = script
+    east.requests.clear()
+    for n in range(6):  # each worker tries its key once, rests it, and takes the conversation's next
+        turn(gateway, "pooled", n, named)
+    answered = [r.headers["authorization"] for r in east.requests if r.headers["authorization"] != own]
+    assert len(set(answered)) == 1 and len(answered) == 6  # one other key, every turn answered
+    if others != own:
+        assert pool_keys(gateway, east, other) == {others}  # another conversation did not move
+    busy["on"] = False
+    deadline, n, back = time.monotonic() + 15, 0, 0
+    while back < 5:  # its rest over, every turn presents its own key again
+        assert time.monotonic() < deadline, "the conversation did not come back to its key"
+        east.requests.clear()
+        turn(gateway, "pooled", n, named)
+        back = back + 1 if east.requests[-1].headers["authorization"] == own else 0
+        n += 1
