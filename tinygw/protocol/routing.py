@@ -135,7 +135,7 @@ class Resolution(Struct, frozen=True):
     # The configured model, whose strategy orders the targets per request; None when their
     # order is fixed (one target, or `failover`: the configured order, as `targets` are).
     alias: Model | None = None
-    # Whether a request's conversation chooses its target or key (tinygw.protocol.wire.conversation_key):
+    # Whether a request's conversation chooses its target or key (tinygw.protocol.conversation.conversation_key):
     # worked out here, once per configured name, so that a plain request computes no conversation key.
     affinity: bool = False
 

@@ -8,7 +8,7 @@ follow the weights, evenly interleaved), the rest following in configured order;
 `shuffle` draws a random order.
 
 With conversation affinity (a spreading strategy's default), a request that carries a
-conversation key (tinygw.protocol.wire.conversation_key) is ordered by `rendezvous`
+conversation key (tinygw.protocol.conversation.conversation_key) is ordered by `rendezvous`
 instead: the same conversation gets the same first target at every turn, in every
 worker and replica, with no state kept (docs/design.md section 4).
 """
