@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PROJECT := $(VENV)/.project
 
-.PHONY: all demo test test-clients lint fuzz bench bench-floor bench-outage bench-overhead bench-neighbours bench-streams bench-interfaces soak verifier rehearse lock clean build reproduce release-check test-frozen
+.PHONY: all demo test test-clients lint fuzz bench bench-floor bench-outage bench-agents bench-overhead bench-neighbours bench-streams bench-interfaces soak verifier rehearse lock clean build reproduce release-check test-frozen
 
 # The virtualenv and the `tinygw` command in it (.venv/bin/tinygw).
 all: $(STAMP) $(PROJECT)
@@ -124,6 +124,12 @@ bench-floor: $(STAMP)
 # LiteLLM and Portkey (installed on first use, as for `make bench`): ~10 min.
 bench-outage: $(STAMP)
 	$(PY) bench/outage.py
+
+# Agents keep their prompt cache: 16 sessions of 40 turns in Claude Code's shape through a round_robin alias
+# of two targets on a provider with three keys, to the fake provider's prompt cache, with conversation
+# affinity on and off (bench/agents.py; loopback only, a few seconds).
+bench-agents: $(STAMP)
+	$(PY) bench/agents.py
 
 # No client can hurt another: 16 well-behaved clients beside a hostile one that tries each attack in
 # turn (unencodable query, account headers, junk model names, streams it never reads, over its limits),

@@ -422,3 +422,23 @@ def test_a_file_that_never_ends_stops_the_start_naming_its_variable(tmp_path, va
     done = run_cli(["check"], environ, seconds=20)
     assert done.returncode == 2
     assert done.stderr.startswith(f"tinygw: configuration error: {variable}: ")
+
+
+def test_affinity_is_on_by_default_hashed_only_when_off_and_checked():
+    one = from_environ(env())
+    assert one.models["m"].affinity and one.providers["a"].doc.affinity
+    assert "affinity" not in json.dumps(one.effective())  # a configuration that does not set it keeps its hash
+    on = {
+        "providers": {"a": {**PROVIDERS["a"], "affinity": True}},
+        "models": {"m": {"targets": ["a:up"], "affinity": True}},
+    }
+    assert from_environ(env(on)).config_sha256() == one.config_sha256()
+    for off in (
+        {**GOOD, "models": {"m": {"targets": ["a:up"], "affinity": False}}},
+        {**GOOD, "providers": {"a": {**PROVIDERS["a"], "affinity": False}}},
+    ):
+        assert from_environ(env(off)).config_sha256() != one.config_sha256()
+    bad = {**GOOD, "models": {"m": {"targets": ["a:up"], "affinity": "yes"}}}
+    assert "$.models.m.affinity" in str(error_of(env(bad)))
+    header = {"providers": {"a": {**PROVIDERS["a"], "headers": {"X-Tinygw-Conversation": "x"}}}}
+    assert "headers.X-Tinygw-Conversation" in str(error_of(env(header)))

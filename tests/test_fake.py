@@ -11,6 +11,8 @@ import openai
 import pytest
 
 from conftest import Gateway, module_fake, provider, sdk_clients
+from tinygw.fake.cache import LIFE_SECONDS, PromptCache, prompt_blocks, tokens
+from tinygw.fake.upstream import FakeRequest, well_behaved
 
 GATEWAY_KEY = "gw-key-fake"
 TEXT = "Hello from fake."
@@ -192,3 +194,74 @@ def test_a_fake_stopped_in_its_thread_closes_its_loop():
     loop = fake._loop
     fake.stop_thread()
     assert loop is not None and loop.is_closed()
+
+
+# ---- the prompt cache (tinygw.fake.cache), on an injected clock -------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def grown(turns: int) -> dict:
+    messages = [{"role": "user", "content": "the task " * 20}]
+    for n in range(turns):
+        messages += [{"role": "assistant", "content": f"answer {n} " * 20}, {"role": "user", "content": f"next {n}"}]
+    return {"model": "m", "system": "You are an agent. " * 50, "messages": messages}
+
+
+def test_the_prompt_cache_reads_the_longest_prefix_kept_per_key_and_model():
+    clock = Clock()
+    cache = PromptCache(clock)
+    first, second = prompt_blocks(grown(0)), prompt_blocks(grown(1))
+    total, cached = cache.read("k1", "m", first)
+    assert cached == 0 and total == sum(tokens(b) for b in first)
+    total, cached = cache.read("k1", "m", second)
+    assert cached == sum(tokens(b) for b in first) and total == sum(tokens(b) for b in second)
+    assert cache.read("k2", "m", second)[1] == 0  # another account
+    assert cache.read("k1", "other", second)[1] == 0  # another model
+    clock.now += LIFE_SECONDS - 1
+    assert cache.read("k1", "m", second)[1] == total  # read again: kept another five minutes
+    clock.now += LIFE_SECONDS + 1
+    assert cache.read("k1", "m", second)[1] == 0  # expired
+
+
+def test_the_prompt_cache_is_bounded():
+    cache = PromptCache(Clock(), limit=10)
+    for i in range(20):
+        cache.read(f"k{i}", "m", prompt_blocks(grown(2)))
+    assert cache.read("k19", "m", prompt_blocks(grown(2)))[1] > 0
+    assert cache.read("k0", "m", prompt_blocks(grown(2)))[1] == 0  # the oldest was forgotten
+
+
+def test_the_fake_reports_what_it_read_from_its_cache_in_both_apis():
+    script = well_behaved(cache=PromptCache(Clock()))
+
+    def ask(path: str, body: dict, headers: dict) -> dict:
+        reply = script(FakeRequest("POST", path, headers, json.dumps(body).encode()))
+        return json.loads(reply.body)["usage"]
+
+    key = {"x-api-key": "k"}
+    assert "cache_read_input_tokens" not in ask("/v1/messages", grown(0), key)
+    usage = ask("/v1/messages", grown(1), key)
+    assert usage["cache_read_input_tokens"] > usage["input_tokens"] > 0
+    bearer = {"authorization": "Bearer k"}
+    ask("/v1/chat/completions", grown(0), bearer)
+    usage = ask("/v1/chat/completions", grown(1), bearer)
+    assert 0 < usage["prompt_tokens_details"]["cached_tokens"] < usage["prompt_tokens"]
+    assert well_behaved()(FakeRequest("POST", "/v1/messages", key, json.dumps(grown(1)).encode())).body.count(
+        b'"input_tokens": 3'
+    )  # without a cache: 3 tokens, as before
+
+
+def test_a_moved_cache_mark_is_not_part_of_the_prompt():
+    def body(marked: int) -> dict:
+        blocks = [{"type": "text", "text": f"part {i}"} for i in range(3)]
+        blocks[marked] = {**blocks[marked], "cache_control": {"type": "ephemeral"}}
+        return {"messages": [{"role": "user", "content": blocks}]}
+
+    assert prompt_blocks(body(0)) == prompt_blocks(body(2))

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import collections
+import hashlib
+
 from tinygw.resilience.keys import DEFAULT_REST_SECONDS, KeyRing
+from tinygw.resilience.strategy import rendezvous
 
 
 def test_round_robin_across_keys():
@@ -62,3 +66,43 @@ def test_each_rest_is_told_with_its_end_for_the_status_page():
     ring.rest(1, now=10.0, seconds=30.0)
     ring.rest(0, now=11.0, seconds=None)
     assert told == [(1, 40.0), (0, 11.0 + DEFAULT_REST_SECONDS)]
+
+
+# ---- conversation affinity ------------------------------------------------------------------
+
+CONVERSATIONS = [hashlib.sha256(b"conversation %d" % i).digest() for i in range(3_000)]
+
+
+def test_with_affinity_a_conversation_keeps_its_key_and_the_keys_spread():
+    ring = KeyRing(3, affinity=True)
+    chosen = [ring.pick(0.0, c) for c in CONVERSATIONS]
+    assert all(ring.pick(0.0, c) == k for c, k in zip(CONVERSATIONS, chosen, strict=True))
+    counts = collections.Counter(chosen)
+    assert all(abs(counts[k] - 1_000) < 150 for k in range(3)), counts
+    assert chosen == [rendezvous(c, [b"0", b"1", b"2"], [1, 1, 1])[0] for c in CONVERSATIONS]
+
+
+def test_with_affinity_only_a_resting_keys_conversations_move_and_they_come_back():
+    ring = KeyRing(3, affinity=True)
+    before = [ring.pick(0.0, c) for c in CONVERSATIONS]
+    ring.rest(1, now=10.0, seconds=5.0)
+    during = [ring.pick(12.0, c) for c in CONVERSATIONS]
+    for b, d in zip(before, during, strict=True):
+        assert d == b if b != 1 else d != 1
+    assert [ring.pick(15.0, c) for c in CONVERSATIONS] == before  # key 1 rested its 5 s
+
+
+def test_with_affinity_every_key_resting_gives_the_one_free_soonest():
+    ring = KeyRing(3, affinity=True)
+    ring.rest(0, now=0.0, seconds=30.0)
+    ring.rest(1, now=0.0, seconds=10.0)
+    ring.rest(2, now=0.0, seconds=20.0)
+    assert {ring.pick(1.0, c) for c in CONVERSATIONS[:50]} == {1}
+
+
+def test_without_affinity_or_a_conversation_the_keys_go_in_turn():
+    assert [KeyRing(3).pick(0.0, CONVERSATIONS[0]) for _ in range(1)] == [0]
+    ring = KeyRing(3, affinity=False)
+    assert [ring.pick(0.0, CONVERSATIONS[0]) for _ in range(4)] == [0, 1, 2, 0]
+    ring = KeyRing(3, affinity=True)
+    assert [ring.pick(0.0) for _ in range(4)] == [0, 1, 2, 0]

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import json
 import random
 
+import msgspec
+import pytest
+
 from tinygw.config.environment import from_environ
-from tinygw.resilience.strategy import Strategies
+from tinygw.resilience.strategy import Strategies, rendezvous
 
 
 def settings(strategy: str, weights=(1, 1, 1)):
@@ -71,3 +76,83 @@ def test_shuffle_returns_a_permutation_that_varies():
     assert all(sorted(o) == ["a", "b", "c"] for o in orders)
     assert len(set(orders)) > 1
     assert providers(model.targets) == ["a", "b", "c"]  # the configuration is left as it was
+
+
+# ---- conversation affinity: rendezvous hashing ----------------------------------------------
+
+NAMES = [b"a:up-a", b"b:up-b", b"c:up-c"]
+CONVERSATIONS = [hashlib.sha256(b"conversation %d" % i).digest() for i in range(10_000)]
+
+
+def first_choices(names, weights) -> collections.Counter:
+    return collections.Counter(names[rendezvous(c, names, weights)[0]] for c in CONVERSATIONS)
+
+
+@pytest.mark.parametrize(
+    ("names", "weights"),
+    [
+        (NAMES, [1, 1, 1]),
+        (NAMES, [1, 2, 5]),
+        (NAMES[:2], [1, 1]),
+        ([b"0", b"1", b"2"], [1, 1, 1]),  # a key pool's names
+    ],
+)
+def test_rendezvous_is_a_stable_order_of_every_candidate(names, weights):
+    for conversation in CONVERSATIONS[:200]:
+        order = rendezvous(conversation, names, weights)
+        assert sorted(order) == list(range(len(names)))
+        assert all(rendezvous(conversation, names, weights) == order for _ in range(3))  # stable across calls
+        # the same order whatever the candidates' order in the list
+        shuffled = list(reversed(names))
+        assert [shuffled[i] for i in rendezvous(conversation, shuffled, list(reversed(weights)))] == [
+            names[i] for i in order
+        ]
+
+
+@pytest.mark.parametrize(
+    ("weights", "removed"),
+    [([1, 1, 1], 0), ([1, 1, 1], 2), ([1, 2, 5], 2), ([1, 2, 5], 0)],
+)
+def test_a_removed_candidate_moves_only_its_conversations(weights, removed):
+    kept = [i for i in range(3) if i != removed]
+    moved = 0
+    for conversation in CONVERSATIONS:
+        before = NAMES[rendezvous(conversation, NAMES, weights)[0]]
+        after_names = [NAMES[i] for i in kept]
+        after = after_names[rendezvous(conversation, after_names, [weights[i] for i in kept])[0]]
+        if before != NAMES[removed]:
+            assert after == before  # a conversation of a candidate that stayed did not move
+        else:
+            moved += 1
+            # it goes to its own second choice: where it would go back from when the candidate returns
+            assert after == NAMES[rendezvous(conversation, NAMES, weights)[1]]
+    assert moved > 0
+
+
+@pytest.mark.parametrize("weights", [[1, 1, 1], [1, 2, 5], [3, 1, 1], [10, 1, 1]])
+def test_conversations_spread_in_proportion_to_the_weights(weights):
+    counts = first_choices(NAMES, weights)
+    for name, weight in zip(NAMES, weights, strict=True):
+        expected = len(CONVERSATIONS) * weight / sum(weights)
+        assert abs(counts[name] - expected) < 0.05 * len(CONVERSATIONS), (name, counts, expected)
+
+
+def test_a_spreading_strategy_orders_by_the_conversation():
+    for strategy in ("round_robin", "weighted", "shuffle"):
+        s = settings(strategy, weights=(1, 2, 1))
+        strategies, model = Strategies(s, random.Random(7)), s.models["m"]
+        for conversation in CONVERSATIONS[:50]:
+            order = providers(strategies.order(model, conversation))
+            assert all(providers(strategies.order(model, conversation)) == order for _ in range(3))
+            expected = rendezvous(conversation, [t.name.encode() for t in model.targets], [1, 2, 1])
+            assert order == [model.targets[i].provider for i in expected]
+
+
+def test_without_a_conversation_or_affinity_the_strategy_turns_as_before():
+    s = settings("round_robin")
+    strategies, model = Strategies(s), s.models["m"]
+    assert [strategies.order(model)[0].provider for _ in range(3)] == ["a", "b", "c"]
+    off = msgspec.structs.replace(model, affinity=False)
+    assert [strategies.order(off, CONVERSATIONS[0])[0].provider for _ in range(3)] == ["a", "b", "c"]
+    failover = settings("failover")
+    assert providers(Strategies(failover).order(failover.models["m"], CONVERSATIONS[0])) == ["a", "b", "c"]

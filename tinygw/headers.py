@@ -27,8 +27,12 @@ GATEWAY_SET = frozenset({"host", "content-length", "accept-encoding", "expect", 
 # EHBP's (docs/confidential.md): the gateway opens the body with it; a provider never sees it.
 SEALING = frozenset({"ehbp-encapsulated-key"})
 
+# A client's name for its conversation (docs/configuration.md, conversation affinity): read by
+# the gateway to choose a target and key, never sent on.
+CONVERSATION = "x-tinygw-conversation"
+
 # Never from a client, never in a provider's static `headers`.
-GATEWAY_HEADERS = HOP_BY_HOP | CREDENTIALS | GATEWAY_SET | SEALING
+GATEWAY_HEADERS = HOP_BY_HOP | CREDENTIALS | GATEWAY_SET | SEALING | {CONVERSATION}
 
 # The headers that choose which account (organization, project) a provider key acts
 # for: the operator's to set, dropped from clients unless the provider lets them

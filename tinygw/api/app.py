@@ -30,6 +30,7 @@ from tinygw.config import environment
 from tinygw.config.settings import CLOUDS, DEFAULT_CLIENT
 from tinygw.errors import ConfigError, EvidenceUnavailable, SealedBodyRefused, UnsendableRequest
 from tinygw.protocol import wire
+from tinygw.protocol.conversation import conversation_key
 from tinygw.protocol.routing import Endpoint, Paths, Route, api_endpoint, cloud_endpoint, page_endpoint
 from tinygw.protocol.wire import BadBody, read_head, send_error, with_usage_asked
 from tinygw.resilience.limits import Refusal
@@ -234,6 +235,8 @@ async def _proxy(
                 headers=scope["headers"],
                 query=scope["query_string"],
                 request_id=request_id,
+                # its target and key, when its conversation chooses them (decided per name, not per request)
+                conversation=conversation_key(head, scope["headers"], client) if resolution.affinity else None,
             )
             if client in gateway.clients.charged:  # by its tokens: every answer is charged
                 send = record.charging(send, body)

@@ -247,7 +247,7 @@ def _model(where: str, name: str, doc: ModelDoc, providers: Mapping[str, Provide
             raise ConfigError(f"{path}.targets[{i}]", f"the upstream model is a name or '*', got {upstream!r}")
         targets.append(Target(provider, upstream))
     timeouts = tuple(getattr(doc, field) for field in MODEL_TIMEOUTS)
-    return Model(name=name, targets=tuple(targets), strategy=doc.strategy, timeouts=timeouts)
+    return Model(name=name, targets=tuple(targets), strategy=doc.strategy, timeouts=timeouts, affinity=doc.affinity)
 
 
 def from_environ(env: Mapping[str, str] | None = None) -> Settings:

@@ -96,6 +96,9 @@ class ProviderDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     # dropped): the operator lets clients pick the account their key acts for, and a
     # 401/403 to a request that carried one is then the client's (docs/design.md section 16).
     client_account_headers: bool = False
+    # A conversation keeps its key of the pool (docs/configuration.md, conversation affinity);
+    # false: the keys are used in turn.
+    affinity: bool = True
 
     def key_variables(self) -> set[str]:
         """Every variable this provider reads a credential from."""
@@ -113,6 +116,8 @@ class ModelDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     first_byte_timeout_s: Seconds | None = None
     stall_timeout_s: Seconds | None = None
     head_timeout_s: Seconds | None = None
+    # A spreading strategy sends a conversation to the same target at every turn (docs/configuration.md).
+    affinity: bool = True
 
 
 class RoutingDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -249,11 +254,17 @@ class Model(Struct, frozen=True, kw_only=True):
     # The alias's timeouts over its providers' (ModelDoc), in MODEL_TIMEOUTS' order, each
     # None when the provider's hold.
     timeouts: tuple[float | None, ...] = (None, None, None, None)
+    affinity: bool = True  # the doc's: a conversation keeps its target (tinygw.resilience.strategy)
 
     def order_is_fixed(self) -> bool:
         """Whether every request tries the targets in their configured order (one target,
         or `failover`); else the strategy orders them per request (tinygw.resilience.strategy)."""
         return len(self.targets) < 2 or self.strategy == "failover"
+
+    def spreads_by_conversation(self) -> bool:
+        """Whether a request's conversation chooses its first target (a spreading strategy
+        with `affinity` on), rather than the strategy's turn."""
+        return self.affinity and not self.order_is_fixed()
 
 
 # The client whose keys are TINYGW_API_KEYS', and every request's when no key is configured.
@@ -342,7 +353,7 @@ class Settings(Struct, frozen=True, kw_only=True):
         return {
             "providers": {
                 name: {
-                    **msgspec.to_builtins(p.doc),
+                    **_without_default_affinity(msgspec.to_builtins(p.doc)),
                     "api_key_env": list(p.key_env),
                 }
                 for name, p in sorted(self.providers.items())
@@ -351,6 +362,7 @@ class Settings(Struct, frozen=True, kw_only=True):
                 name: {
                     "targets": [str(t) for t in m.targets],
                     "strategy": m.strategy,
+                    **({} if m.affinity else {"affinity": False}),
                     **{
                         field: seconds
                         for field, seconds in zip(MODEL_TIMEOUTS, m.timeouts, strict=True)
@@ -380,6 +392,14 @@ class Settings(Struct, frozen=True, kw_only=True):
     def config_sha256(self) -> str:
         """sha256 of the canonical JSON (sorted keys, no spaces) of `effective()`."""
         return hashlib.sha256(canonical_json(self.effective())).hexdigest()
+
+
+def _without_default_affinity(doc: dict) -> dict:
+    """A provider's fields as hashed: `affinity` only when off, so that the hash of a
+    configuration that does not set it is what it was before the field existed."""
+    if doc.get("affinity") is True:
+        del doc["affinity"]
+    return doc
 
 
 def canonical_json(value: object) -> bytes:

@@ -5,6 +5,12 @@ function tool; a request that carries a tool's result (an OpenAI `tool` message,
 Responses `*_output` item, an Anthropic `tool_result` block) gets a text answer, so
 that an agent's loop ends after one tool call, as it does with a real model. Paths
 are matched without their query string (`/v1/messages?beta=true`).
+
+Given a prompt cache (tinygw.fake.cache), the script counts a request's prompt tokens
+and reports what it read from the cache of its key and model, as the APIs do:
+`usage.cache_read_input_tokens` (Anthropic, beside the `input_tokens` not read from it)
+and `usage.prompt_tokens_details.cached_tokens` (OpenAI chat). Without one, every
+prompt is 3 tokens.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from collections.abc import Callable
 from msgspec import Struct
 
 from tinygw.fake import events
+from tinygw.fake.cache import PromptCache, prompt_blocks
 from tinygw.fake.replies import FakeRequest, Reply, json_reply, sse_reply
 
 # Exactly representable in float32, so that a vector sent as base64 decodes to these.
@@ -32,6 +39,21 @@ class Ask(Struct, frozen=True):
     words: list[str]
     delay_seconds: float
     tool: tuple[str, str] | None  # (name, JSON arguments) of the tool to call, if one is to be called
+    prompt: tuple[int, int] = (3, 0)  # the prompt's tokens, and how many were read from the cache
+
+    def anthropic_usage(self, output_tokens: int) -> dict:
+        total, cached = self.prompt
+        usage = {"input_tokens": total - cached, "output_tokens": output_tokens}
+        return {**usage, "cache_read_input_tokens": cached} if cached else usage
+
+    def openai_usage(self, completion_tokens: int) -> dict:
+        total, cached = self.prompt
+        usage = {
+            "prompt_tokens": total,
+            "completion_tokens": completion_tokens,
+            "total_tokens": total + completion_tokens,
+        }
+        return {**usage, "prompt_tokens_details": {"cached_tokens": cached}} if cached else usage
 
     @property
     def stream(self) -> bool:
@@ -103,12 +125,12 @@ def _include_usage(body: dict) -> bool:
 def _messages(ask: Ask) -> Reply:
     if ask.tool is not None:
         if ask.stream:
-            return ask.sse(events.anthropic_tool_events(ask.model, *ask.tool))
+            return ask.sse(events.anthropic_tool_events(ask.model, *ask.tool, usage=ask.anthropic_usage(1)))
         content = [{"type": "tool_use", "id": "toolu_fake", "name": ask.tool[0], "input": json.loads(ask.tool[1])}]
         stop, output_tokens = "tool_use", 1
     else:
         if ask.stream:
-            return ask.sse(events.anthropic_stream_events(ask.model, ask.words))
+            return ask.sse(events.anthropic_stream_events(ask.model, ask.words, ask.anthropic_usage(1)))
         content, stop, output_tokens = [{"type": "text", "text": "".join(ask.words)}], "end_turn", len(ask.words)
     return json_reply(
         200,
@@ -120,7 +142,7 @@ def _messages(ask: Ask) -> Reply:
             "content": content,
             "stop_reason": stop,
             "stop_sequence": None,
-            "usage": {"input_tokens": 3, "output_tokens": output_tokens},
+            "usage": ask.anthropic_usage(output_tokens),
         },
     )
 
@@ -177,7 +199,8 @@ def _chat(ask: Ask) -> Reply:
         message, finish, completion = {"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls", 1
     else:
         if ask.stream:
-            return ask.sse(events.openai_stream_events(ask.model, ask.words, _include_usage(ask.body)))
+            usage = ask.openai_usage(len(ask.words)) if _include_usage(ask.body) else None
+            return ask.sse(events.openai_stream_events(ask.model, ask.words, usage))
         message, finish = {"role": "assistant", "content": "".join(ask.words)}, "stop"
         completion = len(ask.words)
     return json_reply(
@@ -188,7 +211,7 @@ def _chat(ask: Ask) -> Reply:
             "created": 0,
             "model": ask.model,
             "choices": [{"index": 0, "finish_reason": finish, "message": message}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": completion, "total_tokens": 3 + completion},
+            "usage": ask.openai_usage(completion),
         },
     )
 
@@ -239,12 +262,21 @@ _ANSWERS: tuple[tuple[str, Callable[[Ask], Reply]], ...] = (
 )
 
 
-def well_behaved(name: str = "fake", words: list[str] | None = None, delay_seconds: float = 0.0) -> Callable:
+def _key_of(request: FakeRequest) -> str:
+    """The API key a request carries (the account its prompt cache is kept for)."""
+    headers = request.headers
+    return headers.get("x-api-key") or headers.get("api-key") or headers.get("authorization", "")
+
+
+def well_behaved(
+    name: str = "fake", words: list[str] | None = None, delay_seconds: float = 0.0, cache: PromptCache | None = None
+) -> Callable:
     """A script that answers like a healthy provider: chat, completions, embeddings,
     responses, messages, count_tokens and model listings, Claude on Bedrock and Vertex
     (and a Google token endpoint at `/token`); streams when asked,
     `delay_seconds` between events; calls the first function tool once when the request
-    has `tools`; embeddings as base64 when `encoding_format` says so."""
+    has `tools`; embeddings as base64 when `encoding_format` says so; with `cache`, reads
+    and keeps the prompts of chat and messages in it."""
     words = words or ["Hello", " from", f" {name}", "."]
 
     def script(request: FakeRequest) -> Reply:
@@ -261,7 +293,10 @@ def well_behaved(name: str = "fake", words: list[str] | None = None, delay_secon
         ask = Ask(model, body, words, delay_seconds, None)
         answer = next((a for end, a in _ANSWERS if path.endswith(end)), _chat)
         if answer not in (_count_tokens, _embeddings, _token):
-            ask = Ask(ask.model, body, words, delay_seconds, _tool_call(body))
+            prompt = (3, 0)
+            if cache is not None and answer in (_messages, _bedrock, _chat):
+                prompt = cache.read(_key_of(request), model, prompt_blocks(body))
+            ask = Ask(ask.model, body, words, delay_seconds, _tool_call(body), prompt)
         return answer(ask)
 
     return script

@@ -38,19 +38,22 @@ def _openai_chunk(
     return _data(chunk)
 
 
-def _usage_chunk(model: str, kind: str, words: list[str]) -> bytes:
-    usage = {"prompt_tokens": 3, "completion_tokens": len(words), "total_tokens": 3 + len(words)}
+def _usage_chunk(model: str, kind: str, words: list[str], usage: dict | None = None) -> bytes:
+    usage = usage or {"prompt_tokens": 3, "completion_tokens": len(words), "total_tokens": 3 + len(words)}
     return _data({"id": "chatcmpl-fake", "object": kind, "created": 0, "model": model, "choices": [], "usage": usage})
 
 
-def openai_stream_events(model: str, words: list[str], include_usage: bool = False) -> list[bytes]:
+def openai_stream_events(model: str, words: list[str], include_usage: bool | dict | None = False) -> list[bytes]:
     """Chat chunks of `words`; with `include_usage` (the request's
-    `stream_options.include_usage`), a last chunk with no choices and the usage."""
-    events = [_openai_chunk(model, None, role=True, with_usage=include_usage)]
-    events += [_openai_chunk(model, w, with_usage=include_usage) for w in words]
-    events += [_openai_chunk(model, None, finish="stop", with_usage=include_usage)]
+    `stream_options.include_usage`), a last chunk with no choices and the usage (this
+    usage, when it is one)."""
+    with_usage = bool(include_usage)
+    events = [_openai_chunk(model, None, role=True, with_usage=with_usage)]
+    events += [_openai_chunk(model, w, with_usage=with_usage) for w in words]
+    events += [_openai_chunk(model, None, finish="stop", with_usage=with_usage)]
     if include_usage:
-        events.append(_usage_chunk(model, "chat.completion.chunk", words))
+        usage = include_usage if isinstance(include_usage, dict) else None
+        events.append(_usage_chunk(model, "chat.completion.chunk", words, usage))
     return [*events, b"data: [DONE]\n\n"]
 
 
@@ -98,7 +101,9 @@ def openai_tool_chunks(model: str, name: str, arguments: str) -> list[bytes]:
 # ---- Anthropic messages -----------------------------------------------------------------------
 
 
-def _anthropic_events(model: str, block: dict, deltas: list[dict], stop_reason: str, output_tokens: int) -> list[bytes]:
+def _anthropic_events(
+    model: str, block: dict, deltas: list[dict], stop_reason: str, output_tokens: int, usage: dict | None = None
+) -> list[bytes]:
     def event(kind: str, data: dict) -> bytes:
         return _named(kind, {"type": kind, **data})
 
@@ -110,7 +115,7 @@ def _anthropic_events(model: str, block: dict, deltas: list[dict], stop_reason: 
         "content": [],
         "stop_reason": None,
         "stop_sequence": None,
-        "usage": {"input_tokens": 3, "output_tokens": 1},
+        "usage": usage or {"input_tokens": 3, "output_tokens": 1},
     }
     return [
         event("message_start", {"message": message}),
@@ -126,17 +131,18 @@ def _anthropic_events(model: str, block: dict, deltas: list[dict], stop_reason: 
     ]
 
 
-def anthropic_stream_events(model: str, words: list[str]) -> list[bytes]:
+def anthropic_stream_events(model: str, words: list[str], usage: dict | None = None) -> list[bytes]:
+    """A text answer's events; `usage`: message_start's (else 3 tokens in, 1 out)."""
     deltas = [{"type": "text_delta", "text": w} for w in words]
-    return _anthropic_events(model, {"type": "text", "text": ""}, deltas, "end_turn", len(words))
+    return _anthropic_events(model, {"type": "text", "text": ""}, deltas, "end_turn", len(words), usage)
 
 
-def anthropic_tool_events(model: str, name: str, arguments: str) -> list[bytes]:
+def anthropic_tool_events(model: str, name: str, arguments: str, usage: dict | None = None) -> list[bytes]:
     """A `tool_use` block whose input comes as `input_json_delta` pieces."""
     block = {"type": "tool_use", "id": "toolu_fake", "name": name, "input": {}}
     half = len(arguments) // 2
     deltas = [{"type": "input_json_delta", "partial_json": piece} for piece in (arguments[:half], arguments[half:])]
-    return _anthropic_events(model, block, deltas, "tool_use", 1)
+    return _anthropic_events(model, block, deltas, "tool_use", 1, usage)
 
 
 # ---- the Responses API --------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from typing import Any
 # This module is the fake provider's one door: the tests, the demo and bench import from
 # here what they need to script it, so some of these names are only passed on.
 from tinygw.fake.answers import EMBEDDING, well_behaved  # noqa: F401 -- passed on
+from tinygw.fake.cache import PromptCache
 from tinygw.fake.events import (  # noqa: F401 -- passed on
     EVENTSTREAM,
     anthropic_stream_events,
@@ -219,12 +220,12 @@ async def _write_paced(reader, writer: asyncio.StreamWriter, upstream: FakeUpstr
 
 def main(argv: list[str] | None = None) -> None:
     """`tinygw fake [PORT]` (or `python -m tinygw.fake.upstream [PORT]`): a well-behaved
-    fake provider on 127.0.0.1, both APIs at once, until interrupted. Prints its port
+    fake provider on 127.0.0.1, both APIs at once, with a prompt cache, until interrupted. Prints its port
     (a free one without PORT) on the first line of stdout."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv
-    upstream = FakeUpstream(port=int(args[0]) if args else 0, record=False)
+    upstream = FakeUpstream(well_behaved(cache=PromptCache()), port=int(args[0]) if args else 0, record=False)
 
     async def run() -> None:
         await upstream.start()

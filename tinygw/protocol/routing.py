@@ -135,6 +135,9 @@ class Resolution(Struct, frozen=True):
     # The configured model, whose strategy orders the targets per request; None when their
     # order is fixed (one target, or `failover`: the configured order, as `targets` are).
     alias: Model | None = None
+    # Whether a request's conversation chooses its target or key (tinygw.protocol.conversation.conversation_key):
+    # worked out here, once per configured name, so that a plain request computes no conversation key.
+    affinity: bool = False
 
 
 def resolve(settings: Settings, route: Route, model: str) -> Resolution | None:
@@ -144,7 +147,8 @@ def resolve(settings: Settings, route: Route, model: str) -> Resolution | None:
         provider, slash, upstream_model = model.partition("/")
         if slash and upstream_model and provider in settings.providers:
             if settings.providers[provider].doc.api in route.reaches:
-                return Resolution(f"{provider}/*", (Target(provider, upstream_model),))
+                target = Target(provider, upstream_model)
+                return Resolution(f"{provider}/*", (target,), affinity=_keys_by_conversation(settings, (target,)))
             return None
         alias = matching_pattern(settings.models, model)
         if alias is None:
@@ -154,7 +158,14 @@ def resolve(settings: Settings, route: Route, model: str) -> Resolution | None:
     targets = tuple(t for t in alias.targets if settings.providers[t.provider].doc.api in route.reaches)
     if not targets:
         return None
-    return Resolution(alias.name, targets, None if alias.order_is_fixed() else alias)
+    affinity = (alias.spreads_by_conversation() and len(targets) > 1) or _keys_by_conversation(settings, targets)
+    return Resolution(alias.name, targets, None if alias.order_is_fixed() else alias, affinity)
+
+
+def _keys_by_conversation(settings: Settings, targets: tuple[Target, ...]) -> bool:
+    """Whether one of `targets` is a provider whose conversation chooses its key (a pool, `affinity` on)."""
+    providers = settings.providers
+    return any(len(providers[t.provider].keys) > 1 and providers[t.provider].doc.affinity for t in targets)
 
 
 def concealed(resolution: Resolution, configured: Container[Target], conceal: Callable[[str], str]) -> Resolution:

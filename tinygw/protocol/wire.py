@@ -1,7 +1,9 @@
 """What goes over the wire: request-body fields, the model rewrite, headers, errors.
 
 A request body is decoded only for the two fields the gateway needs (`model`,
-`stream`); the prompt is never decoded into Python objects. The model is rewritten by
+`stream`), and the spans of those that may name or open its conversation, read only
+when its conversation chooses its target (tinygw.protocol.conversation); the prompt is
+never decoded into Python objects. The model is rewritten by
 replacing its bytes in place when that is unambiguous, and by re-encoding otherwise.
 """
 
@@ -23,12 +25,23 @@ import msgspec
 from tinygw.headers import ACCOUNT, GATEWAY_HEADERS
 from tinygw.headers import HOP_BY_HOP as _HOP_BY_HOP_NAMES
 
+# A field's JSON as the body writes it; empty when the body has none.
+_ABSENT = msgspec.Raw()
+
 
 class RequestHead(msgspec.Struct):
     """The only fields of a client's request body that the gateway reads."""
 
     model: str | None = None
     stream: bool | None = None
+    # What may name or open the request's conversation (tinygw.protocol.conversation), as
+    # spans of the body, found by the same parse and looked into only when needed.
+    prompt_cache_key: msgspec.Raw = _ABSENT
+    metadata: msgspec.Raw = _ABSENT
+    system: msgspec.Raw = _ABSENT  # Anthropic's
+    instructions: msgspec.Raw = _ABSENT  # the Responses API's
+    messages: msgspec.Raw = _ABSENT  # chat completions' and Anthropic's
+    input: msgspec.Raw = _ABSENT  # the Responses API's: a string, or its items
 
 
 _decode_head = msgspec.json.Decoder(RequestHead)

@@ -6,13 +6,39 @@ starting target per request; `weighted` picks the first target by smooth weighte
 round robin over the providers' weights (nginx's algorithm: over any window the picks
 follow the weights, evenly interleaved), the rest following in configured order;
 `shuffle` draws a random order.
+
+With conversation affinity (a spreading strategy's default), a request that carries a
+conversation key (tinygw.protocol.conversation.conversation_key) is ordered by `rendezvous`
+instead: the same conversation gets the same first target at every turn, in every
+worker and replica, with no state kept (docs/design.md section 4).
 """
 
 from __future__ import annotations
 
+import math
 import random
+from collections.abc import Sequence
+from hashlib import blake2b
 
 from tinygw.config.settings import Model, Settings, Target
+
+_SCALE = 2.0**64  # a candidate's hash, read as an integer, over this is a number in (0, 1)
+
+
+def rendezvous(conversation: bytes, names: Sequence[bytes], weights: Sequence[int]) -> list[int]:
+    """The indexes of `names` in a conversation's order of preference: weighted
+    rendezvous (highest random weight) hashing. Each candidate's score is
+    weight / -ln(u), u uniform in (0, 1) drawn from a hash of (conversation, name);
+    the highest comes first. A candidate that drops out takes only the conversations
+    it was first for, which go to their second, and get them back when it returns;
+    over many conversations each candidate is first in proportion to its weight.
+    `conversation` is fixed-length (32 bytes), so no two (conversation, name) pairs
+    hash the same input."""
+    scores = [
+        weight / -math.log((int.from_bytes(blake2b(conversation + name, digest_size=8).digest()) + 0.5) / _SCALE)
+        for name, weight in zip(names, weights, strict=True)
+    ]
+    return sorted(range(len(scores)), key=scores.__getitem__, reverse=True)
 
 
 class Strategies:
@@ -22,10 +48,16 @@ class Strategies:
         self._turn: dict[str, int] = {}
         self._current: dict[str, list[int]] = {}  # smooth WRR's current weights, per model
 
-    def order(self, model: Model) -> list[Target]:
+    def order(self, model: Model, conversation: bytes | None = None) -> list[Target]:
+        """`model`'s targets in the order one request tries them; `conversation`: the
+        request's conversation key, when it chooses (tinygw.protocol.routing.Resolution.affinity)."""
         targets = list(model.targets)
         if model.order_is_fixed():
             return targets
+        if conversation is not None and model.affinity:
+            providers = self._settings.providers
+            weights = [providers[t.provider].doc.weight for t in targets]
+            return [targets[i] for i in rendezvous(conversation, [t.name.encode() for t in targets], weights)]
         if model.strategy == "round_robin":
             turn = self._turn.get(model.name, 0)
             self._turn[model.name] = (turn + 1) % len(targets)

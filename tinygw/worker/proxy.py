@@ -69,6 +69,7 @@ class Inbound(Struct, frozen=True):
     # The body asks for a stream's usage that the client did not (its tokens are charged):
     # the chunk that only reports it is not relayed.
     usage_asked: bool = False
+    conversation: bytes | None = None  # its conversation key, when it chooses the target and key (Resolution.affinity)
 
     def __repr__(self) -> str:  # its headers hold the gateway key, its body the prompt
         return f"Inbound({self.route.path!r}, model={self.model!r}, request_id={self.request_id.decode()!r})"
@@ -84,9 +85,10 @@ class Retry(enum.Enum):
     QUICK = "transient_retry"  # the same target once more, after a quick failure
 
 
-def _ordered_targets(gateway: Gateway, alias: Model, usable: tuple[Target, ...]) -> Sequence[Target]:
-    """The `usable` targets of `alias` in the order of its strategy, for this request."""
-    order = gateway.strategies.order(alias)
+def _ordered_targets(gateway: Gateway, alias: Model, usable: tuple[Target, ...], inbound: Inbound) -> Sequence[Target]:
+    """The `usable` targets of `alias` in the order of its strategy, for `inbound` (by its
+    conversation, when that chooses)."""
+    order = gateway.strategies.order(alias, inbound.conversation)
     if len(usable) == len(alias.targets):  # every target is usable on this route
         return order
     return [t for t in order if t in usable]
@@ -108,7 +110,7 @@ async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, se
     to date as it goes, so that it tells what happened even when the client leaves
     halfway. Whatever ends the request, no provider answer is left half-read."""
     alias = resolution.alias  # None: a fixed order, the targets' own
-    targets = resolution.targets if alias is None else _ordered_targets(gateway, alias, resolution.targets)
+    targets = resolution.targets if alias is None else _ordered_targets(gateway, alias, resolution.targets, inbound)
     index, ticket = _admit(gateway.breakers, targets, 0)
     if ticket is None:  # every circuit refused: each one is named by the 503's wait
         return await _send_circuit_open(send, record, [gateway.breakers.by_target[t] for t in targets], resolution)
@@ -231,7 +233,8 @@ async def _attempt(
     stream is relayed (tinygw.worker.relay), any other is held and judged (tinygw.resilience.outcome), and sent
     by _make_attempt when it is a success."""
     started = gateway.clock()
-    key_index = upstream.keys.pick(started) if upstream.rotates_keys else 0  # one key: nothing to pick
+    # One key: nothing to pick. A pool's key in turn, or the conversation's (tinygw.resilience.keys).
+    key_index = upstream.keys.pick(started, inbound.conversation) if upstream.rotates_keys else 0
     provider = upstream.provider
     if provider.cloud:  # Bedrock or Vertex: the whole path is the gateway's, the model in it
         path, body = cloud_request(provider.doc, inbound.route.api, inbound.body, inbound.stream, target.upstream_model)

@@ -174,7 +174,7 @@ def make_upstream(
     return Upstream(
         provider=p,
         pool=pool,
-        keys=KeyRing(len(p.keys), on_rest),
+        keys=KeyRing(len(p.keys), on_rest, p.doc.affinity),
         redactor=Redactor(_secrets(p), on_redacted),
         query=encode_query({k: plain(v) for k, v in p.query.items()}),
         query_names=frozenset(k.lower().encode() for k in p.query),
