@@ -61,6 +61,14 @@ def serve(settings: Settings) -> None:
     """Run until SIGTERM or SIGINT; in-flight requests get `drain_seconds` to end.
     Raises ConfigError when the port is taken."""
     logs.configure(settings.log_level)
+    logs.log(
+        logging.INFO,
+        "gateway starting",
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        workers_from=settings.workers_from,
+    )
     for warning in environment.start_warnings(settings):
         logs.log(logging.WARNING, warning)
     refuse_taken_port(settings.host, settings.port)
@@ -79,6 +87,7 @@ def serve(settings: Settings) -> None:
             environment.share_metrics_dir(metrics_dir)
         if served is not None:
             environment.share_served_cert(served.cert_path, served.spki_sha256, served.not_after)
+        environment.share_workers(settings.workers)  # `auto` resolved once, here: every worker splits by it
         keys = _confidential_keys(settings)  # EHBP's and receipts', made once as the TLS key is
         if keys is not None:
             locks.append(keys.lock)

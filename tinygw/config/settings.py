@@ -280,6 +280,8 @@ class Settings(Struct, frozen=True, kw_only=True):
     host: str = "127.0.0.1"
     port: int = 8080
     workers: int = 1
+    # Where `workers` came from: "affinity" or "cgroup" (TINYGW_WORKERS=auto), or "TINYGW_WORKERS".
+    workers_from: str = "TINYGW_WORKERS"
     log_level: str = "info"
     drain_seconds: float = 30.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
