@@ -91,6 +91,19 @@ def _settings_or_exit():
         sys.exit(EXIT_CONFIG)
 
 
+def _key_seed_or_exit(settings) -> None:
+    """Read the key seed as serve will (and forget it): exit 2 when serve could not."""
+    from tinygw.config import sealing
+    from tinygw.errors import ConfigError
+
+    if settings.key_seed_file:
+        try:
+            sealing.read_key_seed(settings.key_seed_file)
+        except ConfigError as e:
+            print(f"tinygw: configuration error: {e}", file=sys.stderr)
+            sys.exit(EXIT_CONFIG)
+
+
 def _usage_error(message: str, usage: str = USAGE) -> None:
     print(f"tinygw: {message}\n{usage}", end="", file=sys.stderr)
     sys.exit(EXIT_USAGE)
@@ -139,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
         from tinygw.config import environment
 
         settings = _settings_or_exit()
+        _key_seed_or_exit(settings)  # a green check is a start: serve reads it too
         for warning in environment.start_warnings(settings):
             print(f"tinygw: warning: {warning}", file=sys.stderr)
         effective = settings.effective()

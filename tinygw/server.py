@@ -29,7 +29,7 @@ from granian.log import LogLevels
 from granian.server import MPServer, MTServer
 
 from tinygw import lifecycle, logs
-from tinygw.config import environment
+from tinygw.config import environment, sealing
 from tinygw.config.settings import Settings
 from tinygw.errors import ConfigError
 from tinygw.upstream.pool import connection_budget
@@ -155,13 +155,22 @@ def _tls(settings: Settings) -> Served | None:
 
 
 def _confidential_keys(settings: Settings) -> Made | None:
-    """The EHBP and receipt keys for the workers, or None with both off (docs/confidential.md)."""
+    """The EHBP and receipt keys for the workers (from the key seed, when there is one), or
+    None with both off (docs/confidential.md). The seed is read here, once, even with both
+    off (a seed that cannot be read stops the start), and held in this frame only."""
+    seed = sealing.read_key_seed(settings.key_seed_file) if settings.key_seed_file else None
     if settings.ehbp == "off" and not settings.receipts:
         return None
     from tinygw.trust import confidential  # cryptography only when one is on
 
-    made = confidential.make(settings.ehbp != "off", settings.receipts, list(settings.tls_key_dirs))
-    logs.log(logging.INFO, "confidential keys made", ehbp=settings.ehbp, receipts=settings.receipts)
+    made = confidential.make(settings.ehbp != "off", settings.receipts, list(settings.tls_key_dirs), seed)
+    logs.log(
+        logging.INFO,
+        "confidential keys made",
+        ehbp=settings.ehbp,
+        receipts=settings.receipts,
+        from_seed=seed is not None,
+    )
     return made
 
 

@@ -316,6 +316,9 @@ class Settings(Struct, frozen=True, kw_only=True):
     ehbp: str = "off"
     receipts: bool = False
     confidential_keys: str | None = None
+    # The file of the seed that the EHBP and receipt keys are made from (TINYGW_KEY_SEED_FILE),
+    # read by serve alone: not configuration, not in the hash (replicas share it).
+    key_seed_file: str | None = None
     # Where the workers of one `tinygw serve` keep their metrics (tinygw.observe.metricstore);
     # set by serve itself for its workers, not configuration, so not in the hash.
     metrics_dir: str | None = None
