@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from ehbp import EHBPTransport, KeyConfigMismatchError, ServerIdentity
 
-from conftest import call, provider, run_tinygw
+from conftest import call, provider, run_tinygw, wait_until
 from tinygw import lifecycle
 from tinygw.config import sealing
 from tinygw.errors import ConfigError
@@ -268,3 +268,76 @@ def test_without_the_seed_the_other_replica_refuses_what_was_sealed_to_the_first
         except KeyConfigMismatchError:  # Tinfoil's client on the 422 `key-config` problem
             refused += 1
     assert refused == 5 and balancer.sent == [5, 5]
+
+
+# ---- attest/verify of several replicas -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def three_on_fake_tdx(tmp_path_factory):
+    """(release.json, [url, url, url]): three replicas of one artifact, each launched on a fake
+    TDX platform of its own with EHBP and receipts on; the first two given one key seed, the
+    third none."""
+    from test_attest import FakeTdx, launched_gateway, make_artifact, write_release
+
+    from tinygw.fake.upstream import FakeUpstream
+
+    root = tmp_path_factory.mktemp("replicas")
+    artifact = make_artifact(root / "dist")
+    release = write_release(artifact, root / "release.json")
+    seed = _seed_file(root)
+    upstream = FakeUpstream().start_in_thread()
+    platforms, gateways = [], []
+    try:
+        for number, seeded in enumerate((True, True, False)):
+            tdx = FakeTdx(root / f"tdx-{number}")
+            platforms.append(tdx)
+            env = {**tdx.env(), "TINYGW_EVENT_LOG": str(root / f"run-{number}" / "event-log.jsonl"), **SEALED}
+            env |= {"TINYGW_KEY_SEED_FILE": str(seed)} if seeded else {}
+            gateways.append(launched_gateway(artifact, upstream.url, env, root / f"gateway-{number}.log"))
+            wait_until(lambda tdx=tdx: tdx.rtmr3.hex() == release["measurement"]["expected_rtmr3"], what="measured")
+        yield root / "release.json", [g.url for g in gateways]
+    finally:
+        for gateway in gateways:
+            gateway.stop()
+        for tdx in platforms:
+            tdx.stop()
+        upstream.stop_thread()
+
+
+def test_verify_of_replicas_given_one_seed_passes_and_saves_their_one_key(three_on_fake_tdx, tmp_path):
+    from test_attest import verify_signed
+
+    release, urls = three_on_fake_tdx
+    saved = tmp_path / "service.hpke"
+    code, verdicts, output = verify_signed(release, urls[0], "--url", urls[1], "--save-hpke", str(saved))
+    assert code == 0 and verdicts["hpke key shared"] == verdicts["receipt key shared"] == "PASS", output
+    assert f"replica 1 of 2: {urls[0]}" in output and f"replica 2 of 2: {urls[1]}" in output
+    assert output.count("PASS report_data") == 2  # each replica verified on its own
+    assert saved.read_bytes() == call("GET", f"{urls[1]}/.well-known/hpke-keys")[2]
+
+
+def test_verify_fails_naming_the_replica_that_binds_another_key_and_saves_nothing(three_on_fake_tdx, tmp_path):
+    from test_attest import verify_signed
+
+    release, urls = three_on_fake_tdx
+    saved = tmp_path / "service.hpke"
+    code, verdicts, output = verify_signed(
+        release, urls[0], "--url", urls[1], "--url", urls[2], "--save-hpke", str(saved)
+    )
+    assert code == 1 and verdicts["hpke key shared"] == verdicts["receipt key shared"] == "FAIL", output
+    assert f"FAIL hpke key shared: {urls[2]} binds another HPKE key configuration than {urls[0]}" in output
+    assert f"FAIL receipt key shared: {urls[2]} binds another receipt key" in output
+    assert output.count("PASS report_data") == 3  # the third is genuine: only the comparison fails
+    assert not saved.exists() and "not writing the HPKE key" in output
+
+
+def test_verify_refuses_what_one_url_alone_means_with_several(three_on_fake_tdx, tmp_path):
+    from test_attest import verify
+
+    release, urls = three_on_fake_tdx
+    for extra in (["--save-cert", str(tmp_path / "c.pem")], ["--learn-policy", str(tmp_path / "p.json")]):
+        code, _, output = verify("--release", str(release), "--url", urls[0], "--url", urls[1], *extra)
+        assert code == 2 and "take one --url" in output, output
+    code, _, output = verify("--release", str(release), "--url", urls[0], "--url", urls[0])
+    assert code == 2 and "given twice" in output
