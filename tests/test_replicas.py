@@ -7,6 +7,7 @@ load balancer does once it has ended TLS, and Tinfoil's client in the OpenAI SDK
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import socket
 import threading
@@ -253,6 +254,15 @@ def test_replicas_given_one_seed_answer_every_sealed_request_and_sign_with_one_k
         assert fetched[0] == 200
         receipt = json.loads(fetched[2])
         key.verify(base64.b64decode(receipt.pop("signature")), receipts.canonical(receipt))
+    # the gateway's own answer (no such model) is held too: its head carries its receipt
+    status, headers, body = call(
+        "POST", f"{gateways[0].url}/v1/chat/completions", {"model": "nope", "messages": []},
+        {"Authorization": f"Bearer {KEY}"},
+    )  # fmt: skip
+    receipt = json.loads(base64.urlsafe_b64decode(headers["x-tinygw-receipt"]))
+    assert status == 404 and receipt["status"] == 404 and receipt["model"] == "nope"
+    assert receipt["response_sha256"] == hashlib.sha256(body).hexdigest()
+    key.verify(base64.b64decode(receipt.pop("signature")), receipts.canonical(receipt))
     assert SEED.hex() not in "".join(g.logs() for g in gateways)
 
 

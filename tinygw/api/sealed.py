@@ -9,9 +9,10 @@ piece is hashed as it is sent (the receipt's `response_sha256`: before encryptio
 the gateway's own shaping) and, for an EHBP request, sealed as one frame, the head's
 `content-length` dropped and `Ehbp-Response-Nonce` added. The receipt is kept before the
 answer's last piece goes out, so that a client that fetches it after reading its answer
-finds it. A held answer (one that says its `content-length`: its body comes in one piece
-right after its head) has its head held back until that piece, so that the head carries
-the signed receipt whole (`x-tinygw-receipt`), for a client behind a balancer. Answers
+finds it. An answer that is not a stream of events has its head held back until its
+first body piece, which every answer path sends right after the head: when that piece is
+the whole body (a held answer), the head carries the signed receipt whole
+(`x-tinygw-receipt`), for a client behind a balancer. Answers
 before the body was opened (401, 413, 408: nothing of the client's was read) are neither
 sealed nor receipted. Nothing here logs, counts or keeps a body.
 
@@ -45,6 +46,12 @@ _KEYS_HEADERS = [(b"content-type", b"application/ohttp-keys")]
 _PROBLEM_HEADERS = [(b"content-type", b"application/problem+json")]
 _RECEIPT_HEADERS = [*JSON_HEADERS, (b"cache-control", b"no-store")]
 KEY_CONFIG_PROBLEM = b"urn:ietf:params:ehbp:error:key-config"
+_STREAMS = (b"text/event-stream", b"application/vnd.amazon.eventstream")
+
+
+def _streamed(headers) -> bool:
+    """Whether an answer's head says it is a stream of events (SSE, or Bedrock's frames)."""
+    return any(name == b"content-type" and value.startswith(_STREAMS) for name, value in headers)
 
 
 def _owner(client: str) -> bytes:
@@ -107,7 +114,7 @@ class Exchange:
         """The request's `send`: its answer sealed and hashed as it goes out."""
         if message["type"] == "http.response.start":
             headers = message["headers"]
-            held = self._response is not None and any(name == b"content-length" for name, _ in headers)
+            held = self._response is not None and not _streamed(headers)
             if self._sealer is not None:
                 headers = [(name, value) for name, value in headers if name != b"content-length"]
                 headers.append((RESPONSE_NONCE_HEADER, self._sealer.nonce_header))

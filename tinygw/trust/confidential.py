@@ -116,7 +116,7 @@ class Confidential:
         """The receipt of `fields` (receipts on), signed, as x-tinygw-receipt's value."""
         if self.signer is None:
             raise RuntimeError("receipts are off")
-        return receipts.header_value(self.signer.signed(msgspec.json.encode(fields)))
+        return receipts.header_value(self.signer.signed_fields(fields))
 
     def receipt(self, receipt_id: str, owner: bytes) -> bytes | None:
         """The signed receipt, JSON, when it is kept and `owner` made its request; else None."""

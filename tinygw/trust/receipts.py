@@ -104,9 +104,14 @@ class Signer:
     def signed(self, kept: bytes) -> bytes:
         """The receipt, JSON, from its other fields as kept (any JSON of them): the signature
         is over their canonical form."""
-        fields = json.loads(kept)
-        fields["signature"] = base64.b64encode(self._private.sign(canonical(fields))).decode()
-        return json.dumps({name: fields[name] for name in (*FIELDS, "signature")}, ensure_ascii=False).encode()
+        return self.signed_fields(json.loads(kept))
+
+    def signed_fields(self, fields: dict) -> bytes:
+        """The receipt, JSON, of its other fields."""
+        signature = base64.b64encode(self._private.sign(canonical(fields))).decode()
+        return json.dumps(
+            {**{name: fields[name] for name in FIELDS}, "signature": signature}, ensure_ascii=False
+        ).encode()
 
     def __repr__(self) -> str:
         return f"Signer(public_key_sha256={self.public_key_sha256[:16]}...)"
