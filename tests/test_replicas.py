@@ -108,6 +108,11 @@ def test_a_short_or_missing_seed_stops_the_start_naming_the_variable(tmp_path, c
         assert "TINYGW_KEY_SEED_FILE" in done.stderr and short.decode() not in done.stdout + done.stderr
 
 
+def test_an_empty_seed_variable_stops_the_start_rather_than_make_random_keys():
+    done = run_tinygw(["check"], {"TINYGW_CONFIG": "{}", "TINYGW_KEY_SEED_FILE": " "})
+    assert done.returncode == 2 and "TINYGW_KEY_SEED_FILE: empty" in done.stderr, done.stderr
+
+
 def test_the_seed_is_not_configuration_and_is_never_shown(tmp_path):
     plain = run_tinygw(["check"], {"TINYGW_CONFIG": "{}"})
     seeded = run_tinygw(["check"], {"TINYGW_CONFIG": "{}", "TINYGW_KEY_SEED_FILE": str(_seed_file(tmp_path))})

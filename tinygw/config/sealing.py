@@ -31,7 +31,9 @@ def sealing_fields(env: Mapping[str, str]) -> dict:
         raise ConfigError("TINYGW_RECEIPTS", f"must be on or off, got {word!r}")
     receipts = _RECEIPT_MODES[word]
     keys = (env.get(CONFIDENTIAL_KEYS_VARIABLE) or None) if mode != "off" or receipts else None
-    seed_file = env.get(KEY_SEED_VARIABLE) or None
+    seed_file = env.get(KEY_SEED_VARIABLE)
+    if seed_file is not None and not seed_file.strip():  # set, and meant: not silently random keys
+        raise ConfigError(KEY_SEED_VARIABLE, "empty: give the path of the key seed's file, or unset it")
     return {"ehbp": mode, "receipts": receipts, "confidential_keys": keys, "key_seed_file": seed_file}
 
 
