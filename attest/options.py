@@ -33,7 +33,12 @@ def parser():
         "--snp-report", metavar="FILE", help="check only this saved SEV-SNP report (raw or hex), with --vcek and --ask"
     )
     _snp_options(p)
-    p.add_argument("--url", help="the gateway, e.g. https://127.0.0.1:8080")
+    p.add_argument(
+        "--url",
+        action="append",
+        help="the gateway, e.g. https://127.0.0.1:8080; given more than once, replicas of one service: each is "
+        "verified, then all must bind the same HPKE key configuration and receipt key",
+    )
     p.add_argument(
         "gateway", nargs="?", metavar="URL", help="the gateway, as --url: attest/verify https://HOST:PORT/ ..."
     )

@@ -100,3 +100,29 @@ def save(args, answer, write_file, checks):
         record = {"verdict": "PASS", "url": args.url, "checks": results}
         write_file(args.save_attestation, json.dumps({**answer, VERIFIED: record}, indent=2) + "\n", ".attestation-")
         checks.note(f"saved the verified attestation to {args.save_attestation}")
+
+
+def check_replicas(answers, checks):
+    """`hpke key shared` and `receipt key shared`: every replica's verified answer binds the
+    same key as the first's (replicas given one key seed, docs/deploy.md), else FAIL naming
+    the first replica that differs. `answers`: (url, answer) of each replica fetched. A key
+    that no replica binds is not checked."""
+    for name, digest_field, what in (
+        ("hpke key shared", "hpke_key_sha256", "HPKE key configuration"),
+        ("receipt key shared", "receipt_key_sha256", "receipt key"),
+    ):
+        digests = [(url, answer.get(digest_field)) for url, answer in answers]
+        if not any(digest for _, digest in digests):
+            continue
+        first_url, first = digests[0]
+        differs = next(((url, digest) for url, digest in digests[1:] if digest != first), None)
+        if differs is None:
+            checks.report(name, None, replicas=len(digests), sha256=first)
+        else:
+            url, digest = differs
+            checks.report(
+                name,
+                f"{url} binds another {what} than {first_url} ({digest or 'none'}, not {first or 'none'}): "
+                "are both given the same key seed (TINYGW_KEY_SEED_FILE)?",
+                replica=url,
+            )

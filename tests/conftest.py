@@ -153,6 +153,7 @@ class Gateway:
             "PYTHONPATH": str(ROOT),
             "TINYGW_CONFIG": json.dumps(config),
             "TINYGW_PORT": str(self.port),
+            "TINYGW_WORKERS": "1",  # the default is one per CPU: a test that wants more says so
             **env,
         }
         self._log = open(log_path, "wb")

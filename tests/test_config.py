@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from conftest import ROOT, Gateway, free_port, run_tinygw
-from tinygw.config import environment
+from tinygw.config import cpus, environment
 from tinygw.config.environment import from_environ
 from tinygw.config.settings import ModelDoc, ProviderDoc
 from tinygw.errors import ConfigError
@@ -35,7 +35,8 @@ def error_of(environ: dict[str, str]) -> ConfigError:
 
 def test_defaults():
     settings = from_environ(env())
-    assert (settings.host, settings.port, settings.workers, settings.log_level) == ("127.0.0.1", 8080, 1, "info")
+    assert (settings.host, settings.port, settings.log_level) == ("127.0.0.1", 8080, "info")
+    assert settings.workers == cpus.usable().count  # TINYGW_WORKERS=auto (tests/test_workers.py)
     assert settings.drain_seconds == 30 and settings.max_body_bytes == 10 * 1024 * 1024
     b = settings.breaker
     assert (b.failures, b.open_seconds, b.max_open_seconds, b.half_open_probes) == (5, 30, 300, 1)

@@ -547,7 +547,7 @@ def test_deployment_environment_is_a_valid_configuration(tmp_path):
             value = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], entry["value"])  # $(VAR)
         if entry["name"].endswith("_FILE"):
             value = str(tmp_path / Path(value).name)  # the Secret's files, here
-            Path(value).write_text("test-key\n")
+            Path(value).write_text("test-key-long-enough-for-a-key-seed\n")
         env[entry["name"]] = value
     done = subprocess.run([*gateway_command(), "check"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr

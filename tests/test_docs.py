@@ -93,7 +93,7 @@ def test_documented_variable_defaults_are_the_codes():
     effective = {
         "TINYGW_HOST": settings.host,
         "TINYGW_PORT": settings.port,
-        "TINYGW_WORKERS": settings.workers,
+        "TINYGW_WORKERS": "auto" if settings.workers_from != "TINYGW_WORKERS" else settings.workers,
         "TINYGW_LOG_LEVEL": settings.log_level,
         "TINYGW_DRAIN_SECONDS": settings.drain_seconds,
         "TINYGW_CLIENT_TIMEOUT_SECONDS": settings.client_timeout_seconds,

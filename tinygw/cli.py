@@ -18,14 +18,16 @@ COMMANDS = {
         "",
         "serve the gateway (configuration from the environment)",
         "Serves on Granian at TINYGW_HOST:TINYGW_PORT (127.0.0.1:8080) with TINYGW_WORKERS\n"
-        "workers; SIGTERM drains for up to TINYGW_DRAIN_SECONDS. Every variable is in\n"
-        "docs/configuration.md; a bad value exits 2 naming it.",
+        "workers (auto, the default: one per CPU it may use); SIGTERM drains for up to\n"
+        "TINYGW_DRAIN_SECONDS. Every variable is in docs/configuration.md; a bad value\n"
+        "exits 2 naming it.",
     ),
     "check": (
         "",
         "validate the configuration, print it with secrets redacted, and its hash",
-        "Prints the effective configuration (keys as variable names only) and its\n"
-        "config_sha256; exit 0 when valid, 2 with the offending variable or JSON path.",
+        "Prints the effective configuration (keys as variable names only), the number of\n"
+        "workers and where it came from, and the config_sha256; exit 0 when valid, 2 with\n"
+        "the offending variable or JSON path.",
     ),
     "version": ("", "print the version (and the sha256 of this executable when frozen)", ""),
     "demo": (
@@ -89,6 +91,19 @@ def _settings_or_exit():
         sys.exit(EXIT_CONFIG)
 
 
+def _key_seed_or_exit(settings) -> None:
+    """Read the key seed as serve will (and forget it): exit 2 when serve could not."""
+    from tinygw.config import sealing
+    from tinygw.errors import ConfigError
+
+    if settings.key_seed_file:
+        try:
+            sealing.read_key_seed(settings.key_seed_file)
+        except ConfigError as e:
+            print(f"tinygw: configuration error: {e}", file=sys.stderr)
+            sys.exit(EXIT_CONFIG)
+
+
 def _usage_error(message: str, usage: str = USAGE) -> None:
     print(f"tinygw: {message}\n{usage}", end="", file=sys.stderr)
     sys.exit(EXIT_USAGE)
@@ -137,10 +152,12 @@ def main(argv: list[str] | None = None) -> None:
         from tinygw.config import environment
 
         settings = _settings_or_exit()
+        _key_seed_or_exit(settings)  # a green check is a start: serve reads it too
         for warning in environment.start_warnings(settings):
             print(f"tinygw: warning: {warning}", file=sys.stderr)
         effective = settings.effective()
         print(msgspec.json.format(msgspec.json.encode(effective, order="sorted"), indent=2).decode())
+        print(f"workers: {settings.workers} ({settings.workers_from})")
         print(f"config_sha256: {settings.config_sha256()}")
     elif command == "version":
         _version()

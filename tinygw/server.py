@@ -29,7 +29,7 @@ from granian.log import LogLevels
 from granian.server import MPServer, MTServer
 
 from tinygw import lifecycle, logs
-from tinygw.config import environment
+from tinygw.config import environment, sealing
 from tinygw.config.settings import Settings
 from tinygw.errors import ConfigError
 from tinygw.upstream.pool import connection_budget
@@ -61,6 +61,14 @@ def serve(settings: Settings) -> None:
     """Run until SIGTERM or SIGINT; in-flight requests get `drain_seconds` to end.
     Raises ConfigError when the port is taken."""
     logs.configure(settings.log_level)
+    logs.log(
+        logging.INFO,
+        "gateway starting",
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        workers_from=settings.workers_from,
+    )
     for warning in environment.start_warnings(settings):
         logs.log(logging.WARNING, warning)
     refuse_taken_port(settings.host, settings.port)
@@ -79,6 +87,7 @@ def serve(settings: Settings) -> None:
             environment.share_metrics_dir(metrics_dir)
         if served is not None:
             environment.share_served_cert(served.cert_path, served.spki_sha256, served.not_after)
+        environment.share_workers(settings.workers)  # `auto` resolved once, here: every worker splits by it
         keys = _confidential_keys(settings)  # EHBP's and receipts', made once as the TLS key is
         if keys is not None:
             locks.append(keys.lock)
@@ -146,13 +155,22 @@ def _tls(settings: Settings) -> Served | None:
 
 
 def _confidential_keys(settings: Settings) -> Made | None:
-    """The EHBP and receipt keys for the workers, or None with both off (docs/confidential.md)."""
+    """The EHBP and receipt keys for the workers (from the key seed, when there is one), or
+    None with both off (docs/confidential.md). The seed is read here, once, even with both
+    off (a seed that cannot be read stops the start), and held in this frame only."""
+    seed = sealing.read_key_seed(settings.key_seed_file) if settings.key_seed_file else None
     if settings.ehbp == "off" and not settings.receipts:
         return None
     from tinygw.trust import confidential  # cryptography only when one is on
 
-    made = confidential.make(settings.ehbp != "off", settings.receipts, list(settings.tls_key_dirs))
-    logs.log(logging.INFO, "confidential keys made", ehbp=settings.ehbp, receipts=settings.receipts)
+    made = confidential.make(settings.ehbp != "off", settings.receipts, list(settings.tls_key_dirs), seed)
+    logs.log(
+        logging.INFO,
+        "confidential keys made",
+        ehbp=settings.ehbp,
+        receipts=settings.receipts,
+        from_seed=seed is not None,
+    )
     return made
 
 

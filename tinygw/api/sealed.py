@@ -9,9 +9,13 @@ piece is hashed as it is sent (the receipt's `response_sha256`: before encryptio
 the gateway's own shaping) and, for an EHBP request, sealed as one frame, the head's
 `content-length` dropped and `Ehbp-Response-Nonce` added. The receipt is kept before the
 answer's last piece goes out, so that a client that fetches it after reading its answer
-finds it. Answers before the body was opened (401, 413, 408: nothing of the client's was
-read) are neither sealed nor receipted. Nothing here logs, counts or keeps a body; the
-names a sealed body carried are shown concealed wherever others read them (`Exchange.shown`).
+finds it. An answer that is not a stream of events has its head held back until its
+first body piece, which every answer path sends right after the head: when that piece is
+the whole body (a held answer), the head carries the signed receipt whole
+(`x-tinygw-receipt`), for a client behind a balancer. Answers
+before the body was opened (401, 413, 408: nothing of the client's was read) are neither
+sealed nor receipted. Nothing here logs, counts or keeps a body; the names a sealed body
+carried are shown concealed wherever others read them (`Exchange.shown`).
 
 The trust modules behind it (on cryptography) are loaded only when EHBP or receipts
 are on (tinygw.worker.gateway); this module reaches them through the worker's
@@ -40,6 +44,7 @@ if TYPE_CHECKING:
 ENCAPSULATED_KEY_HEADER = b"ehbp-encapsulated-key"
 RESPONSE_NONCE_HEADER = b"ehbp-response-nonce"
 RECEIPT_ID_HEADER = b"x-tinygw-receipt-id"
+RECEIPT_HEADER = b"x-tinygw-receipt"
 KEYS_PATH = "/.well-known/hpke-keys"
 RECEIPT_PREFIX = "/v1/receipts/"
 _KEYS_HEADERS = [(b"content-type", b"application/ohttp-keys")]
@@ -49,6 +54,12 @@ KEY_CONFIG_PROBLEM = b"urn:ietf:params:ehbp:error:key-config"
 # The largest sealed body opened on the worker's loop (well under a millisecond of AES-GCM,
 # however it is framed); a larger one is opened in a thread (docs/confidential.md).
 OPEN_ON_LOOP_BYTES = 64 * 1024
+_STREAMS = (b"text/event-stream", b"application/vnd.amazon.eventstream")
+
+
+def _streamed(headers) -> bool:
+    """Whether an answer's head says it is a stream of events (SSE, or Bedrock's frames)."""
+    return any(name == b"content-type" and value.startswith(_STREAMS) for name, value in headers)
 
 
 def _owner(client: str) -> bytes:
@@ -78,6 +89,8 @@ class Exchange:
         self._model = ""
         self._receipt_id: str | None = None
         self._status = 0
+        self._head: dict | None = None  # a held answer's head, sent with its body and its receipt
+        self._signed: bytes | None = None  # that receipt, signed, as RECEIPT_HEADER's value
 
     async def open(self, body: bytes, record: Record) -> bytes:
         """The request body as the gateway routes it: opened when sealed. Raises
@@ -121,6 +134,7 @@ class Exchange:
         """The request's `send`: its answer sealed and hashed as it goes out."""
         if message["type"] == "http.response.start":
             headers = message["headers"]
+            held = self._response is not None and not _streamed(headers)
             if self._sealer is not None:
                 headers = [(name, value) for name, value in headers if name != b"content-length"]
                 headers.append((RESPONSE_NONCE_HEADER, self._sealer.nonce_header))
@@ -129,6 +143,9 @@ class Exchange:
                 self._status = message["status"]
                 headers = [*headers, (RECEIPT_ID_HEADER, self._receipt_id.encode())]
             message = {**message, "headers": headers}
+            if held:
+                self._head = message
+                return
         elif message["type"] == "http.response.body" and (self._sealer is not None or self._response is not None):
             body = message.get("body", b"")
             if self._response is not None:
@@ -137,7 +154,17 @@ class Exchange:
                     self._keep()
             if self._sealer is not None:
                 message = {**message, "body": self._sealer.seal(body)}
+            if self._head is not None:
+                await self._inner(self._held_head())
         await self._inner(message)
+
+    def _held_head(self) -> dict:
+        """A held answer's head, with its signed receipt when its body came whole."""
+        head, signed = self._head or {}, self._signed
+        self._head = self._signed = None
+        if signed is None:  # a body in pieces after all: its receipt by id only
+            return head
+        return {**head, "headers": [*head["headers"], (RECEIPT_HEADER, signed)]}
 
     def close(self) -> None:
         """The request is over: an answer cut short gets its receipt, of what was sent."""
@@ -149,23 +176,22 @@ class Exchange:
             return
         self._receipt_id = None
         target = record.target
-        self._confidential.keep(
-            receipt_id,
-            _owner(record.client),  # served to its client only (receipt_page)
-            {
-                "v": 1,
-                "id": receipt_id,
-                "created": int(self._now()),
-                "client": record.client,
-                "route": self._route,
-                "model": self._model,
-                "provider": target.provider if target is not None else "",
-                "provider_model": target.upstream_model if target is not None else "",
-                "status": self._status,
-                "request_sha256": self._request_sha256,
-                "response_sha256": response.hexdigest(),
-            },
-        )
+        fields = {
+            "v": 1,
+            "id": receipt_id,
+            "created": int(self._now()),
+            "client": record.client,
+            "route": self._route,
+            "model": self._model,
+            "provider": target.provider if target is not None else "",
+            "provider_model": target.upstream_model if target is not None else "",
+            "status": self._status,
+            "request_sha256": self._request_sha256,
+            "response_sha256": response.hexdigest(),
+        }
+        self._confidential.keep(receipt_id, _owner(record.client), fields)  # served to its client only (receipt_page)
+        if self._head is not None:  # a held answer: its head carries the receipt
+            self._signed = self._confidential.receipt_header(fields)
 
     async def refuse(self, e: SealedBodyRefused, record: Record) -> None:
         """The protocol's own error, in the clear (the client has no key to read another),

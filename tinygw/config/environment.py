@@ -20,7 +20,7 @@ from typing import Annotated, Literal, TypeVar, Union, get_args, get_origin, get
 import msgspec
 
 from tinygw.config import clients as clients_of
-from tinygw.config import clouds, sealing, strict, tlsmode
+from tinygw.config import clouds, cpus, sealing, strict, tlsmode
 from tinygw.config.files import read_file
 from tinygw.config.settings import (
     CLOUDS,
@@ -354,9 +354,19 @@ def _listening(env: Mapping[str, str], authenticated: bool) -> dict:
     return {
         "host": host,
         "port": _number(env, "TINYGW_PORT", 8080, kind=int, low=0, high=65535),
-        "workers": _number(env, "TINYGW_WORKERS", 1, kind=int, low=1, high=256),
+        **_workers(env),
         "log_level": log_level,
     }
+
+
+def _workers(env: Mapping[str, str]) -> dict:
+    """TINYGW_WORKERS: a number, or `auto` (the default): the CPUs this process may run on."""
+    raw = env.get("TINYGW_WORKERS", "").strip(ASCII_SPACE)
+    if raw.lower() in ("", "auto"):
+        usable = cpus.usable()
+        return {"workers": usable.count, "workers_from": usable.source}
+    count = _number(env, "TINYGW_WORKERS", 1, kind=int, low=1, high=cpus.MAX_WORKERS)
+    return {"workers": count, "workers_from": cpus.FROM_VARIABLE}
 
 
 def forget_inherited() -> None:
@@ -378,6 +388,12 @@ def share_served_cert(path: str, spki_sha256: str, not_after: float) -> None:
     os.environ[SERVED_CERT_VARIABLE] = path
     os.environ[SERVED_SPKI_VARIABLE] = spki_sha256
     os.environ[SERVED_NOT_AFTER_VARIABLE] = repr(not_after)
+
+
+def share_workers(count: int) -> None:
+    """Tell the workers the count serve resolved (`auto`), so that each sizes its share of
+    what the workers split (receipts) by the same number."""
+    os.environ["TINYGW_WORKERS"] = str(count)
 
 
 def share_confidential_keys(directory: str) -> None:

@@ -17,6 +17,15 @@ MAX_CONFIG_FILE_BYTES = 1024 * 1024
 
 
 def read_file(name: str, path: str, limit: int = MAX_CONFIG_FILE_BYTES) -> str:
+    data = read_bytes(name, path, limit)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(name, f"{path!r} is not UTF-8 text") from None
+
+
+def read_bytes(name: str, path: str, limit: int) -> bytes:
+    """The file's bytes, as they are (a key seed is not text)."""
     try:
         # O_NONBLOCK: opening a FIFO must not wait for a writer.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -37,7 +46,4 @@ def read_file(name: str, path: str, limit: int = MAX_CONFIG_FILE_BYTES) -> str:
             raise ConfigError(name, f"cannot read {path!r}: {e.strerror}") from None
     if len(data) > limit:
         raise ConfigError(name, f"{path!r} is over {limit} bytes")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(name, f"{path!r} is not UTF-8 text") from None
+    return data

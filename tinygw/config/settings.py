@@ -304,6 +304,8 @@ class Settings(Struct, frozen=True, kw_only=True):
     host: str = "127.0.0.1"
     port: int = 8080
     workers: int = 1
+    # Where `workers` came from: "affinity" or "cgroup" (TINYGW_WORKERS=auto), or "TINYGW_WORKERS".
+    workers_from: str = "TINYGW_WORKERS"
     log_level: str = "info"
     drain_seconds: float = 30.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -338,6 +340,9 @@ class Settings(Struct, frozen=True, kw_only=True):
     ehbp: str = "off"
     receipts: bool = False
     confidential_keys: str | None = None
+    # The file of the seed that the EHBP and receipt keys are made from (TINYGW_KEY_SEED_FILE),
+    # read by serve alone: not configuration, not in the hash (replicas share it).
+    key_seed_file: str | None = None
     # Where the workers of one `tinygw serve` keep their metrics (tinygw.observe.metricstore);
     # set by serve itself for its workers, not configuration, so not in the hash.
     metrics_dir: str | None = None

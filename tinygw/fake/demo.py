@@ -135,6 +135,7 @@ def _config(primary: FakeUpstream, backup: FakeUpstream, port: int) -> dict[str,
         "TINYGW_CONFIG": json.dumps(config),
         "TINYGW_PORT": str(port),
         "TINYGW_LOG_LEVEL": "info",
+        "TINYGW_WORKERS": "1",  # one worker tells the story, whatever the machine's CPUs
         "PROVIDER_BREAKER_OPEN_SECONDS": str(OPEN_SECONDS),
         "PROVIDER_HEALTH_CHECK_SECONDS": "0",
         "PROVIDER_LISTING_SECONDS": "0",

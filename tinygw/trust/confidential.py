@@ -3,6 +3,12 @@ workers start, so that every worker serves the same ones; and what one worker ho
 With EHBP on, a third: the key under which the names a sealed body carried are shown
 (`shown_name`), the same in every worker so that each name is shown the same everywhere.
 
+Made at random, or, with a key seed (TINYGW_KEY_SEED_FILE, which the platform releases to
+attested replicas), derived from it: HKDF-SHA256 of the seed with a label per key that
+names the key and the derivation's version (`SEED_LABELS`), so that every replica given
+the seed serves the same key configuration and signs with the same receipt key. The TLS
+key is never derived: each replica's stays its own.
+
 serve makes them in memory and hands them to its workers as the attested TLS key is handed
 (tinygw.trust.tls): a 0600 file each in a fresh 0700 directory on a memory file system,
 locked while serve lives and removed at exit; never logged, shown, or put in a page, a
@@ -17,6 +23,8 @@ import os
 import shutil
 
 import msgspec
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from msgspec import Struct
 
 from tinygw import lifecycle
@@ -25,6 +33,10 @@ from tinygw.trust import ehbp, receipts, tls
 
 HPKE_FILE, RECEIPT_FILE, NAMES_FILE = "hpke.key", "receipt.key", "names.key"
 KEY_BYTES = 32
+# HKDF's `info` for each key made from a seed (no salt: the seed is a uniformly random
+# secret). A new version of a label is a new key: a replica that derives with another
+# version serves another key configuration, and its clients see that as for a new key.
+SEED_LABELS = {HPKE_FILE: b"tinygw key seed v1: EHBP X25519", RECEIPT_FILE: b"tinygw key seed v1: receipt Ed25519"}
 # A name a sealed body carried is shown as this prefix and the first SHOWN_DIGITS hex
 # digits of its HMAC-SHA256 (docs/confidential.md): 48 bits, so that the names of one
 # gateway stay distinct, and short enough for a label.
@@ -47,8 +59,15 @@ class Made(Struct, frozen=True):
     lock: int
 
 
-def make(ehbp_on: bool, receipts_on: bool, candidates: list[str]) -> Made:
-    """The keys that are on, made and written for the workers (see the module's doc)."""
+def derived(seed: bytes, name: str) -> bytes:
+    """The private key `name` (HPKE_FILE, RECEIPT_FILE) that the seed gives: 32 bytes, which
+    X25519 and Ed25519 both take as a private key."""
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=SEED_LABELS[name]).derive(seed)
+
+
+def make(ehbp_on: bool, receipts_on: bool, candidates: list[str], seed: bytes | None = None) -> Made:
+    """The keys that are on, made (from `seed` when given) and written for the workers (see
+    the module's doc)."""
     try:
         # 0700, locked before it bears its name: serve holds it (tinygw.lifecycle tells dead gateways' by it)
         directory, lock = lifecycle.make_held(tls.memory_directory(candidates), "tinygw-keys-")
@@ -56,10 +75,12 @@ def make(ehbp_on: bool, receipts_on: bool, candidates: list[str]) -> Made:
         raise ConfigError("TINYGW_EHBP", f"cannot make the keys' directory: {e.strerror}") from None
     try:
         if ehbp_on:
-            _write_new(os.path.join(directory, HPKE_FILE), ehbp.KeyPair.generate().private_bytes())
+            raw = derived(seed, HPKE_FILE) if seed is not None else ehbp.KeyPair.generate().private_bytes()
+            _write_new(os.path.join(directory, HPKE_FILE), raw)
             _write_new(os.path.join(directory, NAMES_FILE), os.urandom(KEY_BYTES))
         if receipts_on:
-            _write_new(os.path.join(directory, RECEIPT_FILE), receipts.Signer.generate().private_bytes())
+            raw = derived(seed, RECEIPT_FILE) if seed is not None else receipts.Signer.generate().private_bytes()
+            _write_new(os.path.join(directory, RECEIPT_FILE), raw)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         lifecycle.release(lock)
@@ -115,6 +136,12 @@ class Confidential:
         """Keep a receipt's fields (receipts on), for the client whose key digest is `owner`."""
         if self.ring is not None:
             self.ring.put(receipt_id, owner, msgspec.json.encode(fields))
+
+    def receipt_header(self, fields: dict) -> bytes:
+        """The receipt of `fields` (receipts on), signed, as x-tinygw-receipt's value."""
+        if self.signer is None:
+            raise RuntimeError("receipts are off")
+        return receipts.header_value(self.signer.signed_fields(fields))
 
     def receipt(self, receipt_id: str, owner: bytes) -> bytes | None:
         """The signed receipt, JSON, when it is kept and `owner` made its request; else None."""

@@ -12,7 +12,13 @@ request waits for neither.
 Kept in memory, bounded, readable from every worker (`Ring`): each worker writes its own
 ring in the run's directory (the metrics' one, on /dev/shm), as the metric store keeps its
 values; an id names the worker's slot and the receipt's sequence number, so a fetch on any
-worker reads one entry of one file. Oldest dropped; lost at restart.
+worker reads one entry of one file, and a random part drawn when the worker started, so
+that no two replicas (nor two starts of one) ever give the same id. Oldest dropped; lost
+at restart.
+
+A held answer also carries its whole signed receipt (`RECEIPT_HEADER`, base64url of its
+JSON), so that a client behind a balancer needs no second request, which the balancer
+may send to another replica.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 VERSION = 1
 RECEIPT_ID_HEADER = b"x-tinygw-receipt-id"
+RECEIPT_HEADER = b"x-tinygw-receipt"
 # Every field but the signature, in the order a reader expects them (the signed form sorts them).
 FIELDS = (
     "v",
@@ -53,12 +60,14 @@ MAX_BYTES = 64 * 1024 * 1024
 MIN_RECEIPTS, MIN_BYTES = 1_000, 1024 * 1024
 
 # An id: 16 bytes as 32 hex digits: the writer's slot (u16), the receipt's sequence number
-# in that slot (u48), and 8 random bytes, so that an id of a dropped receipt is never
-# mistaken for the one that took its place.
+# in that slot (u48), and 8 random bytes drawn when the writer started (`START_BYTES`), so
+# that ids are unique across replicas, and an id of a receipt that a worker which died in
+# the slot wrote is never mistaken for the one that took its place.
 _ID = re.compile(r"[0-9a-f]{32}")
 _INDEX = struct.Struct("<QII")  # sequence number + 1 (0: empty), offset, length
 _ENTRY = struct.Struct("<II")  # crc32 of the rest, length of the owner's digest
 _RING_PREFIX, _RING_SUFFIX = "receipts-", ".ring"
+START_BYTES = 8
 
 
 def canonical(fields: dict) -> bytes:
@@ -95,16 +104,27 @@ class Signer:
     def signed(self, kept: bytes) -> bytes:
         """The receipt, JSON, from its other fields as kept (any JSON of them): the signature
         is over their canonical form."""
-        fields = json.loads(kept)
-        fields["signature"] = base64.b64encode(self._private.sign(canonical(fields))).decode()
-        return json.dumps({name: fields[name] for name in (*FIELDS, "signature")}, ensure_ascii=False).encode()
+        return self.signed_fields(json.loads(kept))
+
+    def signed_fields(self, fields: dict) -> bytes:
+        """The receipt, JSON, of its other fields."""
+        signature = base64.b64encode(self._private.sign(canonical(fields))).decode()
+        return json.dumps(
+            {**{name: fields[name] for name in FIELDS}, "signature": signature}, ensure_ascii=False
+        ).encode()
 
     def __repr__(self) -> str:
         return f"Signer(public_key_sha256={self.public_key_sha256[:16]}...)"
 
 
-def new_id(slot: int, sequence: int) -> str:
-    return f"{slot & 0xFFFF:04x}{sequence & 0xFFFFFFFFFFFF:012x}{os.urandom(8).hex()}"
+def new_id(slot: int, sequence: int, start: bytes) -> str:
+    """An id (see _ID); `start`: the writer's START_BYTES random bytes."""
+    return f"{slot & 0xFFFF:04x}{sequence & 0xFFFFFFFFFFFF:012x}{start.hex()}"
+
+
+def header_value(receipt: bytes) -> bytes:
+    """RECEIPT_HEADER's value: the signed receipt's JSON, base64url (with padding)."""
+    return base64.urlsafe_b64encode(receipt)
 
 
 def parse_id(receipt_id: str) -> tuple[int, int] | None:
@@ -139,19 +159,20 @@ class Ring:
             self._map: mmap.mmap | bytearray = bytearray(total)
         else:
             # Opened anew by a worker that takes the slot of one that died: its receipts
-            # stay findable until overwritten (ids carry random bytes: never mistaken).
+            # stay findable until overwritten (ids carry each start's bytes: never mistaken).
             self._file = open(os.path.join(directory, f"{_RING_PREFIX}{slot}{_RING_SUFFIX}"), "a+b")  # noqa: SIM115
             if os.fstat(self._file.fileno()).st_size != total:
                 self._file.truncate(total)
             self._map = mmap.mmap(self._file.fileno(), total)
         self._next = 0  # the next sequence number
+        self._start = os.urandom(START_BYTES)  # this start's part of every id (see _ID)
         self._write_at = 0  # offset in the data part
 
     def allocate(self) -> str:
         """A new receipt's id, given in the answer's head, before its receipt is written."""
         sequence = self._next
         self._next += 1
-        return new_id(self.slot, sequence)
+        return new_id(self.slot, sequence, self._start)
 
     def put(self, receipt_id: str, owner: bytes, fields: bytes) -> None:
         """Keep a receipt (its fields but the signature, JSON) for the client whose key digest is `owner`."""
