@@ -443,3 +443,24 @@ def test_affinity_is_on_by_default_hashed_only_when_off_and_checked():
     assert "$.models.m.affinity" in str(error_of(env(bad)))
     header = {"providers": {"a": {**PROVIDERS["a"], "headers": {"X-Tinygw-Conversation": "x"}}}}
     assert "headers.X-Tinygw-Conversation" in str(error_of(env(header)))
+
+
+def test_a_context_fallback_names_aliases_or_targets_and_an_alias_stands_for_its_targets():
+    providers = {**PROVIDERS, "b": {"base_url": "https://b.example.com/v1", "api": "openai", "api_key_env": "A_KEY"}}
+    models = {
+        "m": {"targets": ["a:small"], "context_fallback": ["big", "b:huge", "a:small"]},
+        "big": {"targets": ["b:large", "a:large"]},
+    }
+    settings = from_environ(env({"providers": providers, "models": models}))
+    assert [str(t) for t in settings.models["m"].context_fallback] == ["b:large", "a:large", "b:huge", "a:small"]
+    assert settings.models["big"].context_fallback == ()
+
+
+@pytest.mark.parametrize(
+    "entry,reason",
+    [("nowhere", "neither a configured model"), ("zz:x", "unknown provider"), ("a:*", "not '*'")],
+)
+def test_a_context_fallback_that_names_nothing_it_can_send_to_names_its_path(entry, reason):
+    models = {"m": {"targets": ["a:small"], "context_fallback": [entry]}}
+    error = error_of(env({"providers": PROVIDERS, "models": models}))
+    assert error.where.endswith("$.models.m.context_fallback[0]") and reason in error.reason

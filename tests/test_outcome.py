@@ -51,6 +51,10 @@ ROWS: dict[str, tuple] = {
     "200_not_json": (lambda: outcome.of_answer(200, FAST, b"<html>"), (F, True, False, "200+not_json", 502)),
     "rate_limited": (lambda: outcome.of_answer(429, FAST, b"{}"), (N, True, False, "429", 429)),
     "client_error": (lambda: outcome.of_answer(404, FAST, b"{}"), (N, False, False, "404", 404)),
+    "too_long": (
+        lambda: outcome.of_answer(400, FAST, b'{"error": {"code": "context_length_exceeded", "message": "too many"}}'),
+        (N, False, False, "400", 400),
+    ),
     "success": (lambda: outcome.of_answer(200, FAST, b'{"choices": []}'), (S, False, False, "200", 200)),
     "cloud_throttled": (
         lambda: outcome.of_cloud_answer(429, FAST, b"{}", "ThrottlingException"),
@@ -73,15 +77,17 @@ ROWS: dict[str, tuple] = {
         (F, True, False, "200+error_event", 502),
     ),
     "stream_cloud_throttled": (
-        lambda: outcome.of_stream(Ending.ERROR_EVENT, output=False, cloud_error=("throttlingException", FAST)),
+        lambda: outcome.of_stream(Ending.ERROR_EVENT, output=False, cloud_error=("throttlingException", FAST, b"")),
         (N, True, False, "429+throttlingException", 429),
     ),
     "stream_cloud_unavailable": (
-        lambda: outcome.of_stream(Ending.ERROR_EVENT, output=False, cloud_error=("serviceUnavailableException", FAST)),
+        lambda: outcome.of_stream(
+            Ending.ERROR_EVENT, output=False, cloud_error=("serviceUnavailableException", FAST, b"")
+        ),
         (F, True, True, "503+serviceUnavailableException", 503),
     ),
     "stream_cloud_validation": (
-        lambda: outcome.of_stream(Ending.ERROR_EVENT, output=False, cloud_error=("validationException", FAST)),
+        lambda: outcome.of_stream(Ending.ERROR_EVENT, output=False, cloud_error=("validationException", FAST, b"")),
         (N, False, False, "400+validationException", 400),
     ),
     "stream_no_output": (
@@ -106,12 +112,39 @@ ROWS: dict[str, tuple] = {
 }
 
 
+TOO_LONG_ANSWERS = [
+    (400, b'{"error": {"message": "x", "type": "invalid_request_error", "code": "context_length_exceeded"}}', None),
+    (
+        400,
+        b'{"type": "error", "error": {"type": "invalid_request_error", "message": "prompt is too long: 9 > 8"}}',
+        None,
+    ),
+    (400, b'{"message": "Input is too long for requested model."}', "ValidationException"),
+    (400, b'{"message": "Input is too long for requested model."}', "validationException"),
+]
+
+
+@pytest.mark.parametrize("status,body,name", TOO_LONG_ANSWERS)
+def test_each_provider_s_words_for_a_prompt_too_long_are_too_long(status, body, name):
+    judged = (
+        outcome.of_answer(status, FAST, body) if name is None else outcome.of_cloud_answer(status, FAST, body, name)
+    )
+    assert judged.verdict.too_long and judged.verdict.outcome.value == N and judged.status == 400
+
+
+def test_other_400s_and_other_statuses_are_not_too_long():
+    assert not outcome.of_answer(400, FAST, b'{"error": {"code": "invalid_value"}}').verdict.too_long
+    assert not outcome.of_answer(500, FAST, b'{"error": {"code": "context_length_exceeded"}}').verdict.too_long
+    assert not outcome.of_cloud_answer(400, FAST, b'{"message": "bad"}', "ValidationException").verdict.too_long
+
+
 @pytest.mark.parametrize("row", ROWS)
 def test_each_row_of_the_failure_table(row):
     judge, expected = ROWS[row]
     judged = judge()
     verdict = judged.verdict
     assert (verdict.outcome.value, verdict.may_fall_back, verdict.quick, judged.label, judged.status) == expected
+    assert verdict.too_long == (row == "too_long")
 
 
 def test_the_design_s_failure_table_is_these_rows():

@@ -363,3 +363,53 @@ def test_a_model_s_head_timeout_s_is_over_its_provider_s(fake, start_gateway):
     )
     status, _, body = call("POST", f"{gateway.url}{CHAT}", {"model": "m", "stream": True})
     assert (status, json.loads(body)["error"]["cause"]) == (504, "timeout")
+
+
+TOO_LONG = {
+    "error": {
+        "message": "This model's maximum context length is 8192 tokens.",
+        "type": "invalid_request_error",
+        "code": "context_length_exceeded",
+    }
+}
+
+
+def test_a_prompt_too_long_for_the_first_target_goes_on_to_the_context_fallback(fake, fallback, start_gateway):
+    fake.script = lambda r: json_reply(400, TOO_LONG)
+    gateway = start_gateway(
+        {
+            "providers": {"short": provider(fake), "long": provider(fallback)},
+            "models": {
+                "m": {"targets": ["short:small"], "context_fallback": ["big"]},
+                "big": {"targets": ["long:large"]},
+                "plain": {"targets": ["short:small"]},
+            },
+            "routing": {"debug": True},
+        }
+    )
+    for _ in range(6):  # more than PROVIDER_BREAKER_FAILURES: a prompt too long is no verdict on the provider
+        status, headers, body = call("POST", f"{gateway.url}{CHAT}", {"model": "m"})
+        assert (status, headers["x-tinygw-attempts"]) == (200, "short:400,long:200"), body
+        assert json.loads(fallback.requests[-1].body)["model"] == "large"
+    status, headers, body = call("POST", f"{gateway.url}{CHAT}", {"model": "plain"})  # none configured: as before
+    assert (status, headers["x-tinygw-attempts"], json.loads(body)) == (400, "short:400", TOO_LONG)
+    assert metric_value(gateway, "tinygw_circuit_transitions_total") is None
+    status_json = json.loads(call("GET", f"{gateway.url}/status.json")[2])
+    assert all(c["consecutive_failures"] == 0 for p in status_json["providers"] for c in p["circuits"])
+
+
+def test_an_anthropic_prompt_too_long_goes_on_to_a_context_fallback_target(fake, fallback, start_gateway):
+    too_long = {"type": "error", "error": {"type": "invalid_request_error", "message": "prompt is too long: 9 > 8"}}
+    fake.script = lambda r: json_reply(400, too_long)
+    an = {"api": "anthropic", "listing": False}
+    gateway = start_gateway(
+        {
+            "providers": {"short": {**an, "base_url": fake.url}, "long": {**an, "base_url": fallback.url}},
+            "models": {"claude": {"targets": ["short:sonnet"], "context_fallback": ["long:sonnet-1m"]}},
+            "routing": {"debug": True},
+        }
+    )
+    body = {"model": "claude", "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    status, headers, answer = call("POST", f"{gateway.url}/v1/messages", body)
+    assert (status, headers["x-tinygw-attempts"]) == (200, "short:400,long:200"), answer
+    assert json.loads(fallback.requests[-1].body)["model"] == "sonnet-1m"

@@ -236,18 +236,44 @@ def _model(where: str, name: str, doc: ModelDoc, providers: Mapping[str, Provide
         raise ConfigError(path, "a model name must be non-empty")
     if "*" in name[:-1]:
         raise ConfigError(path, "a pattern's '*' must be its last character, and its only one")
-    targets = []
-    for i, entry in enumerate(doc.targets):
-        provider, sep, upstream = entry.partition(":")
-        if not sep or not provider or not upstream:
-            raise ConfigError(f"{path}.targets[{i}]", f"must be provider:upstream_model, got {entry!r}")
-        if provider not in providers:
-            raise ConfigError(f"{path}.targets[{i}]", f"unknown provider {provider!r}")
-        if "*" in upstream and upstream != "*":
-            raise ConfigError(f"{path}.targets[{i}]", f"the upstream model is a name or '*', got {upstream!r}")
-        targets.append(Target(provider, upstream))
+    targets = [_target(f"{path}.targets[{i}]", entry, providers) for i, entry in enumerate(doc.targets)]
     timeouts = tuple(getattr(doc, field) for field in MODEL_TIMEOUTS)
     return Model(name=name, targets=tuple(targets), strategy=doc.strategy, timeouts=timeouts, affinity=doc.affinity)
+
+
+def _target(path: str, entry: str, providers: Mapping[str, Provider]) -> Target:
+    provider, sep, upstream = entry.partition(":")
+    if not sep or not provider or not upstream:
+        raise ConfigError(path, f"must be provider:upstream_model, got {entry!r}")
+    if provider not in providers:
+        raise ConfigError(path, f"unknown provider {provider!r}")
+    if "*" in upstream and upstream != "*":
+        raise ConfigError(path, f"the upstream model is a name or '*', got {upstream!r}")
+    return Target(provider, upstream)
+
+
+def _with_context_fallback(
+    where: str, model: Model, doc: ModelDoc, models: Mapping[str, Model], providers: Mapping[str, Provider]
+) -> Model:
+    """`model` with the targets its `context_fallback` names: an alias's targets in its
+    place (a configured name, not a pattern), else a provider:upstream_model target (not `*`:
+    it has no name of its own to send)."""
+    targets: list[Target] = []
+    for i, entry in enumerate(doc.context_fallback):
+        path = f"{where} $.models.{model.name}.context_fallback[{i}]"
+        alias = models.get(entry)
+        if alias is not None and not entry.endswith("*"):
+            targets += [t for t in alias.targets if t.upstream_model != "*"]
+            continue
+        if ":" not in entry:
+            raise ConfigError(path, f"{entry!r} is neither a configured model nor provider:upstream_model")
+        target = _target(path, entry, providers)
+        if target.upstream_model == "*":
+            raise ConfigError(path, "a context fallback names its upstream model, not '*'")
+        targets.append(target)
+    if not targets:
+        return model
+    return msgspec.structs.replace(model, context_fallback=tuple(dict.fromkeys(targets)))
 
 
 def from_environ(env: Mapping[str, str] | None = None) -> Settings:
@@ -269,10 +295,9 @@ def from_environ(env: Mapping[str, str] | None = None) -> Settings:
     key_variables |= {n for c in client_docs.values() for n in c.key_variables()}
     strict.refuse_unknown_variables(env, key_variables)
     providers = {name: _provider(env, where, name, d) for name, d in provider_docs.items()}
-    models = {
-        name: _model(where, name, _decode(where, m, _MODEL_DECODER, f"$.models.{name}"), providers)
-        for name, m in doc.models.items()
-    }
+    model_docs = {name: _decode(where, m, _MODEL_DECODER, f"$.models.{name}") for name, m in doc.models.items()}
+    models = {name: _model(where, name, m, providers) for name, m in model_docs.items()}
+    models = {name: _with_context_fallback(where, m, model_docs[name], models, providers) for name, m in models.items()}
     api_keys, api_keys_env = clients_of.inbound_keys(env)
     taken = clients_of.taken_variables(provider_docs)
     clients = clients_of.clients(env, where, client_docs, api_keys, api_keys_env, taken)

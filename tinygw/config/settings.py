@@ -116,6 +116,9 @@ class ModelDoc(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     first_byte_timeout_s: Seconds | None = None
     stall_timeout_s: Seconds | None = None
     head_timeout_s: Seconds | None = None
+    # Where a request goes on when a target answers that its prompt is too long for the
+    # model's context: aliases (their targets, in order) or provider:upstream_model targets.
+    context_fallback: list[str] = []
     # A spreading strategy sends a conversation to the same target at every turn (docs/configuration.md).
     affinity: bool = True
 
@@ -255,6 +258,9 @@ class Model(Struct, frozen=True, kw_only=True):
     # None when the provider's hold.
     timeouts: tuple[float | None, ...] = (None, None, None, None)
     affinity: bool = True  # the doc's: a conversation keeps its target (tinygw.resilience.strategy)
+    # The targets a prompt too long for a target's context goes on to, in order (ModelDoc's
+    # context_fallback, its aliases' targets in their place).
+    context_fallback: tuple[Target, ...] = ()
 
     def order_is_fixed(self) -> bool:
         """Whether every request tries the targets in their configured order (one target,
@@ -368,6 +374,7 @@ class Settings(Struct, frozen=True, kw_only=True):
                     "targets": [str(t) for t in m.targets],
                     "strategy": m.strategy,
                     **({} if m.affinity else {"affinity": False}),
+                    **({"context_fallback": [str(t) for t in m.context_fallback]} if m.context_fallback else {}),
                     **{
                         field: seconds
                         for field, seconds in zip(MODEL_TIMEOUTS, m.timeouts, strict=True)

@@ -138,6 +138,9 @@ class Resolution(Struct, frozen=True):
     # Whether a request's conversation chooses its target or key (tinygw.protocol.conversation.conversation_key):
     # worked out here, once per configured name, so that a plain request computes no conversation key.
     affinity: bool = False
+    # Where the request goes on, in order, when a target answers that its prompt is too long
+    # for the model's context (the alias's context_fallback, usable on this route).
+    context_fallback: tuple[Target, ...] = ()
 
 
 def resolve(settings: Settings, route: Route, model: str) -> Resolution | None:
@@ -159,7 +162,8 @@ def resolve(settings: Settings, route: Route, model: str) -> Resolution | None:
     if not targets:
         return None
     affinity = (alias.spreads_by_conversation() and len(targets) > 1) or _keys_by_conversation(settings, targets)
-    return Resolution(alias.name, targets, None if alias.order_is_fixed() else alias, affinity)
+    longer = tuple(t for t in alias.context_fallback if settings.providers[t.provider].doc.api in route.reaches)
+    return Resolution(alias.name, targets, None if alias.order_is_fixed() else alias, affinity, longer)
 
 
 def _keys_by_conversation(settings: Settings, targets: tuple[Target, ...]) -> bool:

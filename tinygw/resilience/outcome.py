@@ -13,6 +13,7 @@ the last attempt.
 from __future__ import annotations
 
 import enum
+import re
 
 import msgspec
 from msgspec import Struct
@@ -29,6 +30,9 @@ class Verdict(Struct, frozen=True):
     outcome: Outcome
     may_fall_back: bool
     quick: bool = False
+    # The prompt is too long for the target's context: the request may go on to the
+    # model's context_fallback (no verdict on the provider), else the client gets the answer.
+    too_long: bool = False
 
 
 SUCCESS = Verdict(Outcome.SUCCESS, may_fall_back=False)
@@ -39,6 +43,12 @@ NO_VERDICT = Verdict(Outcome.NEUTRAL, may_fall_back=False)  # the client's own d
 # No verdict on the provider's health, and another target may serve: a 429, or every
 # connection to the target busy for pool_timeout_s.
 RATE_LIMITED = Verdict(Outcome.NEUTRAL, may_fall_back=True)
+TOO_LONG = Verdict(Outcome.NEUTRAL, may_fall_back=False, too_long=True)
+
+# How providers say that a prompt is longer than the model's context (OpenAI's code
+# `context_length_exceeded`, Anthropic's "prompt is too long", Bedrock's "Input is too
+# long"), looked for in a 400's body.
+_TOO_LONG = re.compile(rb"context_length_exceeded|prompt is too long|input is too long", re.IGNORECASE)
 
 
 class Judgement(Struct, frozen=True):
@@ -77,14 +87,14 @@ def of_stream(
     output: bool,
     error: errors.UpstreamError | None = None,
     status: int = 200,
-    cloud_error: tuple[str, float] | None = None,
+    cloud_error: tuple[str, float, bytes] | None = None,
 ) -> Judgement:
     """A relayed answer of `status` that ended as `ending`, after output reached the
     client (`output`: nothing is switched, any ending but a finish is a cut, and the
     client's stream ends with an error event) or before (an ending without output may
     fall back, and the held events are the client's 502 should it be the last).
-    `cloud_error`: a cloud's leading exception, its name and when it came, judged as
-    the HTTP error of that name would be (`of_cloud_error`)."""
+    `cloud_error`: a cloud's leading exception, its name, when it came and its event,
+    judged as the HTTP error of that name would be (`of_cloud_error`)."""
     if not output:
         if ending is Ending.BROKEN and error is not None:
             return of_error(error)
@@ -175,6 +185,8 @@ def of_answer(status: int, elapsed_seconds: float, body: bytes | None, account_c
             return _SUCCEEDED
         return _CARRIES_ERROR
     verdict = of_status(status, elapsed_seconds, account_chosen)
+    if status == 400 and body and _TOO_LONG.search(body):
+        verdict = TOO_LONG
     if 300 <= status < 400:
         redirect = errors.UnusableAnswer(f"its answer was a redirect ({status}); check its base_url")
         return Judgement(verdict, str(status), 502, error=redirect)
@@ -213,18 +225,18 @@ def of_cloud_answer(status: int, elapsed_seconds: float, body: bytes | None, err
         refused = errors.ProviderCredentials(f"it refused the gateway's credentials ({error_name or status})")
         return Judgement(FAILURE, label, 502, error=refused)
     if kind == "client":
-        return Judgement(NO_VERDICT, label, 400)
+        return Judgement(TOO_LONG if body and _TOO_LONG.search(body) else NO_VERDICT, label, 400)
     return of_answer(status, elapsed_seconds, body)
 
 
-def of_cloud_error(error_name: str, elapsed_seconds: float) -> Judgement:
-    """A cloud stream's leading exception (Bedrock's exception frame), `elapsed_seconds`
-    into the attempt: judged as the HTTP error of its name would be, and any name
-    that is not one of those as a stream's error event."""
+def of_cloud_error(error_name: str, elapsed_seconds: float, event: bytes = b"") -> Judgement:
+    """A cloud stream's leading exception (Bedrock's exception frame, read as `event`),
+    `elapsed_seconds` into the attempt: judged as the HTTP error of its name would be,
+    and any name that is not one of those as a stream's error event."""
     _, status = _CLOUD_ERRORS.get(error_name.lower(), (None, 0))
     if not status:
         return _ERROR_EVENT
-    judged = of_cloud_answer(status, elapsed_seconds, None, error_name)
+    judged = of_cloud_answer(status, elapsed_seconds, event, error_name)
     # No Retry-After came with it: the client is told to come back in a second.
     return msgspec.structs.replace(judged, retry_after_seconds=1) if judged.status == 429 else judged
 

@@ -39,13 +39,14 @@ _FIRST_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+-
 
 
 def _configured_circuits(settings: Settings) -> list[tuple[str, str]]:
-    """(provider, upstream model) of every configured target. A target of `*` has a circuit
-    per name as sent, made by the first attempt: none up front."""
+    """(provider, upstream model) of every configured target (a model's context fallbacks
+    included). A target of `*` has a circuit per name as sent, made by the first attempt:
+    none up front."""
     return sorted(
         {
             (t.provider, t.upstream_model)
             for m in settings.models.values()
-            for t in m.targets
+            for t in (*m.targets, *m.context_fallback)
             if t.upstream_model != WILDCARD
         }
     )

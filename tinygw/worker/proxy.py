@@ -122,11 +122,13 @@ async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, se
         quick = False  # the one quick retry was used
         while not attempt.committed:
             following = (
-                await _next_attempt(gateway, targets, index, ticket.circuit, attempt, quick) if attempts_left else None
+                await _next_attempt(gateway, resolution, targets, index, ticket.circuit, attempt, quick)
+                if attempts_left
+                else None
             )
             if following is None:
                 return await _send_final(send, record, attempt, targets[index])
-            retry, index, ticket = following
+            retry, targets, index, ticket = following
             attempts_left -= 1
             quick = quick or retry is Retry.QUICK
             await attempt.discard()
@@ -138,22 +140,29 @@ async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, se
 
 async def _next_attempt(
     gateway: Gateway,
+    resolution: Resolution,
     targets: Sequence[Target],
     index: int,
     circuit: Circuit,
     last: Attempt,
     quick_retry_used: bool,
-) -> tuple[Retry, int, Ticket] | None:
+) -> tuple[Retry, Sequence[Target], int, Ticket] | None:
     """Whether another attempt follows `last` (made at `targets[index]`, whose circuit
-    is `circuit`): why, at which target, with its ticket; None when `last` is final."""
+    is `circuit`): why, at which of which targets (the model's, or after a prompt too long
+    for a target's context, its `context_fallback`), with its ticket; None when `last` is
+    final."""
+    longer = resolution.context_fallback
     if last.other_key:
         retry = Retry.KEY_ROTATION
+    elif last.judged.verdict.too_long and longer:  # on to a longer context, in order
+        later, ticket = _admit(gateway.breakers, longer, index + 1 if targets is longer else 0)
+        return (Retry.FALLBACK, longer, later, ticket) if ticket is not None else None
     elif not last.judged.verdict.may_fall_back:
         return None
     else:
         later, ticket = _admit(gateway.breakers, targets, index + 1)
         if ticket is not None:
-            return Retry.FALLBACK, later, ticket
+            return Retry.FALLBACK, targets, later, ticket
         # No target is left: the one quick retry, unless this failure opened the circuit.
         verdict = last.judged.verdict
         if not (
@@ -163,7 +172,7 @@ async def _next_attempt(
         retry = Retry.QUICK
         await asyncio.sleep(QUICK_RETRY_DELAY_SECONDS)  # before allow(): the circuit may move meanwhile
     index, ticket = _admit(gateway.breakers, targets, index)
-    return (retry, index, ticket) if ticket is not None else None
+    return (retry, targets, index, ticket) if ticket is not None else None
 
 
 def _count_retry(gateway: Gateway, target: Target, circuit: Circuit, retry: Retry, failure: str) -> None:

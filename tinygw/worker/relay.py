@@ -147,11 +147,11 @@ class Relay:
             headers = [*headers, (b"retry-after", b"%d" % judged.retry_after_seconds)]
         return Answer(judged.status, headers, self._redactor.body(held))
 
-    def _cloud_error(self) -> tuple[str, float] | None:
-        """A leading exception of Bedrock's frames, which names its error, and when it came."""
+    def _cloud_error(self, event: bytes) -> tuple[str, float, bytes] | None:
+        """A leading exception of Bedrock's frames (`event`), which names its error, and when it came."""
         events = self._response
         if isinstance(events, frames.Unwrapped) and events.exception_type is not None:
-            return events.exception_type, self._loop.time() - self._record.started_at
+            return events.exception_type, self._loop.time() - self._record.started_at, event
         return None
 
     async def _hold(self, chunk: bytes) -> Attempt | None:
@@ -175,7 +175,8 @@ class Relay:
             event = block[start:end]
             kind, done = sse.kind(event)
             if kind is sse.Kind.ERROR:
-                judged = outcome.of_stream(Ending.ERROR_EVENT, output=False, cloud_error=self._cloud_error())
+                cloud_error = self._cloud_error(event)
+                judged = outcome.of_stream(Ending.ERROR_EVENT, output=False, cloud_error=cloud_error)
                 return Attempt(judged, answer=self._answer(b"".join(self._held) + block[:end], judged))
             self._held_events += 1
             self._held_bytes += end - start

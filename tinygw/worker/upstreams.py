@@ -211,7 +211,7 @@ def model_timeouts(settings: Settings) -> dict[tuple[str, str], Timeouts]:
     timeouts = {(f"{name}/*", name): _provider_timeouts(p) for name, p in settings.providers.items()}
     for model in settings.models.values():
         total, first_byte, stall, head = model.timeouts
-        for target in model.targets:
+        for target in (*model.targets, *model.context_fallback):
             own = timeouts[(f"{target.provider}/*", target.provider)]
             timeouts[(model.name, target.provider)] = Timeouts(
                 own.connect_seconds,
