@@ -8,7 +8,7 @@ a closed connection is dropped with an info line ("ASGI transport error"). So an
 in the gateway is the gateway's own (a metrics file that cannot grow, a file limit), and
 is logged as its failure, never taken for a client that left. A send that waits while
 the client reads nothing can happen on another ASGI server: the request's watch then
-cancels it there. These tests play such a server, in process (`tinygw.api.app._proxy`),
+cancels it there. These tests play such a server, in process (`tinygw.api.proxied.handle`),
 against a fake provider on loopback. The black-box test at the end holds what a real
 gateway shows: a client that leaves while its body is read is logged once as 499, with
 no error line."""
@@ -37,7 +37,7 @@ def _proxied(fake, receive, send, content_length: bytes | None = None, env: dict
     """Run one request to /v1/chat/completions through the app's `_proxy` on a gateway of
     its own; returns (the gateway, the access lines' fields) once it is over."""
     from tinygw import logs
-    from tinygw.api import app
+    from tinygw.api import app, proxied
     from tinygw.config import environment
     from tinygw.worker.gateway import Gateway
 
@@ -59,7 +59,7 @@ def _proxied(fake, receive, send, content_length: bytes | None = None, env: dict
         route = app.ROUTES["/v1/chat/completions"].route
         first = dict(reversed(headers))
         try:
-            await asyncio.wait_for(app._proxy(gateway, route, scope, receive, send, first, b"request-1"), 10)
+            await asyncio.wait_for(proxied.handle(gateway, route, scope, receive, send, first, b"request-1"), 10)
         finally:
             await gateway.aclose()
         return gateway

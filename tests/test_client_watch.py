@@ -155,25 +155,3 @@ def test_a_timeout_that_meets_the_server_s_cancellation_never_takes_that_back(wa
     assert watch.timed_out() is None
     assert watch.timed_out() is None
     assert task.cancelled == 1
-
-
-def test_the_task_a_request_s_watch_cancels_is_the_request_s_own():
-    """api/app reads the request's task from asyncio's own table of current tasks on
-    Python 3.11 (asyncio.current_task is a Python frame there): the same task as
-    asyncio.current_task, on the loop the gateway runs (uvloop) and on asyncio's."""
-    import asyncio
-
-    import uvloop
-
-    from tinygw.api.app import _current_task
-
-    async def in_a_task() -> None:
-        loop = asyncio.get_running_loop()
-        assert _current_task(loop) is asyncio.current_task(loop) is not None
-
-    for new_loop in (uvloop.new_event_loop, asyncio.new_event_loop):
-        loop = new_loop()
-        try:
-            loop.run_until_complete(loop.create_task(in_a_task()))
-        finally:
-            loop.close()

@@ -496,7 +496,7 @@ def test_a_client_that_leaves_during_a_large_answer_frees_its_connection_slot():
     answer is relayed; the provider's connection slot must come back every time."""
     import asyncio
 
-    from tinygw.api import app
+    from tinygw.api import app, proxied
     from tinygw.config import environment
     from tinygw.worker.gateway import Gateway as TinyGateway
 
@@ -561,7 +561,7 @@ def test_a_client_that_leaves_during_a_large_answer_frees_its_connection_slot():
             }
             route = app.ROUTES["/v1/chat/completions"].route
             first = dict(reversed(scope["headers"]))  # the headers by name, as app() gives them
-            await asyncio.wait_for(app._proxy(gateway, route, scope, receive, send, first, b"request-1"), 10)
+            await asyncio.wait_for(proxied.handle(gateway, route, scope, receive, send, first, b"request-1"), 10)
             free.append(pool._free_slots)
         server.close()
         return free

@@ -418,7 +418,10 @@ def test_healthz_models_and_metrics(gateway, fake):
 
 
 def test_wrong_method_and_unknown_path(gateway):
-    assert call("GET", f"{gateway.url}/v1/chat/completions", headers=auth())[0] == 405
+    status, headers, _ = call("GET", f"{gateway.url}/v1/chat/completions", headers=auth())
+    assert (status, headers["allow"]) == (405, "POST")
+    status, headers, _ = call("POST", f"{gateway.url}/metrics")
+    assert (status, headers["allow"]) == (405, "GET, HEAD")
     status, _, body = call("GET", f"{gateway.url}/nope")
     assert status == 404 and json.loads(body)["error"]["type"] == "invalid_request_error"
 
@@ -428,3 +431,10 @@ def test_no_key_in_logs(gateway):
     for secret in (GATEWAY_KEY, PROVIDER_KEY, ANTHROPIC_KEY):
         assert secret not in logs
     assert any(r.get("msg") == "request" for r in gateway.log_records())
+
+
+def test_without_configured_clients_no_client_is_counted(gateway):
+    """A gateway whose configuration names no client pays for none: no client series, no clients table."""
+    call("POST", f"{gateway.url}/v1/chat/completions", {"model": "gpt-x"}, headers=auth())
+    assert metric_value(gateway, "tinygw_client_requests_total") is None
+    assert json.loads(call("GET", f"{gateway.url}/status.json")[2])["clients"] == []

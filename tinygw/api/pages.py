@@ -24,5 +24,6 @@ async def metrics(gateway: Gateway, scope, send) -> None:
             "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")],
         }
     )
-    body = gateway.metrics.render(gateway.clients.in_flight(gateway.clock()))
+    clients = gateway.clients
+    body = gateway.metrics.render(clients.in_flight(gateway.clock()) if clients is not None else {})
     await send({"type": "http.response.body", "body": body})

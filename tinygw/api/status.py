@@ -166,7 +166,7 @@ def snapshot(gateway: Gateway, pid: int, artifact_sha256: str | None = None) -> 
             for n, m in sorted(settings.models.items())
         ],
         "providers": providers,
-        "clients": [msgspec.structs.asdict(c) for c in gateway.clients.view(now)],
+        "clients": [msgspec.structs.asdict(c) for c in gateway.clients.view(now)] if gateway.clients else [],
     }
 
 

@@ -76,7 +76,10 @@ class Gateway:
         # Each client's counts, shared with the other workers where the metrics are (docs/design.md section 16)
         store = self.metrics.store
         shared = store.directory if isinstance(store, FileStore) else None
-        self.clients = ClientTable(clients, shared, store.slot)
+        # None without configured clients (`clients` names none, and sets no limit on the
+        # default one): a request then counts no client, and pays for none
+        named = any(c.name != DEFAULT_CLIENT or c.limited for c in clients.values())
+        self.clients = ClientTable(clients, shared, store.slot) if named else None
         configured = _configured_circuits(settings)
         # What the status page shows of this worker, in the shared store; wall clock for display only.
         self.started_at = time.time()
@@ -236,6 +239,7 @@ class Gateway:
             await upstream.pool.aclose()
             if upstream.token_pool is not None:
                 await upstream.token_pool.aclose()
-        self.clients.close()
+        if self.clients is not None:
+            self.clients.close()
         if self.confidential is not None:
             self.confidential.close()
