@@ -1,11 +1,11 @@
-"""Forwarding one client request: the attempt loop, and sending the answer.
+"""Forwarding one client request: the attempt loop (its answer is sent by tinygw.worker.answers).
 
 Targets come in the order of the model's strategy; a target whose circuit is open is
 skipped (not an attempt). An attempt's ending is judged by `tinygw.resilience.outcome`,
 and what follows it is decided once, in `_next_attempt` (docs/design.md section 4):
-another key of the provider after a 429, the next target after a failure that may
-fall back, the one quick retry when no target is left, and at most
-`routing.max_attempts` attempts. Nothing reaches the client until an attempt is final:
+another key of the provider after a 429, the context fallback after a prompt too long,
+the next target after a failure that may fall back, the one quick retry when no target
+is left, and at most `routing.max_attempts` attempts. Nothing reaches the client until an attempt is final:
 a non-streamed answer is held (up to HOLD_BYTES) until it can be judged, and a stream's
 leading events without output are held back until output arrives (tinygw.worker.relay).
 """
@@ -17,30 +17,22 @@ import enum
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-from msgspec import Struct
-from msgspec.structs import replace
-
 from tinygw import errors, logs
 from tinygw.config.settings import Model, Target
 from tinygw.protocol import clouds, eventstream
-from tinygw.protocol.clouds import cloud_request
-from tinygw.protocol.routing import Resolution, Route
+from tinygw.protocol.routing import Resolution
 from tinygw.protocol.wire import (
-    JSON_HEADERS,
     carries_account_headers,
-    error_body,
-    forward_headers,
     header,
     relay_headers,
     retry_after_seconds,
-    rewrite_model,
 )
 from tinygw.resilience import outcome
 from tinygw.resilience.breaker import Breakers, Circuit, Outcome, Ticket
-from tinygw.upstream.pool import Response, UpstreamRequest
-from tinygw.worker import frames
+from tinygw.upstream.pool import Response
+from tinygw.worker import answers, frames
 from tinygw.worker.gateway import Gateway
-from tinygw.worker.record import Answer, Attempt, Record
+from tinygw.worker.record import Answer, Attempt, Inbound, Record
 from tinygw.worker.relay import Events, Relay
 from tinygw.worker.upstreams import Upstream
 
@@ -54,27 +46,6 @@ QUICK_RETRY_DELAY_SECONDS = 0.25
 # that a worker's memory does not grow with answer size. A 200 this large is not an
 # error object; a larger error answer is passed through (or dropped) as it arrives.
 HOLD_BYTES = 1024 * 1024
-
-
-class Inbound(Struct, frozen=True):
-    """What the gateway took from the client's request."""
-
-    route: Route
-    model: str
-    stream: bool
-    body: bytes
-    headers: list[tuple[bytes, bytes]]
-    query: bytes
-    request_id: bytes  # the request's id (tinygw.worker.record), sent upstream as x-request-id
-    # The body asks for a stream's usage that the client did not (its tokens are charged):
-    # the chunk that only reports it is not relayed.
-    usage_asked: bool = False
-    conversation: bytes | None = None  # its conversation key, when it chooses the target and key (Resolution.affinity)
-
-    def __repr__(self) -> str:  # its headers hold the gateway key, its body the prompt
-        return f"Inbound({self.route.path!r}, model={self.model!r}, request_id={self.request_id.decode()!r})"
-
-    __str__ = __repr__
 
 
 class Retry(enum.Enum):
@@ -113,7 +84,9 @@ async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, se
     targets = resolution.targets if alias is None else _ordered_targets(gateway, alias, resolution.targets, inbound)
     index, ticket = _admit(gateway.breakers, targets, 0)
     if ticket is None:  # every circuit refused: each one is named by the 503's wait
-        return await _send_circuit_open(send, record, [gateway.breakers.by_target[t] for t in targets], resolution)
+        return await answers.send_circuit_open(
+            send, record, [gateway.breakers.by_target[t] for t in targets], resolution
+        )
     attempt = await _make_attempt(gateway, inbound, resolution, targets[index], ticket, send, record)
     if attempt.committed:  # the usual end: the first attempt's answer was the client's, and was read to its end
         return
@@ -127,7 +100,7 @@ async def forward(gateway: Gateway, inbound: Inbound, resolution: Resolution, se
                 else None
             )
             if following is None:
-                return await _send_final(send, record, attempt, targets[index])
+                return await answers.send_final(send, record, attempt, targets[index])
             retry, targets, index, ticket = following
             attempts_left -= 1
             quick = quick or retry is Retry.QUICK
@@ -208,7 +181,7 @@ async def _make_attempt(
     try:
         attempt = await _attempt(gateway, gateway.upstreams[target.provider], inbound, resolution, target, send, record)
         if not attempt.committed and attempt.judged.verdict.outcome is Outcome.SUCCESS:  # final: the client gets it
-            attempt = await _commit(send, record, attempt)
+            attempt = await answers.commit(send, record, attempt)
     except BaseException as e:
         left = outcome.CLIENT_LEFT
         ticket.done(left.verdict.outcome)
@@ -244,27 +217,7 @@ async def _attempt(
     started = gateway.clock()
     # One key: nothing to pick. A pool's key in turn, or the conversation's (tinygw.resilience.keys).
     key_index = upstream.keys.pick(started, inbound.conversation) if upstream.rotates_keys else 0
-    provider = upstream.provider
-    if provider.cloud:  # Bedrock or Vertex: the whole path is the gateway's, the model in it
-        path, body = cloud_request(provider.doc, inbound.route.api, inbound.body, inbound.stream, target.upstream_model)
-    else:
-        if inbound.query:  # the client's own, after the provider's
-            path = upstream.path(inbound.route.upstream_path, inbound.query)
-        else:  # the usual: the route's request target on this provider, worked out at its first request
-            path = upstream.paths.get(inbound.route.upstream_path) or upstream.path(inbound.route.upstream_path)
-        body = rewrite_model(inbound.body, inbound.model, target.upstream_model)
-    request = UpstreamRequest(
-        b"POST",
-        path,
-        [
-            *forward_headers(inbound.headers, upstream.not_forwarded),
-            *upstream.fixed_headers[key_index],
-            (b"x-request-id", inbound.request_id),
-        ],
-        body,
-        gateway.timeouts[(resolution.model, target.provider)],
-        inbound.stream,
-    )
+    request = upstream.request_for(inbound, target, key_index, gateway.timeouts[(resolution.model, target.provider)])
     try:
         response = await upstream.pool.send(request)
     except errors.UpstreamError as e:
@@ -277,6 +230,22 @@ async def _attempt(
         if content_type.startswith(eventstream.CONTENT_TYPE):  # Bedrock's frames, read as events
             events = frames.Unwrapped(response, keep_frames=inbound.route.api == "bedrock")
             return await _relay(gateway, upstream, response, send, record, target, elapsed, False, events)
+    return await _held(gateway, upstream, inbound, target, response, elapsed, key_index, record)
+
+
+async def _held(
+    gateway: Gateway,
+    upstream: Upstream,
+    inbound: Inbound,
+    target: Target,
+    response: Response,
+    elapsed: float,
+    key_index: int,
+    record: Record,
+) -> Attempt:
+    """An answer that is not a stream, whose head came after `elapsed`: held whole (up to
+    HOLD_BYTES) and judged (tinygw.resilience.outcome), its beginning held and its rest
+    kept open when it is larger."""
     first_byte: float | None = elapsed  # observed with the attempt's count (_make_attempt), or now
     data = response.whole_body(HOLD_BYTES)  # the usual answer: all of it came with its head, taken without a wait
     rest = None  # the answer still to be read, when it is not held whole
@@ -289,7 +258,7 @@ async def _attempt(
             return Attempt(outcome.of_error(e))
         rest = None if ended else response
     held = None if rest else data
-    if provider.cloud:  # Bedrock's and Vertex's errors go by their names first
+    if upstream.provider.cloud:  # Bedrock's and Vertex's errors go by their names first
         error_name = clouds.error_name(response.headers, held) if response.status >= 400 else None
         judged = outcome.of_cloud_answer(response.status, elapsed, held, error_name)
     else:
@@ -343,91 +312,3 @@ def _rest_key(gateway: Gateway, upstream: Upstream, key_index: int, response: Re
     seconds = retry_after_seconds(header(response.headers, b"retry-after"), gateway.settings.breaker.max_open_seconds)
     upstream.keys.rest(key_index, now, seconds)
     return upstream.keys.has_other(key_index, now)
-
-
-async def _commit(send: Send, record: Record, attempt: Attempt) -> Attempt:
-    """Send a successful attempt's answer: it is final. An answer too large to hold is
-    sent as it is read; cut short, it is a failure."""
-    answer: Answer = attempt.answer  # type: ignore[assignment]  # a success has one
-    if answer.rest is None:  # the usual answer: held whole
-        await _send_held(send, record, answer, attempt.judged.label)
-        return replace(attempt, committed=True)
-    try:
-        sent = await _send_answer(send, record, answer, attempt.judged.label)
-    except BaseException:  # the client left (or send failed) while a large answer was relayed
-        await answer.discard()
-        raise
-    if sent:
-        return replace(attempt, committed=True)
-    record.was_cut()
-    cut = outcome.of_stream(outcome.Ending.UNFINISHED, output=True, status=answer.status)
-    return replace(attempt, judged=cut, committed=True)
-
-
-async def _send_held(send: Send, record: Record, answer: Answer, current: str | None) -> None:
-    """Send an answer that was held whole."""
-    await send(record.head(answer.status, [*answer.headers, (b"content-length", b"%d" % len(answer.body))], current))
-    await send({"type": "http.response.body", "body": answer.body})
-
-
-async def _send_answer(send: Send, record: Record, answer: Answer, current: str | None = None) -> bool:
-    """Send `answer`: whole when it was held whole, else its beginning and then the
-    rest as it arrives. False when the provider failed partway: the client's answer
-    then ends without its last chunk, which HTTP clients report as an incomplete body."""
-    if answer.rest is None:
-        await _send_held(send, record, answer, current)
-        return True
-    send = record.timed(send, asyncio.get_running_loop())  # its sends may wait on the client
-    await send(record.head(answer.status, answer.headers, current))
-    await send({"type": "http.response.body", "body": answer.body, "more_body": True})
-    while True:
-        try:
-            chunk = await answer.rest.next_chunk()
-        except errors.UpstreamError:
-            return False  # nothing more is sent: the client's answer is cut, not ended
-        if chunk is None:
-            await send({"type": "http.response.body", "body": b""})
-            return True
-        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-
-
-async def _send_final(send: Send, record: Record, last: Attempt, target: Target) -> None:
-    """The last attempt failed: pass its answer through, or say why there is none."""
-    if last.answer is not None:
-        if not await _send_answer(send, record, last.answer):
-            record.was_cut()
-        return
-    judged = last.judged
-    e, retry_after = judged.error, judged.retry_after_seconds
-    if e is None:  # an attempt ends with an answer or an error
-        raise RuntimeError("an attempt ended with neither an answer nor an error")
-    body = error_body(
-        f"provider {target.provider} is busy: {e}; retry after {retry_after} s"
-        if retry_after
-        else f"provider {target.provider} failed: {e}",
-        "provider_unavailable",
-        e.cause,
-        cause=e.cause,
-        provider=target.provider,
-        provider_model=target.upstream_model,
-    )
-    headers = [*JSON_HEADERS, (b"retry-after", b"%d" % retry_after)] if retry_after else JSON_HEADERS
-    await send(record.head(judged.status, headers))
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _send_circuit_open(send: Send, record: Record, skipped: list[Circuit], resolution: Resolution) -> None:
-    """Every usable target's circuit is open: 503 with the wait until the next probe."""
-    circuit = min(skipped, key=lambda c: c.retry_after() or 0.0)
-    record.refused_at(circuit.target())
-    retry_after = circuit.retry_after_header()
-    body = error_body(
-        f"every target of {resolution.model!r} is unavailable (circuit open); retry after {retry_after} s",
-        "provider_unavailable",
-        "circuit_open",
-        cause="circuit_open",
-        provider=circuit.provider,
-        provider_model=circuit.provider_model,
-    )
-    await send(record.head(503, [*JSON_HEADERS, (b"retry-after", b"%d" % retry_after)]))
-    await send({"type": "http.response.body", "body": body})

@@ -1,4 +1,5 @@
-"""The values of one proxied request: its record, a provider's answer, an attempt's ending.
+"""The values of one proxied request: what the gateway took from it, its record, a
+provider's answer, an attempt's ending.
 
 `Record` is what the access log and the metrics say of a request. Its fields are
 written here only, by the methods named after the moments of a request (an attempt
@@ -16,6 +17,7 @@ from msgspec import Struct
 
 from tinygw.config.settings import DEFAULT_CLIENT, Target
 from tinygw.protocol import usage
+from tinygw.protocol.routing import Route
 from tinygw.resilience.breaker import Breakers
 from tinygw.resilience.outcome import CLIENT_LEFT, Judgement
 from tinygw.upstream.pool import Response
@@ -23,6 +25,27 @@ from tinygw.upstream.pool import Response
 # The status logged and counted for a request whose client left before its answer
 # (never sent, there is nobody to send it to).
 CLIENT_CLOSED = CLIENT_LEFT.status
+
+
+class Inbound(Struct, frozen=True):
+    """What the gateway took from the client's request."""
+
+    route: Route
+    model: str
+    stream: bool
+    body: bytes
+    headers: list[tuple[bytes, bytes]]
+    query: bytes
+    request_id: bytes  # the request's id, sent upstream as x-request-id
+    # The body asks for a stream's usage that the client did not (its tokens are charged):
+    # the chunk that only reports it is not relayed.
+    usage_asked: bool = False
+    conversation: bytes | None = None  # its conversation key, when it chooses the target and key (Resolution.affinity)
+
+    def __repr__(self) -> str:  # its headers hold the gateway key, its body the prompt
+        return f"Inbound({self.route.path!r}, model={self.model!r}, request_id={self.request_id.decode()!r})"
+
+    __str__ = __repr__
 
 
 class Record(Struct):

@@ -14,15 +14,17 @@ from urllib.parse import quote, unquote_to_bytes
 
 from msgspec import Struct
 
-from tinygw.config.settings import Provider, Settings, plain
+from tinygw.config.settings import Provider, Settings, Target, plain
 from tinygw.headers import ACCOUNT
-from tinygw.protocol.wire import NOT_FORWARDED
+from tinygw.protocol.clouds import cloud_request
+from tinygw.protocol.wire import NOT_FORWARDED, forward_headers, rewrite_model
 from tinygw.resilience.breaker import Clock
 from tinygw.resilience.keys import KeyRing
 from tinygw.secret import Secret
 from tinygw.trust.redact import Redactor
-from tinygw.upstream.pool import Authorize, Pool, Timeouts
+from tinygw.upstream.pool import Authorize, Pool, Timeouts, UpstreamRequest
 from tinygw.worker import credentials
+from tinygw.worker.record import Inbound
 
 
 class Upstream(Struct, frozen=True):
@@ -52,6 +54,28 @@ class Upstream(Struct, frozen=True):
         return f"Upstream({self.provider.name!r})"
 
     __str__ = __repr__
+
+    def request_for(self, inbound: Inbound, target: Target, key_index: int, timeouts: Timeouts) -> UpstreamRequest:
+        """The request for `inbound` at `target` on this provider, with the key of
+        `key_index`: the client's body with the target's model (a cloud's whole path and
+        body are the gateway's, the model in the path: tinygw.protocol.clouds), the
+        client's headers less those never forwarded, the provider's own and the request id."""
+        provider = self.provider
+        if provider.cloud:
+            route = inbound.route
+            path, body = cloud_request(provider.doc, route.api, inbound.body, inbound.stream, target.upstream_model)
+        else:
+            if inbound.query:  # the client's own, after the provider's
+                path = self.path(inbound.route.upstream_path, inbound.query)
+            else:  # the usual: the route's request target on this provider, worked out at its first request
+                path = self.paths.get(inbound.route.upstream_path) or self.path(inbound.route.upstream_path)
+            body = rewrite_model(inbound.body, inbound.model, target.upstream_model)
+        headers = [
+            *forward_headers(inbound.headers, self.not_forwarded),
+            *self.fixed_headers[key_index],
+            (b"x-request-id", inbound.request_id),
+        ]
+        return UpstreamRequest(b"POST", path, headers, body, timeouts, inbound.stream)
 
     def path(self, upstream_path: str, client_query: bytes = b"") -> bytes:
         """The request target for a route's `upstream_path` (its base_url's path first) with
