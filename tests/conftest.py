@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import resource
@@ -132,6 +134,34 @@ def run_tinygw(
         text=True,
         timeout=seconds,
     )
+
+
+def check_in_process(environ: dict[str, str]) -> subprocess.CompletedProcess:
+    """`tinygw check` run in this process (tinygw.cli.main), with `environ` as its whole
+    environment: what run_tinygw(["check"], environ) gives, without starting a Python.
+    The command line's own exit codes stay tested as processes."""
+    from tinygw import cli
+
+    saved = dict(os.environ)
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    os.environ.clear()
+    os.environ.update({"PATH": saved.get("PATH", ""), **environ})
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                cli.main(["check"])
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return subprocess.CompletedProcess(["tinygw", "check"], code, out.getvalue(), err.getvalue())
+
+
+def run_command(command: str, environ: dict[str, str]) -> subprocess.CompletedProcess:
+    """`tinygw check` in this process, any other command as a process of its own."""
+    return check_in_process(environ) if command == "check" else run_tinygw([command], environ)
 
 
 class Gateway:

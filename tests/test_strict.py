@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import call, free_port, run_tinygw
+from conftest import call, check_in_process, free_port, run_command, run_tinygw
 from tinygw.config.clients import clients, taken_variables
 from tinygw.config.environment import from_environ
 from tinygw.config.settings import ClientDoc, ProviderDoc
@@ -43,7 +43,7 @@ def refused(done, where: str) -> str:
 )
 @pytest.mark.parametrize("command", ["check", "serve"])
 def test_a_variable_the_gateway_does_not_read_exits_2_naming_the_closest(typo, meant, command):
-    done = run_tinygw([command], env(**{typo: "gw-key-typo", "TINYGW_PORT": str(free_port())}))
+    done = run_command(command, env(**{typo: "gw-key-typo", "TINYGW_PORT": str(free_port())}))
     line = refused(done, f"{typo}: ")
     assert f"did you mean {meant}?" in line and "gw-key-typo" not in line
 
@@ -79,7 +79,7 @@ def test_key_variables_the_configuration_names_are_read(tmp_path):
 @pytest.mark.parametrize("command", ["check", "serve"])
 def test_a_listen_address_that_cannot_be_bound_exits_2_naming_it(host, command):
     # Granian binds an IP address of this machine; anything else was a traceback (exit 1).
-    done = run_tinygw([command], env(TINYGW_HOST=host, TINYGW_API_KEYS="gw-k", TINYGW_PORT=str(free_port())))
+    done = run_command(command, env(TINYGW_HOST=host, TINYGW_API_KEYS="gw-k", TINYGW_PORT=str(free_port())))
     refused(done, "TINYGW_HOST: ")
 
 
@@ -107,7 +107,7 @@ DUPLICATES = [
 
 @pytest.mark.parametrize("document,path", DUPLICATES)
 def test_a_duplicate_key_exits_2_naming_its_path(document, path, tmp_path):
-    refused(run_tinygw(["check"], env(document)), f"TINYGW_CONFIG {path}: ")
+    refused(check_in_process(env(document)), f"TINYGW_CONFIG {path}: ")
     (tmp_path / "config.json").write_text(document)
     done = run_tinygw(
         ["serve"],
@@ -125,11 +125,11 @@ def test_a_document_nested_1000_deep_exits_2_naming_the_bound_of_64(command, tmp
     deep = "[" * 1000 + "]" * 1000
     document = '{"providers": {"a": {"base_url": "https://x.example", "api": "openai", "headers": {"x": %s}}}}' % deep  # noqa: UP031 -- JSON's braces
     line = refused(
-        run_tinygw([command], {"TINYGW_CONFIG": document, "TINYGW_PORT": str(free_port())}), "TINYGW_CONFIG: "
+        run_command(command, {"TINYGW_CONFIG": document, "TINYGW_PORT": str(free_port())}), "TINYGW_CONFIG: "
     )
     assert "64" in line
     (tmp_path / "config.json").write_text(document)
-    done = run_tinygw([command], {"TINYGW_CONFIG_FILE": str(tmp_path / "config.json"), "TINYGW_PORT": str(free_port())})
+    done = run_command(command, {"TINYGW_CONFIG_FILE": str(tmp_path / "config.json"), "TINYGW_PORT": str(free_port())})
     assert "64" in refused(done, "TINYGW_CONFIG_FILE: ")
 
 
@@ -143,7 +143,7 @@ def test_a_document_nested_1000_deep_exits_2_naming_the_bound_of_64(command, tmp
     ],
 )
 def test_a_number_in_other_digits_or_a_gateway_key_with_a_space_exits_2_naming_the_variable(extra, where, command):
-    line = refused(run_tinygw([command], env(**{"TINYGW_PORT": str(free_port()), **extra})), where)
+    line = refused(run_command(command, env(**{"TINYGW_PORT": str(free_port()), **extra})), where)
     assert "gw-key" not in line
 
 
@@ -200,7 +200,7 @@ def test_a_client_whose_keys_env_is_the_gateways_or_a_providers_variable_exits_2
         environment.pop(name, None)
         if value is not None:
             environment[name] = str(key_file) if value == "KEY_FILE" else value
-    line = refused(run_tinygw([command], environment), "TINYGW_CONFIG $.clients.team.keys_env: ")
+    line = refused(run_command(command, environment), "TINYGW_CONFIG $.clients.team.keys_env: ")
     assert "'team'" in line and variable in line
     assert "secret-" not in line
 
@@ -234,9 +234,9 @@ def test_the_variables_no_client_may_read_its_keys_from():
 @pytest.mark.parametrize("url", ["http://10.1.2.3/v1", "http://api.example.com/v1", "http://[2001:db8::1]:8000/v1"])
 def test_plaintext_to_a_non_loopback_address_must_be_asked_for(url):
     doc = {"providers": {"a": {**PROVIDER, "base_url": url}}, "models": GOOD["models"]}
-    assert "plaintext" in refused(run_tinygw(["check"], env(doc)), "TINYGW_CONFIG $.providers.a.base_url: ")
+    assert "plaintext" in refused(check_in_process(env(doc)), "TINYGW_CONFIG $.providers.a.base_url: ")
     asked = {"providers": {"a": {**PROVIDER, "base_url": url, "plaintext": True}}, "models": GOOD["models"]}
-    done = run_tinygw(["check"], env(asked))
+    done = check_in_process(env(asked))
     assert done.returncode == 0, done.stderr
     assert '"plaintext": true' in done.stdout  # in the hash: a verifier sees it
 
@@ -253,13 +253,13 @@ def test_plaintext_to_a_non_loopback_address_must_be_asked_for(url):
 )
 def test_loopback_and_https_need_no_plaintext(url):
     doc = {"providers": {"a": {**PROVIDER, "base_url": url}}, "models": GOOD["models"]}
-    assert run_tinygw(["check"], env(doc)).returncode == 0
+    assert check_in_process(env(doc)).returncode == 0
 
 
 def test_the_header_policy_is_the_wires():
     # proxy-authenticate is hop-by-hop: never forwarded from a client, so never configurable either.
     doc = {"providers": {"a": {**PROVIDER, "headers": {"Proxy-Authenticate": "x"}}}, "models": GOOD["models"]}
-    refused(run_tinygw(["check"], env(doc)), "TINYGW_CONFIG $.providers.a.headers.Proxy-Authenticate: ")
+    refused(check_in_process(env(doc)), "TINYGW_CONFIG $.providers.a.headers.Proxy-Authenticate: ")
 
 
 # ---- credentials in headers and query: {"env": NAME} ------------------------------------------
@@ -397,7 +397,7 @@ def test_no_object_of_a_running_gateway_shows_a_key_in_its_repr_or_str(tmp_path)
 def test_a_misspelled_variable_is_named_when_the_configuration_cannot_be_read(tmp_path, given, typo, meant):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(GOOD))
-    done = run_tinygw(["check"], {**given, typo: str(config)})
+    done = check_in_process({**given, typo: str(config)})
     assert f"did you mean {meant}?" in refused(done, f"{typo}: ")
 
 
@@ -406,7 +406,7 @@ def test_a_broken_configuration_is_still_named_before_variables_it_may_name_for_
     # The configuration, which cannot be read, may name these for its keys: its own error
     # is the one said, and no other variable is offered for them (TINYGW_API_KEYS would
     # be a provider key given as the gateway's).
-    done = run_tinygw(["check"], {"TINYGW_CONFIG": "{not json", key_variable: "secret-a"})
+    done = check_in_process({"TINYGW_CONFIG": "{not json", key_variable: "secret-a"})
     line = refused(done, "TINYGW_CONFIG")
     assert key_variable not in line and "secret-a" not in line
 
