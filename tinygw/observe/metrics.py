@@ -147,18 +147,6 @@ class _ProxiedSeries:
         self.token_place_missing = True
 
 
-class _AttemptSeries:
-    """An attempt's places in the store, by its provider, upstream model and outcome: its
-    count's, and its provider's first-byte histogram once an answer of the series had one
-    observed with its count (None until then: a provider that never answered shows none)."""
-
-    __slots__ = ("count", "first_byte")
-
-    def __init__(self, count: int) -> None:
-        self.count = count
-        self.first_byte: _Histogram | None = None
-
-
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -188,7 +176,7 @@ class Metrics:
         self._requests: dict[tuple[str, str, int], tuple[int, _Histogram]] = {}
         self._histograms: dict[tuple[str, tuple[str, ...]], _Histogram] = {}
         self._tokens: dict[tuple[str, str], list] = {}
-        self._attempts: dict[tuple[str, str, str], _AttemptSeries] = {}
+        self._attempts: dict[tuple[str, str, str], int] = {}  # (provider, upstream model, outcome) -> its place
         self._first_byte: dict[str, _Histogram] = {}
         self._proxied: dict[tuple[str, str, int, str | None], _ProxiedSeries] = {}
         self._clients: dict[tuple[str, str, str], int] = {}  # (family, client, label) -> its place
@@ -303,22 +291,12 @@ class Metrics:
         histogram = self._histogram("tinygw_stream_first_token_seconds", (model,))
         histogram.observe(self.store.values, seconds)
 
-    def count_attempt(
-        self, provider: str, provider_model: str, outcome: str, first_byte_seconds: float | None = None
-    ) -> None:
-        """An attempt ended with `outcome`. `first_byte_seconds`, when given, is how long its
-        answer's head took (tinygw_upstream_first_byte_seconds): observed in the same call,
-        for an answer held whole, whose attempt ends as soon as it has come."""
-        series = self._attempts.get((provider, provider_model, outcome)) or self._attempt_series(
+    def count_attempt(self, provider: str, provider_model: str, outcome: str) -> None:
+        """An attempt ended with `outcome`."""
+        place = self._attempts.get((provider, provider_model, outcome)) or self._attempt_place(
             provider, provider_model, outcome
         )
-        if first_byte_seconds is None:
-            self.store.values[series.count] += 1.0
-            return
-        histogram = series.first_byte or self._first_byte_of(series, provider)
-        values = self.store.values  # read after both places were taken
-        values[series.count] += 1.0
-        histogram.observe(values, first_byte_seconds)
+        self.store.values[place] += 1.0
 
     def observe_first_byte(self, provider: str, seconds: float) -> None:
         histogram = self._first_byte.get(provider) or self._first_byte_series(provider)
@@ -372,15 +350,10 @@ class Metrics:
                 places[which] = self.store.index(("tinygw_tokens_total", (provider, model, kind), ""))
         return places
 
-    def _attempt_series(self, provider: str, provider_model: str, outcome: str) -> _AttemptSeries:
+    def _attempt_place(self, provider: str, provider_model: str, outcome: str) -> int:
         labels = (provider, provider_model, outcome)
-        count = self.store.index(("tinygw_upstream_attempts_total", labels, ""))
-        series = self._attempts[labels] = _AttemptSeries(count)
-        return series
-
-    def _first_byte_of(self, series: _AttemptSeries, provider: str) -> _Histogram:
-        histogram = series.first_byte = self._first_byte.get(provider) or self._first_byte_series(provider)
-        return histogram
+        place = self._attempts[labels] = self.store.index(("tinygw_upstream_attempts_total", labels, ""))
+        return place
 
     def _first_byte_series(self, provider: str) -> _Histogram:
         histogram = self._first_byte[provider] = self._histogram("tinygw_upstream_first_byte_seconds", (provider,))

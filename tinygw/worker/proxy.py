@@ -185,17 +185,14 @@ async def _make_attempt(
     except BaseException as e:
         left = outcome.CLIENT_LEFT
         ticket.done(left.verdict.outcome)
-        # The client left: its request was cancelled (an answer held whole, `attempt`, may have been
-        # going out: its first byte is still to observe; a larger one's was observed as it came).
-        if isinstance(e, asyncio.CancelledError):
-            first_byte = attempt.first_byte_seconds if attempt is not None else None
-            gateway.metrics.count_attempt(circuit.provider, circuit.label, left.label, first_byte)
+        if isinstance(e, asyncio.CancelledError):  # the client left: its request was cancelled
+            gateway.metrics.count_attempt(circuit.provider, circuit.label, left.label)
         raise
     label = attempt.judged.label
     try:
         ticket.done(attempt.judged.verdict.outcome, label)  # the circuit keeps a failure's label as its last error
         record.attempt_ended(target, label)
-        gateway.metrics.count_attempt(circuit.provider, circuit.label, label, attempt.first_byte_seconds)
+        gateway.metrics.count_attempt(circuit.provider, circuit.label, label)
     except BaseException:  # the answer will not be sent: a rest still being read must not keep its pool slot
         await attempt.discard()
         raise
@@ -223,6 +220,7 @@ async def _attempt(
     except errors.UpstreamError as e:
         return Attempt(outcome.of_error(e))
     elapsed = gateway.clock() - started
+    gateway.metrics.observe_first_byte(target.provider, elapsed)  # its answer's head came
     if inbound.stream and response.status == 200:
         content_type = header(response.headers, b"content-type") or b""
         if content_type.startswith(b"text/event-stream"):
@@ -246,12 +244,9 @@ async def _held(
     """An answer that is not a stream, whose head came after `elapsed`: held whole (up to
     HOLD_BYTES) and judged (tinygw.resilience.outcome), its beginning held and its rest
     kept open when it is larger."""
-    first_byte: float | None = elapsed  # observed with the attempt's count (_make_attempt), or now
     data = response.whole_body(HOLD_BYTES)  # the usual answer: all of it came with its head, taken without a wait
     rest = None  # the answer still to be read, when it is not held whole
     if data is None:  # read as it comes (the attempt may last); one read in part is kept open as the answer's rest
-        gateway.metrics.observe_first_byte(target.provider, elapsed)
-        first_byte = None
         try:
             data, ended = await response.read_upto(HOLD_BYTES)
         except errors.UpstreamError as e:
@@ -267,7 +262,7 @@ async def _held(
         judged = outcome.of_answer(response.status, elapsed, held, chosen)
     if judged.error is not None:  # nothing of it is the client's: the gateway's own 502, should it be the last
         await response.aclose()
-        return Attempt(judged, first_byte_seconds=first_byte)
+        return Attempt(judged)
     if judged.usage is not None:  # a success, which is sent: its tokens count
         record.counted(judged.usage)
     redact = upstream.redactor
@@ -276,7 +271,6 @@ async def _held(
         # a provider's secrets never reach the client (tinygw.trust.redact)
         answer=Answer(judged.status, redact.headers(relay_headers(response.headers)), redact.body(data), rest),
         other_key=response.status == 429 and _rest_key(gateway, upstream, key_index, response),
-        first_byte_seconds=first_byte,
     )
 
 
@@ -294,7 +288,6 @@ async def _relay(
     """A stream's attempt: relayed as it comes (tinygw.worker.relay). Its first byte is
     observed now, since the attempt ends much later. `unwrapped`: Bedrock's frames, read
     as server-sent events (tinygw.worker.frames), and sent on as frames when it keeps them."""
-    gateway.metrics.observe_first_byte(target.provider, first_byte_seconds)
     loop = gateway.loop or asyncio.get_running_loop()
     events: Events = response if unwrapped is None else unwrapped
     if unwrapped is not None and unwrapped.keep_frames:

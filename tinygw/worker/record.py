@@ -217,9 +217,6 @@ class Attempt(Struct, frozen=True):
     committed: bool = False  # the client already has the answer (or its start)
     answer: Answer | None = None  # the provider's, when the client can use it
     other_key: bool = False  # a 429, and another of the provider's keys is free
-    # How long the answer's head took, when it is still to be observed with the attempt's
-    # count (an answer held whole: its attempt ends as soon as it came); None once observed.
-    first_byte_seconds: float | None = None
 
     async def discard(self) -> None:
         """Another attempt follows: this one's answer will not be sent."""
