@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tinygw.protocol.conversation import conversation_key
-from tinygw.protocol.wire import read_head
+from tinygw.protocol.request import read_head
 
 HEADER = [(b"x-tinygw-conversation", b"header-id")]
 

@@ -39,7 +39,7 @@ from fuzz_strategies import (
     weighted,
 )
 from tinygw.fake.upstream import FakeUpstream, Reply, json_reply, well_behaved
-from tinygw.protocol import wire
+from tinygw.protocol import request as request_body
 
 # Hypothesis' profiles ("default": few derandomized examples; "long": make fuzz) are
 # registered in conftest.py, for this file and tests/test_fastpath.py alike.
@@ -219,8 +219,8 @@ def check_forwarded(fake: FakeUpstream, body: bytes, client_headers: list[tuple[
     """What reached the provider: the model rewritten, no client key, nothing hop-by-hop."""
     [request] = fake.requests
     with recursion_limit(20_000):
-        model = wire.read_head(body).model
-        assert wire.read_head(request.body).model == expected_upstream_model(model)
+        model = request_body.read_head(body).model
+        assert request_body.read_head(request.body).model == expected_upstream_model(model)
     assert not any(GATEWAY_KEY in v for v in request.headers.values()), request.headers
     named = {n.decode("latin-1") for n in named_in_connection([(k.lower(), v) for k, v in client_headers])}
     for name in (HOP_BY_HOP | named) - SET_BY_GATEWAY:

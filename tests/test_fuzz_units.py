@@ -1,4 +1,4 @@
-"""Fuzz tests (Hypothesis) of the pure parsers: `wire.read_head`, `wire.rewrite_model`,
+"""Fuzz tests (Hypothesis) of the pure parsers: `request.read_head`, `request.rewrite_model`,
 `wire.forward_headers`, `wire.relay_headers`, `sse.split`, `sse.kind` and the scans a
 stream's relay makes after output. tests/test_fuzz_gateway.py feeds the same inputs to a
 real gateway process.
@@ -42,7 +42,7 @@ from fuzz_strategies import (
     sse_streams,
     stack_depth,
 )
-from tinygw.protocol import sse, wire
+from tinygw.protocol import request, sse, wire
 
 # ---- request bodies: the head, the model rewrite ------------------------------------------
 
@@ -53,8 +53,8 @@ from tinygw.protocol import sse, wire
 @example(b'{"model":"gpt-x","x":' + b"[" * 100_000)
 def test_read_head_raises_nothing_but_bad_body(body):
     try:
-        head = wire.read_head(body)
-    except wire.BadBody:
+        head = request.read_head(body)
+    except request.BadBody:
         return
     assert isinstance(head.model, str) and head.model
     assert len(head.model.encode()) <= 256
@@ -66,14 +66,14 @@ def check_rewrite(body: bytes, requested: str, upstream: str, extra_frames: int 
     the same document but for a top-level model of `upstream`, or BadBody for a document
     that cannot be decoded (a number out of range, nesting too deep)."""
     try:
-        out = at_depth(extra_frames, wire.rewrite_model, body, requested, upstream)
-    except wire.BadBody:
+        out = at_depth(extra_frames, request.rewrite_model, body, requested, upstream)
+    except request.BadBody:
         with pytest.raises((msgspec.MsgspecError, RecursionError)):
             at_depth(extra_frames + 2, msgspec.json.decode, body)
         return
     if requested == upstream:
         assert out == body
-    assert wire.read_head(out).model == upstream  # msgspec's reading, or the standard library's (lone surrogates)
+    assert request.read_head(out).model == upstream  # msgspec's reading, or the standard library's (lone surrogates)
     with recursion_limit(20_000):  # Python's json, the oracle, reads deep documents too
         expected = json.loads(body)
         expected["model"] = upstream
@@ -88,8 +88,8 @@ def check_rewrite(body: bytes, requested: str, upstream: str, extra_frames: int 
 @example(b'{"tools":[{"model":"a"}],"model":"a","n":123456789012345678901234567890}', "x")
 def test_rewrite_model_changes_the_top_level_model_only(body, upstream):
     try:
-        head = wire.read_head(body)
-    except wire.BadBody:
+        head = request.read_head(body)
+    except request.BadBody:
         assume(False)
     check_rewrite(body, head.model, upstream)
 
@@ -101,8 +101,8 @@ LIMIT_DEPTH = sys.getrecursionlimit() - in_fresh_stack(stack_depth)
 
 def read_then_rewrite(body: bytes, extra_frames: int) -> None:
     try:
-        head = wire.read_head(body)
-    except wire.BadBody:
+        head = request.read_head(body)
+    except request.BadBody:
         return
     check_rewrite(body, head.model, "upstream-gpt", extra_frames)
 
@@ -128,8 +128,8 @@ def test_every_depth_near_the_limit_is_bad_body_or_rewritten():
 def test_corpus_bodies_read_and_rewritten(path):
     body = path.read_bytes()
     try:
-        head = wire.read_head(body)
-    except wire.BadBody:
+        head = request.read_head(body)
+    except request.BadBody:
         return
     for extra in range(0, 41, 4):
         check_rewrite(body, head.model, "upstream-gpt", extra)

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from tinygw.protocol.wire import BadBody, forward_headers, read_head, relay_headers, rewrite_model
+from tinygw.protocol.request import BadBody, read_head, rewrite_model
+from tinygw.protocol.wire import forward_headers, relay_headers
 
 
 def test_rewrite_replaces_only_the_model_bytes():

@@ -19,8 +19,9 @@ from tinygw.api.body import ClientLeft, ClientWatch, Refused, read_body
 from tinygw.config.settings import DEFAULT_CLIENT
 from tinygw.errors import SealedBodyRefused, UnsendableRequest
 from tinygw.protocol.conversation import conversation_key
+from tinygw.protocol.request import BadBody, read_head, with_usage_asked
 from tinygw.protocol.routing import Resolution, Route
-from tinygw.protocol.wire import BadBody, read_head, send_error, with_usage_asked
+from tinygw.protocol.wire import send_error
 from tinygw.resilience.limits import Refusal
 from tinygw.worker import proxy
 from tinygw.worker.gateway import Gateway
@@ -143,7 +144,7 @@ async def _ended_by(
         await _answer_error(send, record, e.status, str(e), "invalid_request_error", e.code)
         if isinstance(e, ClientLeft):
             record.client_left()
-    elif isinstance(e, BadBody):  # read_head, or wire.rewrite_model for an attempt
+    elif isinstance(e, BadBody):  # read_head, or request.rewrite_model for an attempt
         await _answer_error(send, record, 400, str(e), "invalid_request_error", "invalid_body")
     elif isinstance(e, UnsendableRequest):  # the client's head cannot be forwarded: found before any byte went out
         await _answer_error(send, record, 400, str(e), "invalid_request_error", "invalid_request")

@@ -8,7 +8,7 @@ publishers/anthropic/models/{model}:rawPredict` (or `:streamRawPredict`) on Vert
 `/v1/messages` body loses its `model` (it is in the path), for Bedrock its `stream` too
 (the path says it), and gains the cloud's `anthropic_version`; the rest of it is left
 byte for byte as it came: the prompt is never decoded, unless the edit would be
-ambiguous (then the document is re-encoded with the same meaning, as wire.rewrite_model
+ambiguous (then the document is re-encoded with the same meaning, as request.rewrite_model
 does).
 """
 
@@ -21,7 +21,7 @@ import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
 from tinygw.config.settings import CLOUDS, ProviderDoc, default_base_url  # noqa: F401 -- passed on
-from tinygw.protocol.wire import document_of, encode_document
+from tinygw.protocol.request import document_of, encode_document
 
 BEDROCK = "bedrock"
 VERTEX = "vertex"

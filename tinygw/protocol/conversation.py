@@ -9,7 +9,7 @@ OpenAI's leading `system`/`developer` messages, Responses' `instructions`) and t
 user message. It is always combined with the client's name, so that two clients never
 share one, and it never leaves the gateway (the header is not forwarded: tinygw.headers).
 
-The fields are the spans that tinygw.protocol.wire.read_head found in the body's one
+The fields are the spans that tinygw.protocol.request.read_head found in the body's one
 parse; only the messages up to the first user message are looked into (their role and
 content). A content block is taken without its `cache_control`, which an agent moves
 from turn to turn.
@@ -23,7 +23,7 @@ import msgspec
 from msgspec import Raw, Struct
 
 from tinygw.headers import CONVERSATION
-from tinygw.protocol.wire import RequestHead
+from tinygw.protocol.request import RequestHead
 
 _ABSENT = Raw()  # a field the JSON does not have
 

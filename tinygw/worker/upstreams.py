@@ -17,7 +17,8 @@ from msgspec import Struct
 from tinygw.config.settings import Provider, Settings, Target, plain
 from tinygw.headers import ACCOUNT
 from tinygw.protocol.clouds import cloud_request
-from tinygw.protocol.wire import NOT_FORWARDED, forward_headers, rewrite_model
+from tinygw.protocol.request import rewrite_model
+from tinygw.protocol.wire import NOT_FORWARDED, forward_headers
 from tinygw.resilience.breaker import Clock
 from tinygw.resilience.keys import KeyRing
 from tinygw.secret import Secret
