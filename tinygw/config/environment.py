@@ -21,6 +21,7 @@ import msgspec
 
 from tinygw.config import clients as clients_of
 from tinygw.config import clouds, cpus, sealing, strict, tlsmode
+from tinygw.config import models as models_of
 from tinygw.config.files import read_file
 from tinygw.config.settings import (
     CLOUDS,
@@ -30,7 +31,6 @@ from tinygw.config.settings import (
     DEFAULT_RTMR_PATH,
     DEFAULT_TSM_REPORT_DIR,
     METRICS_DIR_VARIABLE,
-    MODEL_TIMEOUTS,
     SERVED_CERT_VARIABLE,
     SERVED_NOT_AFTER_VARIABLE,
     SERVED_SPKI_VARIABLE,
@@ -38,12 +38,10 @@ from tinygw.config.settings import (
     ClientDoc,
     ConfigDoc,
     EnvRef,
-    Model,
     ModelDoc,
     Provider,
     ProviderDoc,
     Settings,
-    Target,
     plain,
 )
 from tinygw.config.urls import is_loopback, not_plaintext, parse_base_url
@@ -230,52 +228,6 @@ def _values(env: Mapping[str, str], path: str, values: dict[str, str | EnvRef]) 
     return resolved
 
 
-def _model(where: str, name: str, doc: ModelDoc, providers: Mapping[str, Provider]) -> Model:
-    path = f"{where} $.models.{name}"
-    if not name:
-        raise ConfigError(path, "a model name must be non-empty")
-    if "*" in name[:-1]:
-        raise ConfigError(path, "a pattern's '*' must be its last character, and its only one")
-    targets = [_target(f"{path}.targets[{i}]", entry, providers) for i, entry in enumerate(doc.targets)]
-    timeouts = tuple(getattr(doc, field) for field in MODEL_TIMEOUTS)
-    return Model(name=name, targets=tuple(targets), strategy=doc.strategy, timeouts=timeouts, affinity=doc.affinity)
-
-
-def _target(path: str, entry: str, providers: Mapping[str, Provider]) -> Target:
-    provider, sep, upstream = entry.partition(":")
-    if not sep or not provider or not upstream:
-        raise ConfigError(path, f"must be provider:upstream_model, got {entry!r}")
-    if provider not in providers:
-        raise ConfigError(path, f"unknown provider {provider!r}")
-    if "*" in upstream and upstream != "*":
-        raise ConfigError(path, f"the upstream model is a name or '*', got {upstream!r}")
-    return Target(provider, upstream)
-
-
-def _with_context_fallback(
-    where: str, model: Model, doc: ModelDoc, models: Mapping[str, Model], providers: Mapping[str, Provider]
-) -> Model:
-    """`model` with the targets its `context_fallback` names: an alias's targets in its
-    place (a configured name, not a pattern), else a provider:upstream_model target (not `*`:
-    it has no name of its own to send)."""
-    targets: list[Target] = []
-    for i, entry in enumerate(doc.context_fallback):
-        path = f"{where} $.models.{model.name}.context_fallback[{i}]"
-        alias = models.get(entry)
-        if alias is not None and not entry.endswith("*"):
-            targets += [t for t in alias.targets if t.upstream_model != "*"]
-            continue
-        if ":" not in entry:
-            raise ConfigError(path, f"{entry!r} is neither a configured model nor provider:upstream_model")
-        target = _target(path, entry, providers)
-        if target.upstream_model == "*":
-            raise ConfigError(path, "a context fallback names its upstream model, not '*'")
-        targets.append(target)
-    if not targets:
-        return model
-    return msgspec.structs.replace(model, context_fallback=tuple(dict.fromkeys(targets)))
-
-
 def from_environ(env: Mapping[str, str] | None = None) -> Settings:
     """Build the effective Settings from an environment, or raise ConfigError."""
     env = os.environ if env is None else env
@@ -296,8 +248,11 @@ def from_environ(env: Mapping[str, str] | None = None) -> Settings:
     strict.refuse_unknown_variables(env, key_variables)
     providers = {name: _provider(env, where, name, d) for name, d in provider_docs.items()}
     model_docs = {name: _decode(where, m, _MODEL_DECODER, f"$.models.{name}") for name, m in doc.models.items()}
-    models = {name: _model(where, name, m, providers) for name, m in model_docs.items()}
-    models = {name: _with_context_fallback(where, m, model_docs[name], models, providers) for name, m in models.items()}
+    models = {name: models_of.model(where, name, m, providers) for name, m in model_docs.items()}
+    models = {
+        name: models_of.with_context_fallback(where, m, model_docs[name], models, providers)
+        for name, m in models.items()
+    }
     api_keys, api_keys_env = clients_of.inbound_keys(env)
     taken = clients_of.taken_variables(provider_docs)
     clients = clients_of.clients(env, where, client_docs, api_keys, api_keys_env, taken)
