@@ -14,8 +14,8 @@ import pytest
 
 from conftest import ROOT, Gateway, free_port, run_tinygw
 from tinygw.config import cpus, environment
+from tinygw.config.documents import ModelDoc, ProviderDoc
 from tinygw.config.environment import from_environ
-from tinygw.config.settings import ModelDoc, ProviderDoc
 from tinygw.errors import ConfigError
 from tinygw.secret import Secret
 

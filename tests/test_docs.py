@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT
 from tinygw.api import app
 from tinygw.config import environment
-from tinygw.config.settings import ClientDoc, ConfigDoc, ModelDoc, ProviderDoc, RoutingDoc
+from tinygw.config.documents import ClientDoc, ConfigDoc, ModelDoc, ProviderDoc, RoutingDoc
 
 CONFIGURATION = (ROOT / "docs" / "configuration.md").read_text()
 API = (ROOT / "docs" / "api.md").read_text()

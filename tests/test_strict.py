@@ -10,8 +10,8 @@ import pytest
 
 from conftest import call, check_in_process, free_port, run_command, run_tinygw
 from tinygw.config.clients import clients, taken_variables
+from tinygw.config.documents import ClientDoc, ProviderDoc
 from tinygw.config.environment import from_environ
-from tinygw.config.settings import ClientDoc, ProviderDoc
 from tinygw.errors import ConfigError
 
 PROVIDER = {"base_url": "https://api.example.com/v1", "api": "openai", "api_key_env": "A_KEY"}

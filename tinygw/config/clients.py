@@ -8,8 +8,9 @@ import re
 from collections.abc import Mapping
 
 from tinygw.config import strict
+from tinygw.config.documents import ClientDoc, ProviderDoc
 from tinygw.config.files import read_file
-from tinygw.config.settings import DEFAULT_CLIENT, Client, ClientDoc, ProviderDoc
+from tinygw.config.settings import DEFAULT_CLIENT, Client
 from tinygw.config.variables import ASCII_SPACE, gateway_key, secret, variable_name
 from tinygw.errors import ConfigError
 from tinygw.secret import Secret

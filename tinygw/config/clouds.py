@@ -9,7 +9,8 @@ from collections.abc import Mapping
 
 import msgspec
 
-from tinygw.config.settings import CLOUDS, AwsCredentials, ProviderDoc, ServiceAccount, default_base_url
+from tinygw.config.documents import ProviderDoc
+from tinygw.config.settings import CLOUDS, AwsCredentials, ServiceAccount, default_base_url
 from tinygw.config.urls import not_plaintext, parse_base_url
 from tinygw.config.variables import read, secret, variable_name
 from tinygw.errors import ConfigError

@@ -22,6 +22,7 @@ import msgspec
 from tinygw.config import clients as clients_of
 from tinygw.config import clouds, cpus, sealing, strict, tlsmode
 from tinygw.config import models as models_of
+from tinygw.config.documents import ClientDoc, ConfigDoc, EnvRef, ModelDoc, ProviderDoc
 from tinygw.config.files import read_file
 from tinygw.config.settings import (
     CLOUDS,
@@ -35,12 +36,7 @@ from tinygw.config.settings import (
     SERVED_NOT_AFTER_VARIABLE,
     SERVED_SPKI_VARIABLE,
     Breaker,
-    ClientDoc,
-    ConfigDoc,
-    EnvRef,
-    ModelDoc,
     Provider,
-    ProviderDoc,
     Settings,
     plain,
 )

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 
 import msgspec
 
-from tinygw.config.settings import MODEL_TIMEOUTS, Model, ModelDoc, Provider, Target
+from tinygw.config.documents import ModelDoc
+from tinygw.config.settings import MODEL_TIMEOUTS, Model, Provider, Target
 from tinygw.errors import ConfigError
 
 

@@ -20,7 +20,8 @@ from urllib.parse import quote
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
-from tinygw.config.settings import CLOUDS, ProviderDoc, default_base_url  # noqa: F401 -- passed on
+from tinygw.config.documents import ProviderDoc
+from tinygw.config.settings import CLOUDS, default_base_url  # noqa: F401 -- passed on
 from tinygw.protocol.request import document_of, encode_document
 
 BEDROCK = "bedrock"
