@@ -12,6 +12,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -134,6 +135,30 @@ def run_tinygw(
         text=True,
         timeout=seconds,
     )
+
+
+class LoopbackServer:
+    """A listening socket on loopback whose every connection is handed to `connected`
+    in a thread of its own (a test's relay or balancer); `close()` stops it."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.connected, args=(client,), daemon=True).start()
+
+    def connected(self, client: socket.socket) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.listener.close()
 
 
 def check_in_process(environ: dict[str, str]) -> subprocess.CompletedProcess:

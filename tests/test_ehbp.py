@@ -24,7 +24,7 @@ from ehbp import EHBPTransport, KeyConfigMismatchError, ServerIdentity
 from pyhpke import AEADId, CipherSuite, KDFId, KEMId
 from test_attest import SIMULATED_SIGNATURE, two_workers_on_fake_tdx, verify
 
-from conftest import call, provider, wait_until
+from conftest import LoopbackServer, call, provider, wait_until
 
 KEYS = ("sk-client-one", "sk-client-two")
 PROMPT = "the secret prompt 7f3a9c"
@@ -149,26 +149,19 @@ def test_the_gateways_own_errors_are_sealed_too(sealed, verified):
     assert "no-such-model" in caught.value.response.text
 
 
-class RecordingRelay:
+class RecordingRelay(LoopbackServer):
     """A plain TCP relay on loopback (a load balancer that ends TLS before the gateway) that
     keeps every byte it carries, both ways."""
 
     def __init__(self, port: int) -> None:
         self.port_to = port
         self.seen = bytearray()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.port_to))
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+    def connected(self, client: socket.socket) -> None:
+        upstream = socket.create_connection(("127.0.0.1", self.port_to))
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
     def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
         try:
@@ -183,9 +176,6 @@ class RecordingRelay:
                     s.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
-
-    def close(self) -> None:
-        self.listener.close()
 
 
 def test_the_bytes_between_client_and_gateway_never_hold_the_prompt(sealed, verified):

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from ehbp import EHBPTransport, KeyConfigMismatchError, ServerIdentity
 
-from conftest import call, provider, run_tinygw, wait_until
+from conftest import LoopbackServer, call, provider, run_tinygw, wait_until
 from tinygw import lifecycle
 from tinygw.config import sealing
 from tinygw.errors import ConfigError
@@ -124,7 +124,7 @@ def test_the_seed_is_not_configuration_and_is_never_shown(tmp_path):
 # ---- black-box: two replicas behind a balancer -------------------------------------------
 
 
-class RoundRobin:
+class RoundRobin(LoopbackServer):
     """An HTTP/1.1 balancer on loopback that sends each request (not each connection) to
     the next backend, on a new connection, and relays the answer as it comes; it keeps the
     client's connection open between requests, as a cloud load balancer does."""
@@ -132,17 +132,7 @@ class RoundRobin:
     def __init__(self, ports: list[int]) -> None:
         self.ports, self.sent = ports, [0] * len(ports)
         self._lock = threading.Lock()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+        super().__init__()
 
     def _next(self) -> int:
         with self._lock:
@@ -150,7 +140,7 @@ class RoundRobin:
             self.sent[index] += 1
             return index
 
-    def _serve(self, client: socket.socket) -> None:
+    def connected(self, client: socket.socket) -> None:
         front = h11.Connection(h11.SERVER)
         try:
             while isinstance(request := _pull(front, client), h11.Request):
@@ -170,9 +160,6 @@ class RoundRobin:
             pass
         finally:
             client.close()
-
-    def close(self) -> None:
-        self.listener.close()
 
 
 def _relayed(head) -> dict:
