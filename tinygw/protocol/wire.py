@@ -450,6 +450,17 @@ def anthropic_errors(send):
 # ---- sending an answer --------------------------------------------------------------
 
 
+def with_headers(send, headers: list[tuple[bytes, bytes]]):
+    """`send`, with `headers` added to the answer's head (a 405's `allow`)."""
+
+    async def send_with_headers(message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message["headers"], *headers]}
+        await send(message)
+
+    return send_with_headers
+
+
 async def send_json(send, value, status: int = 200) -> None:
     """An answer of JSON in two ASGI messages."""
     await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS})
