@@ -9,7 +9,8 @@ import asyncio
 import re
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from urllib.parse import quote, unquote_to_bytes
 
 from msgspec import Struct
@@ -37,12 +38,16 @@ class Upstream(Struct, frozen=True):
     query_names: frozenset[bytes] = frozenset()
     # Worked out once, for each request: the static headers and a key's, one list per key
     # of its key pool; the names of the client's headers never forwarded (the gateway's
-    # own, and the provider's `api_key_header`); a route's request target on this provider
-    # for a client request without query: its path and the provider's query (made at the
-    # route's first request: as many as the route table has).
+    # own, and the provider's `api_key_header`); what comes before and after a route's path
+    # in its request target when the client sent no query: the base_url's path, and the
+    # provider's query with its "?" (b"" when none).
     fixed_headers: tuple[list[tuple[bytes, bytes]], ...] = ()
     not_forwarded: frozenset[bytes] = NOT_FORWARDED
-    paths: dict[str, bytes] = {}
+    base_path: bytes = b""
+    query_suffix: bytes = b""
+    # Empty and never written: tinygw.worker.proxy reads it before calling `path`, until it
+    # calls `path` alone.
+    paths: Mapping[str, bytes] = MappingProxyType({})
     rotates_keys: bool = False  # more than one key: `keys.pick` moves the rotation on
     lets_clients_choose_account: bool = False  # the provider's `client_account_headers`
     # A vertex provider's token endpoint (tinygw.worker.credentials): its own pool.
@@ -55,12 +60,10 @@ class Upstream(Struct, frozen=True):
 
     def path(self, upstream_path: str, client_query: bytes = b"") -> bytes:
         """The request target for a route's `upstream_path` (its base_url's path first) with
-        the provider's query and the client's (`target`); kept in `paths` when the client
-        sent no query."""
-        path = self.target((self.provider.origin.path + upstream_path).encode(), client_query)
-        if not client_query:
-            self.paths[upstream_path] = path
-        return path
+        the provider's query and the client's (`target`)."""
+        if not client_query:  # the usual request
+            return self.base_path + upstream_path.encode() + self.query_suffix
+        return self.target(self.base_path + upstream_path.encode(), client_query)
 
     def target(self, path: bytes, client_query: bytes = b"") -> bytes:
         """`path` with the provider's query and the client's: the provider's parameters
@@ -171,16 +174,18 @@ def make_upstream(
     if p.doc.api_key_header is not None:
         operators.add(p.doc.api_key_header.lower().encode())
     account = set() if p.doc.client_account_headers else {name.encode() for name in ACCOUNT}
+    query = encode_query({k: plain(v) for k, v in p.query.items()})
     return Upstream(
         provider=p,
         pool=pool,
         keys=KeyRing(len(p.keys), on_rest, p.doc.affinity),
         redactor=Redactor(_secrets(p), on_redacted),
-        query=encode_query({k: plain(v) for k, v in p.query.items()}),
+        query=query,
         query_names=frozenset(k.lower().encode() for k in p.query),
         fixed_headers=tuple(static_headers + auth for auth in auth_headers),
         not_forwarded=NOT_FORWARDED | operators | account,
-        paths={},
+        base_path=p.origin.path.encode(),
+        query_suffix=b"?" + query if query else b"",
         rotates_keys=len(p.keys) > 1,
         lets_clients_choose_account=p.doc.client_account_headers,
         token_pool=token_pool,
