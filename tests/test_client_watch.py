@@ -177,3 +177,20 @@ def test_the_task_a_request_s_watch_cancels_is_the_request_s_own():
             loop.run_until_complete(loop.create_task(in_a_task()))
         finally:
             loop.close()
+
+
+def test_the_watch_moves_by_its_table_only(watched):
+    """Its phases follow one table: a quick body, the first look, the client leaving; any
+    move the table has no row for (the body read twice) is a bug, and raises."""
+    from tinygw.api.body import Phase
+    from tinygw.resilience.breaker import IllegalTransition
+
+    clock, task, watch = watched
+    assert watch.phase is Phase.BODY
+    watch.body_read(_receive)
+    assert watch.phase is Phase.BODY_READ
+    with pytest.raises(IllegalTransition):
+        watch.body_read(_receive)
+    clock.advance(EVERY)
+    assert watch.phase is Phase.ANSWER and task.cancelled == 0
+    assert watch.timed_out() is None and watch.phase is Phase.ANSWER  # a question, not a move
