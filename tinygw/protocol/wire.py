@@ -281,7 +281,7 @@ def forward_headers(
     drop = not_forwarded
     if b"connection" in names:  # the headers it names are hop-by-hop too
         drop = _and_named_by_connection(client_headers, names, not_forwarded)
-    # Each header kept unless its name is in `drop`, in C (no Python step per header).
+    # Each header kept unless its name is in `drop`.
     return list(compress(client_headers, map(not_, map(drop.__contains__, names))))
 
 
