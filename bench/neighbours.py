@@ -76,11 +76,20 @@ from lib import (  # noqa: E402
     tree_usage,
     url,
 )
+from neighbour_clients import (  # noqa: E402
+    EXCHANGE_ERRORS,
+    REQUEST_TIMEOUT_SECONDS,
+    Client,
+    exchange,
+    paced,
+    request_bytes,
+    run_loop,
+)
+from report import metric_sum  # noqa: E402
 
 CLIENTS = 16
 STREAM_EVERY = 4  # one well-behaved request in four is streamed
 CLIENT_TIMEOUT_SECONDS = 2  # TINYGW_CLIENT_TIMEOUT_SECONDS here (the default is 30): the `streams` phase's cut
-REQUEST_TIMEOUT_SECONDS = 10  # a request of either client not answered by then is a failure
 WARMUP_SECONDS = 1.0
 SLICE_SECONDS = 1.0  # the hostile client attacks for a slice, then rests for one, in turn
 GUARD_SECONDS = 0.25  # after an attack's slice, before its rest counts as "without"
@@ -115,90 +124,11 @@ def body(model: str = "bench", stream: bool = False, content: str = "hi") -> byt
     return json.dumps(fields, separators=(",", ":")).encode()
 
 
-def request_bytes(payload: bytes, key: str, target: bytes = PATH.encode(), extra: bytes = b"") -> bytes:
-    return (
-        b"POST %s HTTP/1.1\r\nhost: %s\r\nauthorization: Bearer %s\r\ncontent-type: application/json\r\n"
-        b"content-length: %d\r\n%s\r\n%s" % (target, HOST.encode(), key.encode(), len(payload), extra, payload)
-    )
-
-
-# ---- the clients' side: one keep-alive HTTP/1.1 exchange on asyncio streams -----------------
-
-
-async def exchange(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes
-) -> tuple[int, bytes, bool]:
-    """Send `request`, read its whole answer (content-length or chunked): (status, body, closes)."""
-    writer.write(request)
-    head = (await reader.readuntil(b"\r\n\r\n")).lower()
-    status = int(head[9:12])
-    i = head.find(b"\r\ncontent-length:")
-    if i >= 0:
-        j = head.find(b"\r\n", i + 2)
-        answer = await reader.readexactly(int(head[i + 17 : j]))
-    elif b"\r\ntransfer-encoding: chunked" in head:
-        parts = []
-        while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
-            parts.append((await reader.readexactly(size + 2))[:-2])
-        await reader.readuntil(b"\r\n")  # the last chunk's CRLF (no trailers here)
-        answer = b"".join(parts)
-    else:
-        answer = await reader.read()
-    return status, answer, b"\r\nconnection: close" in head
-
-
-EXCHANGE_ERRORS = (OSError, EOFError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError)
-
-
-class Client:
-    """One client's keep-alive connection, opened again after an error or a `connection: close`."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
-
-    async def send(self, request: bytes) -> tuple[int, bytes]:
-        """(status, body); status 0 when the exchange failed or took over REQUEST_TIMEOUT_SECONDS."""
-        try:
-            async with asyncio.timeout(REQUEST_TIMEOUT_SECONDS):
-                if self.streams is None:
-                    self.streams = await asyncio.open_connection(HOST, self.port)
-                    self.streams[1].get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                status, answer, closes = await exchange(*self.streams, request)
-        except EXCHANGE_ERRORS as e:
-            self.close()
-            return 0, repr(e).encode()
-        if closes:
-            self.close()
-        return status, answer
-
-    def close(self) -> None:
-        if self.streams is not None:
-            self.streams[1].close()
-            self.streams = None
-
-
 def whole(streamed: bool, answer: bytes) -> bool:
     """A well-behaved answer as the upstream sent it: its chat.completion, or its 20 words and [DONE]."""
     if streamed:
         return answer.endswith(b"data: [DONE]\n\n") and b'"content":" word19"' in answer
     return b'"object":"chat.completion"' in answer and b"Hello from bench." in answer
-
-
-async def paced(interval: float, offset: float, stop: asyncio.Event, step) -> None:
-    """Call `step(n)` (a coroutine) every `interval` seconds from `offset`, never two at once, until
-    `stop`; a step that overruns its slot is followed at once, without bursting to catch up."""
-    loop = asyncio.get_running_loop()
-    next_at, n = loop.time() + offset, 0
-    while not stop.is_set():
-        delay = next_at - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-            if stop.is_set():
-                return
-        next_at = max(next_at + interval, loop.time())
-        await step(n)
-        n += 1
 
 
 async def well_behaved(port: int, rate: float, out: str) -> None:
@@ -362,15 +292,6 @@ async def hostile(attack: str, port: int, seconds: float, rate: float) -> dict:
     return {"on": on, "off": off, "statuses": statuses}
 
 
-def run_loop(coroutine):
-    """On uvloop where it is installed (tinygw's venv has it): the clients' own cost, as low as can be."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coroutine)
-    return uvloop.run(coroutine)
-
-
 # ---- the run ---------------------------------------------------------------------------------
 
 
@@ -383,16 +304,11 @@ def gateway_counts(port: int) -> dict[str, float]:
     """From /metrics, summed over workers: circuits opened ever, open now, and requests answered 499."""
     with urllib.request.urlopen(url(port, "/metrics"), timeout=10) as r:
         text = r.read().decode()
-    counts = {"opened": 0.0, "open": 0.0, "cut": 0.0}
-    for line in text.splitlines():
-        name = line.split("{", 1)[0]
-        if name == "tinygw_circuit_transitions_total" and 'state="open"' in line:
-            counts["opened"] += float(line.rsplit(" ", 1)[1])
-        elif name == "tinygw_circuit_open":
-            counts["open"] += float(line.rsplit(" ", 1)[1])
-        elif name == "tinygw_requests_total" and 'status="499"' in line:
-            counts["cut"] += float(line.rsplit(" ", 1)[1])
-    return counts
+    return {
+        "opened": metric_sum(text, "tinygw_circuit_transitions_total", state="open"),
+        "open": metric_sum(text, "tinygw_circuit_open"),
+        "cut": metric_sum(text, "tinygw_requests_total", status="499"),
+    }
 
 
 def self_argv(*args: str) -> list[str]:

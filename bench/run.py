@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -27,7 +26,6 @@ from lib import (  # noqa: E402
     BODY,
     HOST,
     PATH,
-    ROOT,
     STREAM_BODY,
     WRK_LUA,
     Proc,
@@ -47,6 +45,7 @@ from lib import (  # noqa: E402
     tree_usage,
 )
 from peers import DEFAULT_PEERS, PEERS  # noqa: E402
+from report import command_line, on_sigterm  # noqa: E402
 
 PEER_NAMES = tuple(PEERS)  # --peers: the other gateways, beside tinygw and nginx
 GATEWAYS = ("tinygw", "tinygw-tls", *PEER_NAMES, "nginx")
@@ -160,10 +159,6 @@ def print_table(summary: list[dict], names: list[str], stream: bool = False) -> 
 
 
 # ---- main ---------------------------------------------------------------------------
-
-
-def _on_sigterm(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -466,14 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     global STREAM_EVENTS
     args = parse_args(argv)
     STREAM_EVENTS = args.stream_words + 2
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    command = shlex.join(
-        [
-            os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(str(ROOT)) else sys.executable,
-            os.path.relpath(__file__, ROOT),
-            *sys.argv[1:],
-        ]
-    )
+    signal.signal(signal.SIGTERM, on_sigterm)
+    command = command_line(__file__)
     print(f"command: {command}")
     print(f"machine: {machine()}")
     print(

@@ -40,6 +40,7 @@ import h11
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: its library, however soak.py is started
 from lib import HOST, PATH, ROOT, Proc, descendants, machine, wait_ready  # noqa: E402 - processes in their own groups
+from report import metric_sum  # noqa: E402
 
 NONCE = re.compile(rb"n[0-9a-f]{16}")
 WARMUP_SECONDS = 8  # traffic before the "start" measurement (no upstream kills yet)
@@ -196,15 +197,6 @@ def worker_usage(pid: int) -> dict:
         raise RuntimeError(f"the gateway's worker (pid {pid}) is gone") from None
     rss_kib = int(re.search(r"^VmRSS:\s+(\d+)", status, re.M).group(1))
     return {"rss_mib": rss_kib / 1024, "fds": fds}
-
-
-def metric_sum(text: str, name: str, **labels: str) -> float:
-    """The sum of the samples of `name` whose labels include `labels` (Prometheus text)."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 # ---- the clients --------------------------------------------------------------------

@@ -16,26 +16,17 @@ numbers and marks its goals met or not.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import math
-import os
 import resource
-import shlex
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: its library, however streams.py is started
 from lib import (  # noqa: E402
-    HERE,
     HOST,
     PATH,
-    ROOT,
-    STREAM_BODY,
     Proc,
     ensure_nginx,
     fmt,
@@ -45,35 +36,20 @@ from lib import (  # noqa: E402
     start_gateway,
     start_nginx,
     tinygw_version,
-    tree_usage,
 )
 from peers import PEERS  # noqa: E402
+from report import added, command_line, goal, kib, ms, on_sigterm, stderr_notes  # noqa: E402
+from stream_runs import QUICK_EVENTS, Target, check, measure, start_paced_upstream, summarize  # noqa: E402
+
+# bench/interfaces.py takes Target, added, measure, parse_args, start_paced_upstream and summarize from here.
+__all__ = ["Target", "added", "measure", "parse_args", "start_paced_upstream", "summarize"]
 
 STREAM_PEERS = ("tensorzero", "portkey", "litellm")
 PEER_MAX_LEVEL = {"portkey": 1000, "litellm": 1000}  # the slowest peers: not past C=1,000
-GENERATOR = HERE / "stream_clients.py"
-QUICK_EVENTS = 3  # the check before measuring: a stream of this many events (max_tokens)
 NGINX_WORKER_CONNECTIONS = 16384  # a relayed stream takes two; Debian's default (768) would refuse past 384
 
 
 # ---- the processes -----------------------------------------------------------------------
-
-
-def start_paced_upstream(args, fast: bool = False) -> tuple[Proc, int]:
-    argv = [sys.executable, str(HERE / "paced_upstream.py"), "--events", str(args.events)]
-    argv += ["--interval-ms", f"{args.interval_ms:g}"] + (["--fast"] if fast else [])
-    proc = Proc("fast-upstream" if fast else "paced-upstream", argv, stdout=subprocess.PIPE)
-    with proc.stopped_on_error():
-        return proc, int(proc.read_stdout_line("", 15))
-
-
-class Target:
-    """One thing the generator streams from: its port, process (None: the upstream itself), path, body, headers."""
-
-    def __init__(
-        self, name: str, port: int, proc: Proc | None, path: str = PATH, body: str = STREAM_BODY, headers=None
-    ):
-        self.name, self.port, self.proc, self.path, self.body, self.headers = name, port, proc, path, body, headers
 
 
 def start_targets(args, level: int, up_port: int, nginx: str | None, peers: dict, procs: list[Proc]) -> list[Target]:
@@ -103,223 +79,6 @@ def start_targets(args, level: int, up_port: int, nginx: str | None, peers: dict
         log(f"bench: {name} ready in {start_s:.1f} s")
         targets.append(Target(name, port, proc, peer.path, peer.body(True), peer.headers(up_port)))
     return targets
-
-
-def generate(
-    args,
-    t: Target,
-    streams: int,
-    *,
-    events: int,
-    ramp: float,
-    seconds: float,
-    deadline: float,
-    slow: bool = False,
-    generators: int = 1,
-) -> dict:
-    """Start the load generator (`generators` processes sharing the streams), each bounded by the deadline."""
-    t_start = time.monotonic() + 1.0  # the processes' start-up first
-    base = {
-        "host": HOST,
-        "port": t.port,
-        "path": t.path,
-        "body": t.body,
-        "headers": t.headers or {},
-        "ramp_s": ramp,
-        "seconds": seconds,
-        "stream_s": events * args.interval_ms / 1000,
-        "events": events,
-        "deadline_s": deadline,
-        "slow": slow,
-        "slow_bytes": args.slow_bytes,
-        "t_start": t_start,
-    }
-    n = max(1, min(generators, streams))
-    children = []
-    for j in range(n):
-        out = tempfile.NamedTemporaryFile(prefix="bench-streams-", suffix=".json", delete=False)  # noqa: SIM115
-        err = tempfile.TemporaryFile(prefix="bench-streams-")  # noqa: SIM115
-        p = {**base, "streams": streams // n + (1 if j < streams % n else 0), "phase_s": ramp * j / streams}
-        p["out"] = out.name
-        out.close()
-        child = subprocess.Popen(
-            [sys.executable, str(GENERATOR), json.dumps(p)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            start_new_session=True,
-        )
-        children.append((child, p["out"], err))
-    return {"children": children, "t_start": t_start, "deadline": deadline}
-
-
-def collect(job: dict) -> dict:
-    merged = {
-        "streams": 0,
-        "intact": 0,
-        "events": 0,
-        "failures": {},
-        "examples": [],
-        "first_us": [],
-        "delay_hist": {},
-        "slow_read": [],
-        "cpu_s": 0.0,
-        "elapsed_s": 0.0,
-        "nofile": None,
-    }
-    for child, out, err in job["children"]:
-        try:
-            child.wait(timeout=max(1.0, job["t_start"] + job["deadline"] + 30 - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait(timeout=5)
-        try:
-            r = json.loads(Path(out).read_text())
-        except (OSError, ValueError):
-            err.seek(0)
-            raise RuntimeError(
-                f"the load generator failed (exit {child.returncode}): {err.read().decode('utf-8', 'replace')[-3000:]}"
-            ) from None
-        finally:
-            err.close()
-            with contextlib.suppress(OSError):
-                os.unlink(out)
-        for k in ("streams", "intact", "events", "cpu_s"):
-            merged[k] += r[k]
-        for k, v in r["failures"].items():
-            merged["failures"][k] = merged["failures"].get(k, 0) + v
-        for k, v in r["delay_hist"].items():
-            merged["delay_hist"][int(k)] = merged["delay_hist"].get(int(k), 0) + v
-        merged["examples"] += r["examples"]
-        merged["first_us"] += r["first_us"]
-        merged["slow_read"] += r["slow_read"]
-        merged["elapsed_s"] = max(merged["elapsed_s"], r["elapsed_s"])
-        merged["nofile"] = r["nofile"]
-    merged["generators"] = len(job["children"])
-    return merged
-
-
-def measure(args, t: Target, streams: int, upstream: Proc, slow: bool = False) -> dict:
-    """One run against t: the generator's results, t's tree CPU delta and RSS (sampled every 0.25 s) beside idle."""
-    stream_s = args.events * args.interval_ms / 1000
-    if slow:
-        kw = {"events": 0, "ramp": 0.0, "seconds": args.slow_seconds, "deadline": args.slow_seconds, "slow": True}
-    else:
-        kw = {
-            "events": args.events,
-            "ramp": args.ramp,
-            "seconds": args.seconds,
-            "deadline": args.ramp + max(args.seconds, stream_s) + args.grace,
-            "generators": args.generators,
-        }
-    watch = t.proc.pid if t.proc is not None else upstream.pid
-    idle = tree_usage(watch)
-    up0 = tree_usage(upstream.pid)
-    job = generate(args, t, streams, **kw)
-    peak = idle["rss_bytes"]
-    samples = []
-    while any(c.poll() is None for c, _, _ in job["children"]):
-        u = tree_usage(watch)
-        peak = max(peak, u["rss_bytes"])
-        samples.append((time.monotonic() - job["t_start"], u["rss_bytes"]))
-        time.sleep(0.25)
-    end = tree_usage(watch)
-    up1 = tree_usage(upstream.pid)
-    r = collect(job)
-    r.update(
-        target=t.name,
-        expected_events=kw["events"],
-        concurrency=streams,
-        idle_rss_bytes=idle["rss_bytes"],
-        peak_rss_bytes=peak,
-        rss_samples=samples,
-        cpu_s=end["cpu_s"] - idle["cpu_s"],
-        generator_cpu_s=r["cpu_s"],
-        upstream_cpu_s=up1["cpu_s"] - up0["cpu_s"],
-        pids=end["pids"],
-    )
-    if t.proc is not None and t.proc.popen.poll() is not None:
-        raise RuntimeError(f"{t.name} exited with {t.proc.popen.returncode} during its run:\n{t.proc.stderr_text()}")
-    return r
-
-
-def check(args, t: Target) -> str | None:
-    """A stream of QUICK_EVENTS events through t before measuring: None, or what went wrong."""
-    quick = Target(
-        t.name,
-        t.port,
-        t.proc,
-        t.path,
-        t.body.replace('"stream":true', f'"stream":true,"max_tokens":{QUICK_EVENTS}'),
-        t.headers,
-    )
-    job = generate(args, quick, 1, events=QUICK_EVENTS, ramp=0.0, seconds=0.0, deadline=15.0)
-    r = collect(job)
-    if r["intact"] == 1:
-        return None
-    return f"{r['failures']} {r['examples']}"
-
-
-# ---- numbers -----------------------------------------------------------------------------
-
-
-def percentile(sorted_values: list[float], q: float) -> float | None:
-    if not sorted_values:
-        return None
-    return sorted_values[min(len(sorted_values) - 1, max(0, math.ceil(q / 100 * len(sorted_values)) - 1))]
-
-
-def hist_percentile(hist: dict[int, int], q: float, never: int = 0) -> float | None:
-    """The q-th percentile of the histogram's values and `never` more, infinitely large ones."""
-    total = sum(hist.values()) + never
-    if not total:
-        return None
-    rank, seen = math.ceil(q / 100 * total), 0
-    for k in sorted(hist):
-        seen += hist[k]
-        if seen >= rank:
-            return float(k)
-    return math.inf
-
-
-def summarize(r: dict) -> dict:
-    """Per run: first event p50/p99 (ms; a stream that had none counts as infinitely late), delivery p99 (ms; an
-    event that never came, of a stream cut or broken, counts as infinitely late too), RSS per stream (bytes),
-    CPU ms per 1,000 relayed events."""
-    firsts = sorted(r["first_us"]) + [math.inf] * (r["streams"] - len(r["first_us"]))
-    ms = [v / 1000 for v in firsts]
-    missing = max(0, r["streams"] * r["expected_events"] - r["events"])
-    delivery = hist_percentile(r["delay_hist"], 99, missing)
-    return {
-        "intact": r["intact"],
-        "streams": r["streams"],
-        "first_p50_ms": percentile(ms, 50),
-        "first_p99_ms": percentile(ms, 99),
-        "missing_events": missing,
-        "delivery_p99_ms": delivery / 1000 if delivery is not None else None,
-        "rss_per_stream_bytes": (r["peak_rss_bytes"] - r["idle_rss_bytes"]) / r["concurrency"],
-        "cpu_ms_per_1k_events": r["cpu_s"] * 1e6 / r["events"] if r["events"] else None,
-        "events": r["events"],
-        "generator_core": r["generator_cpu_s"] / r["elapsed_s"] if r["elapsed_s"] else None,
-        "upstream_core": r["upstream_cpu_s"] / r["elapsed_s"] if r["elapsed_s"] else None,
-        "target_core": r["cpu_s"] / r["elapsed_s"] if r["elapsed_s"] else None,
-    }
-
-
-def added(a: float | None, b: float | None) -> float | None:
-    if a is None or b is None:
-        return None
-    if math.isinf(a):
-        return math.inf
-    return a - b
-
-
-def ms(value: float | None, spec: str = ",.1f", plus: bool = False) -> str:
-    if value is None:
-        return "-"
-    if math.isinf(value):
-        return "cut"
-    return ("+" if plus and value >= 0 else "") + format(value, spec)
 
 
 # ---- the report --------------------------------------------------------------------------
@@ -387,18 +146,6 @@ def print_markdown(rows: list[dict], slow: list[dict]) -> None:
         print("| --- | --- | --- |")
         for s in slow:
             print(f"| {s['target']} | {kib(s['growth_per_stream_bytes'])} | {s['read_kib']:.0f} KiB |")
-
-
-def kib(n: float | None) -> str:
-    if n is None:
-        return "-"
-    return f"{n / 2**20:,.1f} MiB" if abs(n) >= 2**20 else f"{n / 1024:,.1f} KiB"
-
-
-def goal(text: str, value: str | None, met: bool) -> None:
-    print(
-        f"goal: {text}: {value if value is not None else 'not measured in this run'} -> {'MET' if met else 'NOT MET'}"
-    )
 
 
 def print_goals(levels: list[dict], slow: list[dict]) -> None:
@@ -487,28 +234,7 @@ def print_goals(levels: list[dict], slow: list[dict]) -> None:
     )
 
 
-def stderr_notes(name: str, text: str) -> list[str]:
-    """A target's log beside its access lines and its info lines: each distinct message once, with its count."""
-    counts: dict[str, int] = {}
-    for line in text.splitlines():
-        if '"msg":"request"' in line or "connection_drop_guard" in line or not line.strip():
-            continue
-        try:
-            doc = json.loads(line)
-            if str(doc.get("level", "")).lower() in ("info", "debug"):
-                continue
-            key = f"{doc.get('level', '')} {doc.get('msg', line)}".strip()
-        except (ValueError, AttributeError):
-            key = line[:200]
-        counts[key] = counts.get(key, 0) + 1
-    return [f"{name}: {n}x {k}" for k, n in list(counts.items())[:12]]
-
-
 # ---- main --------------------------------------------------------------------------------
-
-
-def _on_sigterm(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -585,14 +311,8 @@ def open_files_line(levels: list[int]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    command = shlex.join(
-        [
-            os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(str(ROOT)) else sys.executable,
-            os.path.relpath(__file__, ROOT),
-            *sys.argv[1:],
-        ]
-    )
+    signal.signal(signal.SIGTERM, on_sigterm)
+    command = command_line(__file__)
     t_begin = time.monotonic()
     print(f"command: {command}")
     print(f"machine: {machine()}")

@@ -155,3 +155,20 @@ def test_a_timeout_that_meets_the_server_s_cancellation_never_takes_that_back(wa
     assert watch.timed_out() is None
     assert watch.timed_out() is None
     assert task.cancelled == 1
+
+
+def test_the_watch_moves_by_its_table_only(watched):
+    """Its phases follow one table: a quick body, the first look, the client leaving; any
+    move the table has no row for (the body read twice) is a bug, and raises."""
+    from tinygw.api.body import Phase
+    from tinygw.resilience.breaker import IllegalTransition
+
+    clock, task, watch = watched
+    assert watch.phase is Phase.BODY
+    watch.body_read(_receive)
+    assert watch.phase is Phase.BODY_READ
+    with pytest.raises(IllegalTransition):
+        watch.body_read(_receive)
+    clock.advance(EVERY)
+    assert watch.phase is Phase.ANSWER and task.cancelled == 0
+    assert watch.timed_out() is None and watch.phase is Phase.ANSWER  # a question, not a move

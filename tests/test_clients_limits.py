@@ -72,9 +72,9 @@ def test_seconds_until_below_counts_the_oldest_leaving_first():
 def test_decide_refuses_at_each_limit_in_order():
     client = Client(name="c", max_concurrent=2, requests_per_minute=3, tokens_per_minute=100)
     assert limits.decide(client, 1, [(10.0, 2.0)], [(10.0, 99.0)], 20.0) is None
-    assert limits.decide(client, 2, [], [], 20.0) == limits.Refusal("max_concurrent", 1)
-    assert limits.decide(client, 0, [(10.0, 3.0)], [], 20.0) == limits.Refusal("requests_per_minute", 50)
-    assert limits.decide(client, 0, [], [(15.0, 60.0), (18.0, 40.0)], 20.0) == limits.Refusal("tokens_per_minute", 55)
+    assert limits.decide(client, 2, [], [], 20.0) == limits.OverLimit("max_concurrent", 1)
+    assert limits.decide(client, 0, [(10.0, 3.0)], [], 20.0) == limits.OverLimit("requests_per_minute", 50)
+    assert limits.decide(client, 0, [], [(15.0, 60.0), (18.0, 40.0)], 20.0) == limits.OverLimit("tokens_per_minute", 55)
     assert limits.decide(Client(name="free"), 10**6, [(1.0, 10.0**9)], [], 2.0) is None
 
 
@@ -82,12 +82,12 @@ def test_the_table_counts_in_and_out_and_refuses_without_counting():
     clock = [100.0]
     table = ClientTable({"a": Client(name="a", max_concurrent=1, requests_per_minute=2), "b": Client(name="b")})
     assert table.admit("a", clock[0]) is None
-    assert table.admit("a", clock[0]) == limits.Refusal("max_concurrent", 1)
+    assert table.admit("a", clock[0]) == limits.OverLimit("max_concurrent", 1)
     table.finish("a", 12, clock[0])
     assert table.admit("a", clock[0]) is None
     table.finish("a", 0, clock[0])
     clock[0] = 130.0
-    assert table.admit("a", clock[0]) == limits.Refusal("requests_per_minute", 30)
+    assert table.admit("a", clock[0]) == limits.OverLimit("requests_per_minute", 30)
     for _ in range(50):
         assert table.admit("b", clock[0]) is None  # a client without limits is never refused
     views = {v.name: v for v in table.view(clock[0])}
@@ -102,12 +102,12 @@ def test_tables_in_one_directory_share_their_counts_and_a_dead_ones_in_flight_is
     try:
         assert one.admit("a", 100.0) is None
         assert two.admit("a", 100.0) is None
-        assert one.admit("a", 100.0) == limits.Refusal("max_concurrent", 1)  # one in flight in each
+        assert one.admit("a", 100.0) == limits.OverLimit("max_concurrent", 1)  # one in flight in each
         two.close()  # its worker died with a request in flight
         assert one.admit("a", 100.0) is None  # the dead one's in flight is not counted; its minute is
-        assert one.admit("a", 100.0) == limits.Refusal("max_concurrent", 1)
+        assert one.admit("a", 100.0) == limits.OverLimit("max_concurrent", 1)
         one.finish("a", 0, 100.0)
-        assert one.admit("a", 100.0) == limits.Refusal("requests_per_minute", 60)
+        assert one.admit("a", 100.0) == limits.OverLimit("requests_per_minute", 60)
         two = ClientTable(clients, str(tmp_path), 2)  # its slot's new worker: in flight from 0, the minute kept
         assert {v.name: (v.in_flight, v.requests_this_minute) for v in two.view(101.0)} == {"a": (1, 3)}
     finally:

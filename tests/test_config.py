@@ -59,6 +59,24 @@ def test_a_stream_s_head_waits_30_s_by_default_and_a_model_may_set_its_own():
     assert timeouts[("m", "a")].first_byte_seconds == 120.0
 
 
+def test_a_provider_s_request_targets_are_worked_out_when_it_is_built_and_never_written():
+    from tinygw.worker.upstreams import make_upstream
+
+    providers = {"a": {**PROVIDERS["a"], "query": {"api-version": "2025-01-01"}}}
+    provider = from_environ(env({"providers": providers, "models": {}})).providers["a"]
+    upstream = make_upstream(provider, None, None, 4, lambda *_: None, lambda _: None, lambda *_: None)
+    assert (upstream.base_path, upstream.query_suffix) == (b"/v1", b"?api-version=2025-01-01")
+    assert upstream.path("/chat/completions") == b"/v1/chat/completions?api-version=2025-01-01"
+    assert upstream.path("/chat/completions", b"api-version=x&a=\xc3\xa9") == (
+        b"/v1/chat/completions?api-version=2025-01-01&a=%C3%A9"
+    )
+    assert not any(isinstance(value, dict) for value in msgspec.structs.asdict(upstream).values())  # nothing cached
+    plain = make_upstream(
+        from_environ(env()).providers["a"], None, None, 4, lambda *_: None, lambda _: None, lambda *_: None
+    )
+    assert plain.path("/embeddings") == b"/v1/embeddings"
+
+
 @pytest.mark.parametrize(
     "extra,where",
     [

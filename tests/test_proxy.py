@@ -418,12 +418,24 @@ def test_healthz_models_and_metrics(gateway, fake):
 
 
 def test_wrong_method_and_unknown_path(gateway):
-    status, headers, _ = call("GET", f"{gateway.url}/v1/chat/completions", headers=auth())
-    assert (status, headers["allow"]) == (405, "POST")
-    status, headers, _ = call("POST", f"{gateway.url}/metrics")
-    assert (status, headers["allow"]) == (405, "GET, HEAD")
+    assert call("GET", f"{gateway.url}/v1/chat/completions", headers=auth())[0] == 405
     status, _, body = call("GET", f"{gateway.url}/nope")
     assert status == 404 and json.loads(body)["error"]["type"] == "invalid_request_error"
+
+
+def test_a_wrong_method_is_told_the_methods_its_route_takes(gateway):
+    """A 405 says which methods the route takes (RFC 9110: a 405 MUST carry `Allow`), before
+    the key is asked for, on an API's route and on a page's, in each API's error shape."""
+    for method, path, allowed in (
+        ("GET", "/v1/chat/completions", "POST"),
+        ("GET", "/v1/messages", "POST"),
+        ("POST", "/metrics", "GET, HEAD"),
+        ("DELETE", "/v1/models", "GET, HEAD"),
+    ):
+        status, headers, body = call(method, f"{gateway.url}{path}", b"" if method == "POST" else None)
+        assert status == 405, path
+        assert headers["allow"] == allowed, path
+        assert json.loads(body)["error"]["type"] == "invalid_request_error", path
 
 
 def test_no_key_in_logs(gateway):

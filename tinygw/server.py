@@ -273,7 +273,7 @@ def _granian(settings: Settings, open_files: int, served: Served | None) -> MPSe
         port=settings.port,
         interface=Interfaces.ASGI,
         # Explicit: Granian's `auto` takes rloop whenever it is installed. uvloop
-        # nearly halves the gateway's CPU per request (see the README's Performance).
+        # nearly halves the gateway's CPU per request (docs/performance.md).
         loop=Loops.uvloop,
         workers=settings.workers,
         http=HTTPModes.http1,

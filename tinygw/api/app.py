@@ -35,7 +35,7 @@ from tinygw.worker.gateway import Gateway
 
 def app(scope, receive, send) -> Awaitable[None]:
     """The ASGI app: a plain function that returns the coroutine that answers, which the
-    server awaits (a coroutine frame fewer on every request than awaiting it here).
+    server awaits.
 
     An HTTP request is dispatched here, after the checks every request passes before any
     handler runs, in this order: a route for the path (404), a method it takes (405), the
@@ -45,10 +45,10 @@ def app(scope, receive, send) -> Awaitable[None]:
     gateway: Gateway = scope["state"]["gateway"]
     first = dict(reversed(scope["headers"]))  # each header's first value, for the few read by name
     request_id = gateway.request_ids.of(first.get(b"x-request-id"))
-    endpoint = ROUTES.get(scope["path"]) or PATHS.match(scope["path"])  # exact first: no frame on the hot path
+    endpoint = ROUTES.get(scope["path"]) or PATHS.match(scope["path"])  # exact first, then the templates
     if endpoint is None:
         not_found = 404, f"no route {scope['path']}; the routes are: {ROUTE_LIST}", "invalid_request_error", "not_found"
-        return _refuse(gateway, None, scope, _with_request_id(send, request_id), first, request_id, not_found)
+        return _refuse(gateway, None, scope, send, first, request_id, not_found)
     route = endpoint.route
     exchange = None  # EHBP and receipts (tinygw.api.sealed): innermost, next to the server's send
     if route is not None and gateway.confidential is not None:
@@ -58,15 +58,16 @@ def app(scope, receive, send) -> Awaitable[None]:
         send = wire.anthropic_errors(send)
     if scope["method"] not in endpoint.methods:
         refusal = 405, f"{scope['path']} takes {endpoint.methods[0]}", "invalid_request_error", "method_not_allowed"
-        send = _with_allow(send, endpoint.methods)
+        send = wire.with_headers(send, [(b"allow", ", ".join(endpoint.methods).encode())])
     elif endpoint.auth and (client := gateway.auth.client(scope["headers"])) is None:
         refusal = 401, "missing or wrong gateway key", "authentication_error", "invalid_api_key"
     elif route is not None:  # the hot path (every route asks for a key: `client` is its owner's name)
         return proxied.handle(gateway, route, scope, receive, send, first, request_id, client, exchange)  # type: ignore[arg-type]
     else:  # a row without a route is a page's (routing.page_endpoint)
-        page: Awaitable[None] = endpoint.page(gateway, scope, _with_request_id(send, request_id))  # type: ignore[misc]
+        with_id = wire.with_headers(send, [(b"x-request-id", request_id)])
+        page: Awaitable[None] = endpoint.page(gateway, scope, with_id)  # type: ignore[misc]
         return page
-    return _refuse(gateway, route, scope, _with_request_id(send, request_id), first, request_id, refusal)
+    return _refuse(gateway, route, scope, send, first, request_id, refusal)
 
 
 async def _ignore() -> None:
@@ -98,10 +99,9 @@ async def lifespan(scope, receive, send) -> None:
         asyncio.create_task(_hash_artifact(gateway), name="artifact"),
         asyncio.create_task(listener.bound_unsent(settings.port, settings.workers), name="listener"),
     ]
-    # What the worker made to start lives as long as it does: the collector's full passes,
-    # which hold the loop while they run, leave it out from now on (8.5 -> 2.8 ms each at
-    # 32 connections: docs/performance.md). Collected first, so that no garbage of the
-    # start is frozen with it for good.
+    # What the worker made to start lives as long as it does: frozen, it is left out of the
+    # collector's passes from now on (docs/performance.md, speed choices). Collected first,
+    # so that no garbage of the start is frozen with it for good.
     gc.collect()
     gc.freeze()
     await send({"type": "lifespan.startup.complete"})
@@ -135,9 +135,9 @@ async def _refuse(
     request_id: bytes,
     refusal: tuple[int, str, str, str],
 ) -> None:
-    """A refused request: answered, written on the access log, and counted when its
-    route is an API's (a bounded label; an unknown path is not one)."""
-    status = await send_error(send, *refusal)
+    """A refused request: answered (with its `x-request-id`), written on the access log,
+    and counted when its route is an API's (a bounded label; an unknown path is not one)."""
+    status = await send_error(wire.with_headers(send, [(b"x-request-id", request_id)]), *refusal)
     if route is not None:
         gateway.metrics.count_request(route.path, "unknown", status, 0.0)
     logs.access(
@@ -151,30 +151,6 @@ async def _refuse(
         worker=gateway.pid,
         request_id=request_id.decode(),
     )
-
-
-def _with_allow(send, methods: tuple[str, ...]):
-    """`send`, with `Allow` naming `methods` on the answer's head (a 405, RFC 9110 15.5.6)."""
-    allow = (b"allow", ", ".join(methods).encode())
-
-    async def send_with_allow(message) -> None:
-        if message["type"] == "http.response.start":
-            message["headers"] = [*message["headers"], allow]
-        await send(message)
-
-    return send_with_allow
-
-
-def _with_request_id(send, request_id: bytes):
-    """`send`, with `x-request-id` added to the answer's head (pages and refusals; a
-    proxied answer gets it from its record, tinygw.worker.record)."""
-
-    async def send_with_id(message) -> None:
-        if message["type"] == "http.response.start":
-            message["headers"] = [*message["headers"], (b"x-request-id", request_id)]
-        await send(message)
-
-    return send_with_id
 
 
 MODEL_ROUTE = f"{MODEL_PREFIX}{{id}}"

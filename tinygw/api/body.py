@@ -5,7 +5,9 @@ cancels the request when the client leaves, both on one timer (ClientWatch)."""
 from __future__ import annotations
 
 import asyncio
+import enum
 
+from tinygw.resilience.breaker import IllegalTransition
 from tinygw.worker.record import Record
 
 
@@ -29,8 +31,48 @@ class ClientLeft(Refused):
         super().__init__(400, "the request body is incomplete or its chunked framing is malformed", "invalid_body")
 
 
+class Phase(enum.Enum):
+    """Where a ClientWatch is in its request's life."""
+
+    BODY = "body"  # the body is being read; the first look has not come
+    BODY_LOOKED = "body_looked"  # the body is being read, past the first look: the timer waits for its deadline
+    BODY_READ = "body_read"  # the body was read before the first look: a quick request, so far
+    ANSWER = "answer"  # a task waits for the client to leave; the timer looks at the sends to it
+    TIMED_OUT = "timed_out"  # no message of the body for the client timeout: the request's task cancelled
+    TOLD = "told"  # read_body was told of the timeout (timed_out), once
+    LEFT = "left"  # the client left during the answer: the request's task cancelled
+    STALLED = "stalled"  # a send waited past the client timeout: the request's task cancelled
+
+
+class Event(enum.Enum):
+    LOOK = "look"  # the first look, or a later one while the body is read
+    READ = "read"  # the body's last message came
+    EXPIRED = "expired"  # a look found the client timeout passed during the body
+    ASKED = "asked"  # read_body asked whether the timeout cancelled the request
+    GONE = "gone"  # the client disconnected
+    STALL = "stall"  # a send to the client waited longer than the client timeout
+
+
+TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
+    (Phase.BODY, Event.LOOK): Phase.BODY_LOOKED,
+    (Phase.BODY, Event.READ): Phase.BODY_READ,
+    (Phase.BODY_LOOKED, Event.LOOK): Phase.BODY_LOOKED,
+    (Phase.BODY_LOOKED, Event.READ): Phase.ANSWER,
+    (Phase.BODY_LOOKED, Event.EXPIRED): Phase.TIMED_OUT,
+    (Phase.BODY_READ, Event.LOOK): Phase.ANSWER,
+    # the timeout's cancellation and the body's last message in one turn of the loop: cancelled all the same
+    (Phase.TIMED_OUT, Event.READ): Phase.TIMED_OUT,
+    (Phase.TIMED_OUT, Event.ASKED): Phase.TOLD,
+    (Phase.ANSWER, Event.GONE): Phase.LEFT,
+    (Phase.ANSWER, Event.STALL): Phase.STALLED,
+    (Phase.LEFT, Event.STALL): Phase.STALLED,
+    (Phase.STALLED, Event.GONE): Phase.STALLED,
+}
+
+
 class ClientWatch:
-    """A proxied request's one timer over its client, from the request's start.
+    """A proxied request's one timer over its client, from the request's start; its
+    `phase` moves by TRANSITIONS only (any other move raises).
 
     While the body is read (`waiting_since`: the loop's time when the wait for its next
     message began), the timer looks `every_seconds` in, then when that wait could be
@@ -43,14 +85,8 @@ class ClientWatch:
     without that task and its pending receive() in the server. (The client timeout, at
     least 0.1 s, is longer than `every_seconds`.)"""
 
-    waiting_since: float | None  # None once the body is read
-    expired_after: float | None = None  # the client timeout, once it passed during the body
-    looked = False  # the first look came while the body was still being read
-    stalled = False  # a send to the client waited longer than the client timeout
-    _loop: asyncio.AbstractEventLoop  # set by that look
-    _timeout_seconds: float  # the client timeout, set by the first look
+    _loop: asyncio.AbstractEventLoop  # set by the first look
     _watcher: asyncio.Task | None = None
-    _left = False
 
     def __init__(
         self,
@@ -61,39 +97,49 @@ class ClientWatch:
         timeout_seconds: float,
         every_seconds: float,
     ) -> None:
+        self.phase = Phase.BODY
         self._task = task
         self._record = record  # from its start; its `sending_since`: a send to the client waits since then
+        self._timeout_seconds = timeout_seconds
         self.waiting_since = record.started_at
-        self._timer = loop.call_later(every_seconds, self._look, loop, receive, timeout_seconds)
+        self._timer = loop.call_later(every_seconds, self._look, loop, receive)
 
-    def _look(self, loop: asyncio.AbstractEventLoop, receive, timeout_seconds: float) -> None:
-        if self.waiting_since is None:  # the body was read before the first look
-            self._watch_answer(loop, receive, timeout_seconds)
+    @property
+    def stalled(self) -> bool:
+        """A send to the client waited longer than the client timeout: it was cut."""
+        return self.phase is Phase.STALLED
+
+    def _move(self, event: Event) -> Phase:
+        new = TRANSITIONS.get((self.phase, event))
+        if new is None:
+            raise IllegalTransition(f"{event.value} in phase {self.phase.value}")
+        self.phase = new
+        return new
+
+    def _look(self, loop: asyncio.AbstractEventLoop, receive) -> None:
+        if self._move(Event.LOOK) is Phase.ANSWER:  # the body was read before the first look
+            self._watch_answer(loop, receive)
             return
-        self.looked = True
-        # for body_read's watch: kept by the look, which a quick request never has
-        self._loop, self._timeout_seconds = loop, timeout_seconds
-        left = self.waiting_since + timeout_seconds - loop.time()
+        self._loop = loop  # for body_read's watch: kept by the look, which a quick request never has
+        left = self.waiting_since + self._timeout_seconds - loop.time()
         if left > 0:  # not over yet: looked at again when it could be
-            self._timer = loop.call_later(left, self._look, loop, receive, timeout_seconds)
+            self._timer = loop.call_later(left, self._look, loop, receive)
             return
-        self.expired_after = timeout_seconds
+        self._move(Event.EXPIRED)
         self._task.cancel()
 
     def body_read(self, receive) -> None:
         """The body is read. After the first look the timer waits for the body's
         deadline: the watch over the answer starts now instead."""
-        self.waiting_since = None
-        if self.looked:
+        if self._move(Event.READ) is Phase.ANSWER:
             self._timer.cancel()
-            self._watch_answer(self._loop, receive, self._timeout_seconds)
+            self._watch_answer(self._loop, receive)
 
-    def _watch_answer(self, loop: asyncio.AbstractEventLoop, receive, timeout_seconds: float) -> None:
+    def _watch_answer(self, loop: asyncio.AbstractEventLoop, receive) -> None:
         """While the request is answered: a task waits for the client to leave, and the
         timer looks at the sends to it (_look_at_send)."""
-        self._timeout_seconds = timeout_seconds
         self._watcher = loop.create_task(self._watch(receive))
-        self._timer = loop.call_later(timeout_seconds, self._look_at_send, loop)
+        self._timer = loop.call_later(self._timeout_seconds, self._look_at_send, loop)
 
     def _look_at_send(self, loop: asyncio.AbstractEventLoop) -> None:
         """A client that has not taken a send within the client timeout is cut: the
@@ -101,7 +147,7 @@ class ClientWatch:
         timer looks again when the send now waiting could time out, or a timeout on."""
         since, now = self._record.sending_since, loop.time()
         if since is not None and now - since >= self._timeout_seconds:
-            self.stalled = True
+            self._move(Event.STALL)
             self._task.cancel()
             return
         self._timer = loop.call_at((now if since is None else since) + self._timeout_seconds, self._look_at_send, loop)
@@ -109,23 +155,25 @@ class ClientWatch:
     async def _watch(self, receive) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
-        self._left = True
+        self._move(Event.GONE)
         self._task.cancel()
 
     def timed_out(self) -> float | None:
         """Called with the task cancelled while the body was read: the client timeout when
         it did it (the cancellation is then taken back), else None. Its answer is given
         once: asked again, after a cancellation from elsewhere too, it is None."""
-        expired, self.expired_after = self.expired_after, None
-        if expired is None or self._task.uncancel() > 0:
+        if self.phase is not Phase.TIMED_OUT:
             return None
-        return expired
+        self._move(Event.ASKED)
+        if self._task.uncancel() > 0:
+            return None
+        return self._timeout_seconds
 
     def took_back(self) -> bool:
         """Called with the task cancelled after the body was read: True when the client's
         leaving (or its stalling: `stalled`) did it (the cancellation is then taken back),
         False when it came (also) from elsewhere."""
-        if not (self._left or self.stalled) or self._task.cancelling() > 1:
+        if self.phase not in (Phase.LEFT, Phase.STALLED) or self._task.cancelling() > 1:
             return False
         self._task.uncancel()
         return True

@@ -22,7 +22,7 @@ from tinygw.protocol.conversation import conversation_key
 from tinygw.protocol.request import BadBody, read_head, with_usage_asked
 from tinygw.protocol.routing import Resolution, Route
 from tinygw.protocol.wire import send_error
-from tinygw.resilience.limits import Refusal
+from tinygw.resilience.limits import OverLimit
 from tinygw.worker import proxy
 from tinygw.worker.gateway import Gateway
 from tinygw.worker.record import Record
@@ -171,7 +171,7 @@ async def _ended_by(
         raise e
 
 
-async def _answer_limited(gateway: Gateway, send, record: Record, refusal: Refusal) -> None:
+async def _answer_limited(gateway: Gateway, send, record: Record, refusal: OverLimit) -> None:
     """429 for a request over its client's limit (docs/design.md section 16), saying which
     (`x-tinygw-limit`) and when a request would pass it (`Retry-After`)."""
     value = gateway.clients.clients[record.client].limits()[refusal.limit]  # type: ignore[union-attr]

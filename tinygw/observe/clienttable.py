@@ -37,7 +37,7 @@ from msgspec import Struct
 from tinygw import logs
 from tinygw.config.settings import Client
 from tinygw.resilience import limits
-from tinygw.resilience.limits import MINUTE_FLOATS, Floats, Refusal
+from tinygw.resilience.limits import MINUTE_FLOATS, Floats, OverLimit
 
 _HEADER_FLOATS = 2
 _LAYOUT, _READY = 0, 1  # the header's floats
@@ -193,7 +193,7 @@ class ClientTable:
 
     # ---- a request ------------------------------------------------------------------------
 
-    def admit(self, name: str, now: float) -> Refusal | None:
+    def admit(self, name: str, now: float) -> OverLimit | None:
         """Count a request of the client `name` in, or say which limit refuses it (it is
         then not counted). A client with limits is decided over every worker's counts."""
         client = self.clients[name]

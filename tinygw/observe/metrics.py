@@ -192,11 +192,11 @@ class Metrics:
         self._tls_not_after = not_after
 
     # ---- the hot path -----------------------------------------------------------------
-    # A series' places in the store are looked up once, kept here by its label values, then
-    # added to there: a request's counts cost a dict lookup each, not a key's hash. A
-    # counter's place is taken at its first count (a series never counted is not shown);
-    # a histogram's, all of its buckets at once, at its first observation. `store.values`
-    # is read after any place is taken: taking one may replace it.
+    # A series' places in the store are found once, kept here by its label values, then
+    # added to there (docs/performance.md, speed choices). A counter's place is taken at
+    # its first count (a series never counted is not shown); a histogram's, all of its
+    # buckets at once, at its first observation. `store.values` is read after any place
+    # is taken: taking one may replace it.
 
     def count_request(self, route: str, model: str, status: int, seconds: float) -> None:
         """A request answered without being proxied (refused at dispatch); a proxied one's

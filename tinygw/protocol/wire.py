@@ -70,7 +70,7 @@ def forward_headers(
     drop = not_forwarded
     if b"connection" in names:  # the headers it names are hop-by-hop too
         drop = _and_named_by_connection(client_headers, names, not_forwarded)
-    # Each header kept unless its name is in `drop`, in C (no Python step per header).
+    # Each header kept unless its name is in `drop`.
     return list(compress(client_headers, map(not_, map(drop.__contains__, names))))
 
 
@@ -237,6 +237,17 @@ def anthropic_errors(send):
 
 
 # ---- sending an answer --------------------------------------------------------------
+
+
+def with_headers(send, headers: list[tuple[bytes, bytes]]):
+    """`send`, with `headers` added to the answer's head (a 405's `allow`)."""
+
+    async def send_with_headers(message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message["headers"], *headers]}
+        await send(message)
+
+    return send_with_headers
 
 
 async def send_json(send, value, status: int = 200) -> None:

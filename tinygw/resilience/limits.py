@@ -36,7 +36,7 @@ Buckets = Iterable[tuple[float, float]]  # (second, count) of buckets in the win
 Floats = Any  # where counts live: a list of floats, or a memoryview of a map's doubles
 
 
-class Refusal(Struct, frozen=True):
+class OverLimit(Struct, frozen=True):
     """A request over a limit: the limit's name (a field of Client) and the whole
     seconds until a request would pass it, at least 1."""
 
@@ -77,16 +77,16 @@ def seconds_until_below(buckets: Buckets, limit: int, now: float) -> int:
     return 1
 
 
-def decide(client: Client, in_flight: float, requests: Buckets, tokens: Buckets, now: float) -> Refusal | None:
+def decide(client: Client, in_flight: float, requests: Buckets, tokens: Buckets, now: float) -> OverLimit | None:
     """Whether a request of `client` is admitted (None) or refused, given its requests in
     flight and the minute's admitted requests and tokens of every worker (buckets in the
     window; a bucket's second may appear once per worker)."""
     if client.max_concurrent is not None and in_flight >= client.max_concurrent:
-        return Refusal("max_concurrent", 1)
+        return OverLimit("max_concurrent", 1)
     for limit, buckets in (("requests_per_minute", requests), ("tokens_per_minute", tokens)):
         value = getattr(client, limit)
         if value is not None:
             counted = list(buckets)
             if total(counted) >= value:
-                return Refusal(limit, seconds_until_below(counted, value, now))
+                return OverLimit(limit, seconds_until_below(counted, value, now))
     return None

@@ -48,8 +48,8 @@ class Connection:
         self.idle_since = 0.0
         self.closed = False
         # True when an idle connection got data or was closed: it must not carry a request
-        # (the provider closed it, or speaks out of turn). Bound once: the pool asks it of
-        # each connection it takes, without a frame of ours.
+        # (the provider closed it, or speaks out of turn): the byte stream's own check, which
+        # the pool asks of each connection it takes.
         self.has_news = stream.has_news
 
     # ---- reuse ---------------------------------------------------------------------

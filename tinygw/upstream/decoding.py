@@ -61,7 +61,7 @@ class Decoder:
 def decoder_for(headers: list[tuple[bytes, bytes]]) -> Decoder | None:
     """The decoder that an answer's `content-encoding` needs, or None for identity;
     raises RemoteProtocolError for a coding the gateway cannot undo."""
-    if b"content-encoding" not in map(_NAME_OF, headers):  # the usual answer: looked for in C
+    if b"content-encoding" not in map(_NAME_OF, headers):  # the usual answer
         return None
     codings = [c.strip().lower() for k, v in headers if k == b"content-encoding" for c in v.split(b",") if c.strip()]
     codings = [c for c in codings if c != b"identity"]

@@ -122,7 +122,7 @@ class Pool:
         (change 1, waited None) and when its wait ends (change -1, the seconds it waited).
         `authorize`, when given, makes each request's credentials from its final head."""
         self._authorize = authorize
-        self._loop = loop  # the worker's, cached (tinygw.worker.gateway); else looked up per request
+        self._loop = loop  # the worker's (tinygw.worker.gateway); None: the running loop's (docs/performance.md)
         self.origin = origin
         self.timeouts = timeouts
         self._ssl = ssl_context if origin.scheme == "https" else None
@@ -132,7 +132,7 @@ class Pool:
         self.host_header = (b"host", (host if origin.port == default_port else f"{host}:{origin.port}").encode())
         self.max_connections = max_connections
         # Connection slots: a count, and the requests waiting for one, first come first
-        # served (asyncio.Semaphore's rules, without its Python code on the common path).
+        # served (asyncio.Semaphore's rules).
         self._free_slots = max_connections
         self._waiting: deque[asyncio.Future] = deque()
         self._idle: deque[Connection] = deque()
@@ -193,7 +193,7 @@ class Pool:
                 status, response_headers = await connection.receive_head(head_by, errors.HeadTimeout)
             else:  # a non-streamed answer's head comes when it is generated: bounded by the total alone
                 status, response_headers = await connection.receive_head(deadline, errors.TotalTimeout)
-            # The usual answer has no content-encoding: looked for in C, without decoder_for's frame
+            # The usual answer has no content-encoding: nothing to decode
             decoder = decoder_for(response_headers) if b"content-encoding" in map(_NAME_OF, response_headers) else None
         except BaseException:
             if connection is not None:
@@ -263,8 +263,7 @@ class Pool:
 class Response(Struct):
     """A response whose head has arrived. Read its body, or close it: both free the slot.
 
-    The body comes decoded: a gzip or deflate `content-encoding` is undone here. (A
-    Struct: made in C, once per exchange.)"""
+    The body comes decoded: a gzip or deflate `content-encoding` is undone here."""
 
     status: int
     headers: list[tuple[bytes, bytes]]

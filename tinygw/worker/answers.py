@@ -16,7 +16,7 @@ from tinygw.protocol.routing import Resolution
 from tinygw.protocol.wire import JSON_HEADERS, error_body
 from tinygw.resilience import outcome
 from tinygw.resilience.breaker import Circuit
-from tinygw.worker.record import Answer, Attempt, Record
+from tinygw.worker.record import Attempt, HeldAnswer, Record
 
 Send = Callable[[dict], Awaitable[None]]
 
@@ -24,7 +24,7 @@ Send = Callable[[dict], Awaitable[None]]
 async def commit(send: Send, record: Record, attempt: Attempt) -> Attempt:
     """Send a successful attempt's answer: it is final. An answer too large to hold is
     sent as it is read; cut short, it is a failure."""
-    answer: Answer = attempt.answer  # type: ignore[assignment]  # a success has one
+    answer: HeldAnswer = attempt.answer  # type: ignore[assignment]  # a success has one
     if answer.rest is None:  # the usual answer: held whole
         await send_held(send, record, answer, attempt.judged.label)
         return replace(attempt, committed=True)
@@ -40,13 +40,13 @@ async def commit(send: Send, record: Record, attempt: Attempt) -> Attempt:
     return replace(attempt, judged=cut, committed=True)
 
 
-async def send_held(send: Send, record: Record, answer: Answer, current: str | None) -> None:
+async def send_held(send: Send, record: Record, answer: HeldAnswer, current: str | None) -> None:
     """Send an answer that was held whole."""
     await send(record.head(answer.status, [*answer.headers, (b"content-length", b"%d" % len(answer.body))], current))
     await send({"type": "http.response.body", "body": answer.body})
 
 
-async def send_answer(send: Send, record: Record, answer: Answer, current: str | None = None) -> bool:
+async def send_answer(send: Send, record: Record, answer: HeldAnswer, current: str | None = None) -> bool:
     """Send `answer`: whole when it was held whole, else its beginning and then the
     rest as it arrives. False when the provider failed partway: the client's answer
     then ends without its last chunk, which HTTP clients report as an incomplete body."""

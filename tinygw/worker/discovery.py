@@ -62,7 +62,7 @@ def health_path(provider: Provider) -> str:
     return provider.doc.health_path or listing_path(provider)
 
 
-class _Refused(Exception):
+class _ErrorStatus(Exception):
     """The provider answered, but not with a 2xx."""
 
     def __init__(self, status: int) -> None:
@@ -70,13 +70,13 @@ class _Refused(Exception):
 
 
 def _why(e: Exception) -> dict:
-    return {"status": e.status} if isinstance(e, _Refused) else {"error": type(e).__name__}
+    return {"status": e.status} if isinstance(e, _ErrorStatus) else {"error": type(e).__name__}
 
 
 async def _get(gateway: Gateway, upstream: Upstream, path: str) -> bytes:
     """The body of a 2xx answer to a GET with the provider's key (the one its next
     request would use; the rotation of request keys is left as it was); raises
-    UpstreamError, or _Refused for any other status."""
+    UpstreamError, or _ErrorStatus for any other status."""
     headers = upstream.fixed_headers[upstream.keys.peek(gateway.clock())]
     if upstream.provider.doc.api == "anthropic" and not any(k == ANTHROPIC_VERSION[0] for k, _ in headers):
         headers = [*headers, ANTHROPIC_VERSION]
@@ -86,7 +86,7 @@ async def _get(gateway: Gateway, upstream: Upstream, path: str) -> bytes:
     finally:
         await response.aclose()
     if not 200 <= response.status < 300:
-        raise _Refused(response.status)
+        raise _ErrorStatus(response.status)
     return body
 
 
@@ -99,7 +99,7 @@ async def list_models(gateway: Gateway, name: str) -> None:
     try:
         body = await _get(gateway, upstream, listing_path(upstream.provider))
         ids = list(dict.fromkeys(e.id for e in _decode_listing.decode(body).data if e.id))
-    except (errors.UpstreamError, msgspec.DecodeError, _Refused) as e:
+    except (errors.UpstreamError, msgspec.DecodeError, _ErrorStatus) as e:
         gateway.listings.pop(name, None)
         gateway.metrics.set_listing_up(name, False)
         gateway.board.publish_listing(name, None)
@@ -130,7 +130,7 @@ async def check_health(gateway: Gateway, name: str, circuits: list[Circuit]) -> 
     generations = [(c, c.generation) for c in circuits]
     try:
         await _get(gateway, upstream, health_path(upstream.provider))
-    except (errors.UpstreamError, _Refused) as e:
+    except (errors.UpstreamError, _ErrorStatus) as e:
         logs.log(logging.INFO, "provider health check failed", provider=name, **_why(e))
         return
     for circuit, generation in generations:

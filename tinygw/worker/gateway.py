@@ -88,7 +88,7 @@ class Gateway:
         for provider, provider_model in configured:  # a series per circuit from the start
             self.metrics.set_circuit_open_until(provider, provider_model, 0.0)
         self.pid = os.getpid()
-        # The worker's loop, looked up once: each lookup is a getpid(2) on Python 3.11 (~1/10 of a request's CPU)
+        # The worker's loop, handed to what schedules on it (docs/performance.md, speed choices)
         try:
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:  # built outside a loop (tests): looked up where needed

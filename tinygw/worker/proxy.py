@@ -32,7 +32,7 @@ from tinygw.resilience.breaker import Breakers, Circuit, Outcome, Ticket
 from tinygw.upstream.pool import Response
 from tinygw.worker import answers, frames
 from tinygw.worker.gateway import Gateway
-from tinygw.worker.record import Answer, Attempt, Inbound, Record
+from tinygw.worker.record import Attempt, HeldAnswer, Inbound, Record
 from tinygw.worker.relay import Events, Relay
 from tinygw.worker.upstreams import Upstream
 
@@ -269,7 +269,7 @@ async def _held(
     return Attempt(
         judged,
         # a provider's secrets never reach the client (tinygw.trust.redact)
-        answer=Answer(judged.status, redact.headers(relay_headers(response.headers)), redact.body(data), rest),
+        answer=HeldAnswer(judged.status, redact.headers(relay_headers(response.headers)), redact.body(data), rest),
         other_key=response.status == 429 and _rest_key(gateway, upstream, key_index, response),
     )
 

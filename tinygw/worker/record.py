@@ -192,7 +192,7 @@ def _header_value(text: str) -> bytes:
 _VISIBLE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
 
 
-class Answer(Struct, frozen=True):
+class HeldAnswer(Struct, frozen=True):
     """A provider's answer as the client would get it, not yet sent: it is sent if no
     later attempt is made. `rest` is the provider's response still being read when the
     answer was too large to hold (`body` is then its beginning); it must be relayed or
@@ -215,7 +215,7 @@ class Attempt(Struct, frozen=True):
 
     judged: Judgement
     committed: bool = False  # the client already has the answer (or its start)
-    answer: Answer | None = None  # the provider's, when the client can use it
+    answer: HeldAnswer | None = None  # the provider's, when the client can use it
     other_key: bool = False  # a 429, and another of the provider's keys is free
 
     async def discard(self) -> None:

@@ -33,7 +33,7 @@ from tinygw.resilience.breaker import Outcome
 from tinygw.resilience.outcome import Ending
 from tinygw.trust.redact import Redactor
 from tinygw.worker import frames
-from tinygw.worker.record import Answer, Attempt, Record
+from tinygw.worker.record import Attempt, HeldAnswer, Record
 
 Send = Callable[[dict], Awaitable[None]]
 
@@ -139,13 +139,13 @@ class Relay:
         """The provider's headers that the client gets, its secrets redacted (tinygw.trust.redact)."""
         return self._redactor.headers(relay_headers(self._response.headers))
 
-    def _answer(self, held: bytes, judged: outcome.Judgement = outcome.NO_OUTPUT) -> Answer:
+    def _answer(self, held: bytes, judged: outcome.Judgement = outcome.NO_OUTPUT) -> HeldAnswer:
         """The answer made of the events held (502, or the status `judged` gives a cloud's
         exception), sent if no other attempt is made."""
         headers = self._headers()
         if judged.retry_after_seconds:
             headers = [*headers, (b"retry-after", b"%d" % judged.retry_after_seconds)]
-        return Answer(judged.status, headers, self._redactor.body(held))
+        return HeldAnswer(judged.status, headers, self._redactor.body(held))
 
     def _cloud_error(self, event: bytes) -> tuple[str, float, bytes] | None:
         """A leading exception of Bedrock's frames (`event`), which names its error, and when it came."""

@@ -40,12 +40,13 @@ class Upstream(Struct, frozen=True):
     query_names: frozenset[bytes] = frozenset()
     # Worked out once, for each request: the static headers and a key's, one list per key
     # of its key pool; the names of the client's headers never forwarded (the gateway's
-    # own, and the provider's `api_key_header`); a route's request target on this provider
-    # for a client request without query: its path and the provider's query (made at the
-    # route's first request: as many as the route table has).
+    # own, and the provider's `api_key_header`); what comes before and after a route's path
+    # in its request target when the client sent no query: the base_url's path, and the
+    # provider's query with its "?" (b"" when none).
     fixed_headers: tuple[list[tuple[bytes, bytes]], ...] = ()
     not_forwarded: frozenset[bytes] = NOT_FORWARDED
-    paths: dict[str, bytes] = {}
+    base_path: bytes = b""
+    query_suffix: bytes = b""
     rotates_keys: bool = False  # more than one key: `keys.pick` moves the rotation on
     lets_clients_choose_account: bool = False  # the provider's `client_account_headers`
     # A vertex provider's token endpoint (tinygw.worker.credentials): its own pool.
@@ -66,10 +67,7 @@ class Upstream(Struct, frozen=True):
             route = inbound.route
             path, body = cloud_request(provider.doc, route.api, inbound.body, inbound.stream, target.upstream_model)
         else:
-            if inbound.query:  # the client's own, after the provider's
-                path = self.path(inbound.route.upstream_path, inbound.query)
-            else:  # the usual: the route's request target on this provider, worked out at its first request
-                path = self.paths.get(inbound.route.upstream_path) or self.path(inbound.route.upstream_path)
+            path = self.path(inbound.route.upstream_path, inbound.query)
             body = rewrite_model(inbound.body, inbound.model, target.upstream_model)
         headers = [
             *forward_headers(inbound.headers, self.not_forwarded),
@@ -80,12 +78,10 @@ class Upstream(Struct, frozen=True):
 
     def path(self, upstream_path: str, client_query: bytes = b"") -> bytes:
         """The request target for a route's `upstream_path` (its base_url's path first) with
-        the provider's query and the client's (`target`); kept in `paths` when the client
-        sent no query."""
-        path = self.target((self.provider.origin.path + upstream_path).encode(), client_query)
-        if not client_query:
-            self.paths[upstream_path] = path
-        return path
+        the provider's query and the client's (`target`)."""
+        if not client_query:  # the usual request
+            return self.base_path + upstream_path.encode() + self.query_suffix
+        return self.target(self.base_path + upstream_path.encode(), client_query)
 
     def target(self, path: bytes, client_query: bytes = b"") -> bytes:
         """`path` with the provider's query and the client's: the provider's parameters
@@ -196,16 +192,18 @@ def make_upstream(
     if p.doc.api_key_header is not None:
         operators.add(p.doc.api_key_header.lower().encode())
     account = set() if p.doc.client_account_headers else {name.encode() for name in ACCOUNT}
+    query = encode_query({k: plain(v) for k, v in p.query.items()})
     return Upstream(
         provider=p,
         pool=pool,
         keys=KeyRing(len(p.keys), on_rest, p.doc.affinity),
         redactor=Redactor(_secrets(p), on_redacted),
-        query=encode_query({k: plain(v) for k, v in p.query.items()}),
+        query=query,
         query_names=frozenset(k.lower().encode() for k in p.query),
         fixed_headers=tuple(static_headers + auth for auth in auth_headers),
         not_forwarded=NOT_FORWARDED | operators | account,
-        paths={},
+        base_path=p.origin.path.encode(),
+        query_suffix=b"?" + query if query else b"",
         rotates_keys=len(p.keys) > 1,
         lets_clients_choose_account=p.doc.client_account_headers,
         token_pool=token_pool,
