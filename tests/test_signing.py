@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import urllib.parse
 
 import pytest
@@ -194,6 +195,26 @@ def test_a_token_that_cannot_be_had_fails_each_waiting_request_and_is_tried_agai
         assert await source.token(WAIT) == "ok"
 
     asyncio.run(story())
+
+
+def test_a_short_lived_token_is_said_once(caplog):
+    clock = Clock()
+
+    async def fetch() -> signing.Token:
+        return signing.Token.received("short", 60, clock.now)
+
+    async def story() -> None:
+        source = TokenSource(fetch, clock, "vertex")
+        for _ in range(3):
+            assert await source.token(WAIT) == "short"
+            clock.now += 31  # past half its life: fetched again
+            await asyncio.sleep(0)
+
+    with caplog.at_level(logging.WARNING, logger="tinygw"):
+        asyncio.run(story())
+    said = [r for r in caplog.records if r.getMessage() == "provider token short-lived"]
+    assert len(said) == 1
+    assert signing.Token.received("long", 3600, 0.0).short_lived is False
 
 
 def test_a_short_lived_token_is_renewed_from_half_its_life():

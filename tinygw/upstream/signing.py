@@ -231,6 +231,8 @@ class Token(Struct, frozen=True):
     value: Secret
     renew_from: float  # from here on, a renewal is started while it is still used
     use_until: float  # from here on it is not used: a request waits for a new one
+    # It lives two minutes or less: used for half its life, and fetched that often.
+    short_lived: bool = False
 
     @classmethod
     def received(cls, value: str, expires_in: float, now: float) -> Token:
@@ -239,7 +241,7 @@ class Token(Struct, frozen=True):
         usable life on."""
         use_until = now + max(0.0, expires_in - min(EXPIRY_MARGIN_SECONDS, expires_in / 2))
         renew_from = max(now + (use_until - now) / 2, use_until - RENEW_AHEAD_SECONDS)
-        return cls(Secret(value), renew_from, use_until)
+        return cls(Secret(value), renew_from, use_until, expires_in <= 2 * EXPIRY_MARGIN_SECONDS)
 
     def usable(self, now: float) -> bool:
         return now < self.use_until

@@ -44,7 +44,7 @@ class TokenSource:
     """One provider's access token: the one in use, and at most one fetch under way
     (every request that needs a token while there is none waits for the same fetch)."""
 
-    __slots__ = ("_fetch", "_clock", "_provider", "_token", "_fetching")
+    __slots__ = ("_fetch", "_clock", "_provider", "_token", "_fetching", "_warned")
 
     def __init__(self, fetch: Callable[[], Awaitable[signing.Token]], clock: Clock, provider: str) -> None:
         self._fetch = fetch  # a new token (its life on `clock`), or ProviderCredentials
@@ -52,6 +52,7 @@ class TokenSource:
         self._provider = provider
         self._token: signing.Token | None = None
         self._fetching: asyncio.Future[signing.Token] | None = None
+        self._warned = False  # of a short-lived token: once
 
     async def token(self, seconds: float) -> str:
         """The token to send, waited for at most `seconds` when there is none to use (the
@@ -80,7 +81,10 @@ class TokenSource:
     def _fetched(self, fetching: asyncio.Future[signing.Token]) -> None:
         self._fetching = None
         if not fetching.cancelled() and fetching.exception() is None:
-            self._token = fetching.result()
+            self._token = token = fetching.result()
+            if token.short_lived and not self._warned:  # a fetch and a signature every minute or less
+                self._warned = True
+                logs.log(logging.WARNING, "provider token short-lived", provider=self._provider)
 
     def _renewed(self, fetching: asyncio.Future[signing.Token]) -> None:
         """A renewal ahead of time ended: a failure is logged (the token in use stays until its end)."""
