@@ -1,8 +1,8 @@
 """The benchmarks' library: processes, their CPU and memory, wrk, and the targets they all share.
 
 Imported by bench/run.py, bytecodes.py, floor.py, overhead.py, outage.py, neighbours.py, soak.py,
-artifact.py, large_answers.py, streams.py, stream_runs.py, neighbour_clients.py and peers.py; imports none
-of them. What is here:
+artifact.py, large_answers.py, sealed_bodies.py, streams.py, stream_runs.py, neighbour_clients.py and
+peers.py; imports none of them. What is here:
 
 - `Proc`: a child in a process group of its own, stopped with its whole tree (`stopped_on_error` while
   it gets ready); `wait_ready`.

@@ -57,6 +57,14 @@ def test_each_command_has_help_and_does_nothing_else(command, flag):
     assert done.stderr == ""
 
 
+def test_the_fakes_help_names_the_cloud_routes_it_plays():
+    """A newcomer finds there how to try Claude Code's Bedrock and Vertex modes without accounts."""
+    done = run(["fake", "--help"])
+    for route in ("/invoke", "/invoke-with-response-stream", ":rawPredict", ":streamRawPredict", "/token"):
+        assert route in done.stdout, route
+    assert '"api": "bedrock"' in done.stdout and '"api": "vertex"' in done.stdout
+
+
 @pytest.mark.parametrize(
     "args,named",
     [

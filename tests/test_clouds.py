@@ -301,8 +301,8 @@ def test_the_vertex_shape_with_the_sdk_in_the_providers_project(start_gateway, c
         max_retries=0,
         timeout=10,
     )
-    assert client.messages.create(model="claude-sonnet-4-5", **PROMPT).content[0].text == "Hello from vertex."
-    with client.messages.stream(model="claude-sonnet-4-5", **PROMPT) as stream:
+    assert client.messages.create(model="claude-sonnet-5-5", **PROMPT).content[0].text == "Hello from vertex."
+    with client.messages.stream(model="claude-sonnet-5-5", **PROMPT) as stream:
         assert "".join(stream.text_stream) == "Hello from vertex."
     models = f"/v1/projects/{PROJECT}/locations/{LOCATION}/publishers/anthropic/models/{VERTEX_MODEL}"
     assert [r.path for r in clouds.vertex.requests] == [f"{models}:rawPredict", f"{models}:streamRawPredict"]

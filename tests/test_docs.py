@@ -1,23 +1,32 @@
 """The docs cannot drift from the code: docs/configuration.md names every JSON field
 (with its default) and every variable that config/ reads, and nothing else;
 docs/api.md names every route and error code; README and docs link only inside the
-repository."""
+repository; the configurations and commands docs/clients.md gives start as written."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import urllib.request
 
 import msgspec
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
-from conftest import ROOT
+from conftest import ROOT, START_SECONDS, call, check_in_process, free_port, provider, wait_until
 from tinygw.api import app
 from tinygw.config import environment
 from tinygw.config.documents import ClientDoc, ConfigDoc, ModelDoc, ProviderDoc, RoutingDoc
 
 CONFIGURATION = (ROOT / "docs" / "configuration.md").read_text()
 API = (ROOT / "docs" / "api.md").read_text()
+CLIENTS = (ROOT / "docs" / "clients.md").read_text()
+CONFIDENTIAL = (ROOT / "docs" / "confidential.md").read_text()
 VARIABLE = re.compile(r"\b(?:TINYGW|PROVIDER)_[A-Z0-9_]+\b")
 
 
@@ -155,6 +164,8 @@ def test_api_doc_names_every_route_and_error_code():
         "docs/performance.md",
         "docs/testing.md",
         "docs/clients.md",
+        "docs/confidential.md",
+        "docs/verify.md",
     ],
 )
 def test_links_stay_inside_the_repository(path):
@@ -165,3 +176,107 @@ def test_links_stay_inside_the_repository(path):
         resolved = (ROOT / path).parent / target
         assert ROOT in resolved.resolve().parents or resolved.resolve() == ROOT, target
         assert resolved.exists(), target
+
+
+def _blocks(text: str, heading: str, language: str) -> list[str]:
+    """The fenced `language` blocks of the section under `heading`, to the next heading."""
+    section = text[text.index(heading) + len(heading) :]
+    section = re.split(r"\n#{2,3} ", section)[0]
+    return re.findall(rf"```{language}\n(.*?)```", section, re.DOTALL)
+
+
+def _service_account(token_uri: str) -> str:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return json.dumps(
+        {"client_email": "gw@example.iam.gserviceaccount.com", "private_key": pem.decode(), "token_uri": token_uri}
+    )
+
+
+def test_the_cloud_configuration_of_clients_md_passes_check():
+    (config,) = _blocks(CLIENTS, "## Use it with Claude Code on Bedrock or Vertex", "json")
+    done = check_in_process(
+        {
+            "TINYGW_API_KEYS": "my-gateway-key",
+            "TINYGW_CONFIG": config,
+            "AWS_ACCESS_KEY_ID": "an-id",
+            "AWS_SECRET_ACCESS_KEY": "a-secret",
+            "GOOGLE_SERVICE_ACCOUNT": _service_account("https://oauth2.googleapis.com/token"),
+        }
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
+
+
+def test_the_cloud_modes_of_clients_md_run_on_tinygw_fake(tmp_path):
+    """The section's shell blocks as a newcomer runs them (tinygw and python on PATH, as
+    after `. .venv/bin/activate`), on free ports instead of 9000 and 8080."""
+    start, by_hand = _blocks(CLIENTS, "### The cloud modes on `tinygw fake`", "sh")
+    fake, port = free_port(), free_port()
+    environ = {
+        "PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin",
+        "PYTHONPATH": str(ROOT),
+        "TINYGW_PORT": str(port),
+        "TINYGW_WORKERS": "1",
+    }
+    shell = subprocess.Popen(
+        ["bash", "-c", start.replace("9000", str(fake)) + "wait\n"],
+        cwd=tmp_path,
+        env=environ,
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "stderr", "wb"),
+        start_new_session=True,  # its group: the shell, the fake and the gateway
+    )
+    try:
+        wait_until(lambda: _healthy(f"http://127.0.0.1:{port}/healthz"), START_SECONDS, "the gateway")
+        done = subprocess.run(
+            ["bash", "-c", by_hand.replace("8080", str(port))], capture_output=True, text=True, timeout=30
+        )
+        assert done.stdout.count('"text": "Hello from fake."') == 2, done.stdout + done.stderr
+    finally:
+        os.killpg(shell.pid, signal.SIGTERM)
+        shell.wait(10)
+        print((tmp_path / "stderr").read_text())
+
+
+@pytest.mark.parametrize(
+    "field,documented",
+    [
+        ({"weight": 0}, r"`(tinygw: configuration error: TINYGW_CONFIG \$\.providers\.deepseek\.weight: [^\n]*?)`\."),
+        ({"api": "bedrok"}, r"\(`(TINYGW_CONFIG \$\.providers\.p\.api: Invalid enum value [^\n]*?)`\)"),
+    ],
+)
+def test_the_errors_configuration_md_shows_are_the_codes(field, documented):
+    (shown,) = re.findall(documented, CONFIGURATION)
+    name = "deepseek" if "weight" in field else "p"
+    config = {"providers": {name: {"base_url": "http://127.0.0.1:9", "api": "openai", **field}}}
+    done = check_in_process({"TINYGW_API_KEYS": "a-gateway-key", "TINYGW_CONFIG": json.dumps(config)})
+    assert done.returncode == 2
+    assert shown in done.stderr, done.stderr
+
+
+def test_the_client_of_confidential_md_keeps_the_bodies_its_receipt_is_for(tmp_path, fake, start_gateway):
+    """The snippet as written, against a gateway here (its key taken from the page the doc
+    says never to trust, its evidence from provider none): the hashes PASS, the key is
+    vouched for by nothing (UNVERIFIED)."""
+    (snippet,) = _blocks(CONFIDENTIAL, "### Keeping the bodies a receipt is for", "python")
+    config = {"providers": {"f": provider(fake)}, "models": {"gpt-demo": {"targets": ["f:up"]}}}
+    gateway = start_gateway(config, TINYGW_EHBP="on", TINYGW_RECEIPTS="on", TINYGW_API_KEYS="GATEWAY_KEY")
+    (tmp_path / "gateway.hpke").write_bytes(call("GET", f"{gateway.url}/.well-known/hpke-keys")[2])
+    (tmp_path / "evidence.json").write_bytes(call("GET", f"{gateway.url}/attestation?nonce={'ab' * 32}")[2])
+    (tmp_path / "client.py").write_text(snippet.replace("https://gateway.example", gateway.url))
+    ran = subprocess.run([sys.executable, "client.py"], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert ran.returncode == 0, ran.stderr
+    files = [str(tmp_path / name) for name in ("receipt.json", "evidence.json", "request.json", "answer.txt")]
+    verify = [sys.executable, str(ROOT / "attest" / "verify"), "receipt", files[0], "--attestation", files[1]]
+    done = subprocess.run([*verify, "--request", files[2], "--response", files[3]], capture_output=True, text=True)
+    assert done.returncode == 4, done.stdout + done.stderr  # UNVERIFIED: no quote vouches for the key
+    for check in ("receipt fields", "request hash", "response hash"):
+        assert f"PASS {check}" in done.stdout, done.stdout

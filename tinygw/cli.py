@@ -38,15 +38,23 @@ COMMANDS = {
     ),
     "fake": (
         "[PORT]",
-        "run the built-in fake provider (OpenAI and Anthropic APIs) on 127.0.0.1",
+        "run the built-in fake provider (OpenAI, Anthropic, Bedrock and Vertex) on 127.0.0.1",
         "A well-behaved stand-in provider for trying tinygw without keys: chat, completions,\n"
         "embeddings (base64 when encoding_format says so), responses, messages,\n"
         "count_tokens and model listings, every route streamed when asked; it calls the\n"
         "first function tool once when a request has tools, and answers text once the\n"
-        "request carries the tool's result. Prints its port (a free one without PORT), then\n"
-        "serves until interrupted. Point a provider at it:\n"
+        "request carries the tool's result. It plays the clouds too: Claude on Bedrock\n"
+        "(/model/{model}/invoke, /model/{model}/invoke-with-response-stream), Claude on\n"
+        "Vertex (.../models/{model}:rawPredict, :streamRawPredict) and Google's token\n"
+        "endpoint (/token, for a service-account key's token_uri), checking no signature\n"
+        "and no token. Prints its port (a free one without PORT), then serves until\n"
+        "interrupted. Point a provider at it:\n"
         '  {"base_url": "http://127.0.0.1:PORT/v1", "api": "openai"}\n'
-        '  {"base_url": "http://127.0.0.1:PORT", "api": "anthropic"}',
+        '  {"base_url": "http://127.0.0.1:PORT", "api": "anthropic"}\n'
+        '  {"base_url": "http://127.0.0.1:PORT", "api": "bedrock", "region": ..., "aws_..._env": ...}\n'
+        '  {"base_url": "http://127.0.0.1:PORT", "api": "vertex", "project": ..., "region": ...,\n'
+        '   "credentials_env": ...} with "token_uri": "http://127.0.0.1:PORT/token" in the key\n'
+        "(docs/clients.md: the cloud modes on tinygw fake, step by step).",
     ),
 }
 

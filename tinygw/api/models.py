@@ -62,7 +62,7 @@ def _served(settings: Settings, model_id: str) -> tuple[str, list[tuple[str, str
 def _model_entries(gateway: Gateway) -> list[dict]:
     """docs/design.md section 6: every model alias but the patterns (a client would send
     `claude-*` as a model's name); then each model of a provider's last successful listing
-    that a pattern sends to that provider as it came (`claude-sonnet-4-5` by `"claude-*":
+    that a pattern sends to that provider as it came (`claude-sonnet-5-5` by `"claude-*":
     ["an:*"]`), by its own name; then `provider/upstream_model` for each model of each
     provider whose last listing succeeded. Each with its `availability`."""
     settings = gateway.settings

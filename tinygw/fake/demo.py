@@ -107,7 +107,7 @@ def _messages(url: str, model: str) -> tuple[int, dict]:
         return e.code, json.loads(e.read() or b"{}")
 
 
-BEDROCK_MODEL = "anthropic.claude-sonnet-4-5-v1:0"
+BEDROCK_MODEL = "anthropic.claude-sonnet-5-5-v1:0"
 
 
 def _config(primary: FakeUpstream, backup: FakeUpstream, port: int) -> dict[str, str]:
@@ -128,7 +128,7 @@ def _config(primary: FakeUpstream, backup: FakeUpstream, port: int) -> dict[str,
         "models": {
             "chat": {"targets": ["primary:chat-large", "backup:chat-large-copy"]},
             "solo": {"targets": ["primary:chat-large"]},
-            "claude": {"targets": ["anthropic:claude-sonnet-4-5", f"bedrock:{BEDROCK_MODEL}"]},
+            "claude": {"targets": ["anthropic:claude-sonnet-5-5", f"bedrock:{BEDROCK_MODEL}"]},
         },
     }
     return {

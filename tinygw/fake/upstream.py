@@ -1,4 +1,5 @@
-"""A fake provider that speaks just enough OpenAI and Anthropic, and misbehaves on cue.
+"""A fake provider that speaks just enough OpenAI, Anthropic and Claude on the clouds, and
+misbehaves on cue.
 
 Used by `tinygw demo`, the tests and the benchmark. It answers in one write when it
 can (a plain `http.server` adds tens of milliseconds), keeps connections alive, and
@@ -220,8 +221,9 @@ async def _write_paced(reader, writer: asyncio.StreamWriter, upstream: FakeUpstr
 
 def main(argv: list[str] | None = None) -> None:
     """`tinygw fake [PORT]` (or `python -m tinygw.fake.upstream [PORT]`): a well-behaved
-    fake provider on 127.0.0.1, both APIs at once, with a prompt cache, until interrupted. Prints its port
-    (a free one without PORT) on the first line of stdout."""
+    fake provider on 127.0.0.1, every API at once (Bedrock's, Vertex's and Google's token
+    endpoint too), with a prompt cache, until interrupted. Prints its port (a free one
+    without PORT) on the first line of stdout."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv
