@@ -24,5 +24,5 @@ async def metrics(gateway: Gateway, scope, send) -> None:
             "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")],
         }
     )
-    body = gateway.metrics.render(gateway.clients.in_flight(gateway.clock()))
+    body = gateway.metrics.render(gateway.clients.in_flight(gateway.clock()), gateway.circuits_open_until())
     await send({"type": "http.response.body", "body": body})

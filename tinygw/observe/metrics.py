@@ -1,9 +1,10 @@
 """docs/design.md section 7's metrics, kept in a store shared by the workers, in Prometheus text.
 
 Counters and histograms are summed over every worker, so a scrape of any worker
-counts all traffic; so is the in-flight gauge, over live workers. Gauges of
-per-process state (a circuit is per worker by design, docs/design.md section 4; so is a worker's
-last listing; and `process_*`) are shown per worker, with a `worker` label (its slot,
+counts all traffic; so is the in-flight gauge, over live workers. A circuit is the
+gateway's (docs/design.md section 4): `tinygw_circuit_open` is read from the shared
+circuit table at the scrape, one series per circuit. Gauges of per-process state (a
+worker's last listing, and `process_*`) are shown per worker, with a `worker` label (its slot,
 1..N, stable across restarts: tinygw.observe.metricstore), and only for workers that are
 alive. `process_*` is read at the scrape from /proc for each live worker, so it costs
 the workers nothing.
@@ -33,6 +34,7 @@ _LE = (*(str(bucket) for bucket in DURATION_BUCKETS), "+Inf")
 
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 LIVE_SUM = "live_sum"  # a gauge summed over live workers, shown without a `worker` label
+GATEWAY = "gateway"  # a gauge of the gateway's shared state, given to `render`: one series, no `worker` label
 
 # name -> (type, help, label names); per-worker gauges get a `worker` label too.
 FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -74,8 +76,8 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         ("provider", "provider_model", "state"),
     ),
     "tinygw_circuit_open": (
-        GAUGE,
-        "1 while the circuit is open (per worker: circuits are).",
+        GATEWAY,
+        "1 while the circuit is open (the gateway's circuit, whatever the number of workers).",
         ("provider", "provider_model"),
     ),
     "tinygw_pool_waiting": (
@@ -333,12 +335,6 @@ class Metrics:
     def count_transition(self, provider: str, provider_model: str, state: str) -> None:
         self.store.add(("tinygw_circuit_transitions_total", (provider, provider_model, state), ""))
 
-    def set_circuit_open_until(self, provider: str, provider_model: str, until: float) -> None:
-        """The monotonic time (shared by the machine's processes) the circuit is open
-        until; 0 when it is not open. A scrape reads it against the clock, so a pause
-        that ended shows 0 even before the worker looks at the circuit again."""
-        self.store.set(("tinygw_circuit_open", (provider, provider_model), "until"), until)
-
     def set_listing_up(self, provider: str, up: bool) -> None:
         self.store.set(("tinygw_listing_up", (provider,), ""), 1.0 if up else 0.0)
 
@@ -388,11 +384,21 @@ class Metrics:
 
     # ---- the scrape --------------------------------------------------------------------
 
-    def render(self, client_in_flight: Mapping[str, int] | None = None) -> bytes:
+    def render(
+        self,
+        client_in_flight: Mapping[str, int] | None = None,
+        circuits_open_until: Mapping[tuple[str, str], float] | None = None,
+    ) -> bytes:
         """The scrape, of every worker's store; `client_in_flight`: each client's requests in
         flight over the live workers, as the clients table counts them (tinygw.observe.clienttable:
-        not counted twice)."""
+        not counted twice); `circuits_open_until`: when each of the gateway's circuits' pause
+        ends while it is open, else 0 (tinygw.observe.circuittable), read against the clock
+        here, so a pause that ended shows 0 before any worker looks at the circuit again."""
         now = time.monotonic()
+        gateway = {
+            ("tinygw_circuit_open", labels): 1.0 if until > now else 0.0
+            for labels, until in (circuits_open_until or {}).items()
+        }
         summed: dict[Key, float] = {
             ("tinygw_client_in_flight", (client,), ""): float(n) for client, n in (client_in_flight or {}).items()
         }
@@ -429,8 +435,12 @@ class Metrics:
             ]
         for name, (kind, help_text, label_names) in FAMILIES.items():
             lines.append(f"# HELP {name} {help_text}")
-            lines.append(f"# TYPE {name} {GAUGE if kind == LIVE_SUM else kind}")
-            if kind == GAUGE:
+            lines.append(f"# TYPE {name} {GAUGE if kind in (LIVE_SUM, GATEWAY) else kind}")
+            if kind == GATEWAY:
+                for (family, labels), value in sorted(gateway.items()):
+                    if family == name:
+                        lines.append(f"{name}{{{_labels(zip(label_names, labels, strict=True))}}} {_number(value)}")
+            elif kind == GAUGE:
                 for (family, labels), value in sorted(per_worker.items()):
                     if family == name:
                         pairs = zip((*label_names, "worker"), labels, strict=False)

@@ -134,8 +134,7 @@ async def check_health(gateway: Gateway, name: str, circuits: list[Circuit]) -> 
         logs.log(logging.INFO, "provider health check failed", provider=name, **_why(e))
         return
     for circuit, generation in generations:
-        if circuit.generation == generation:  # else it moved during the check: not ours to move
-            circuit.health_ok()
+        circuit.health_ok(generation)  # only if it has not moved during the check
 
 
 async def check_all(gateway: Gateway) -> None:

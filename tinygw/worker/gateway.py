@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from tinygw import __version__, logs
 from tinygw.config.settings import DEFAULT_CLIENT, Client, Settings
 from tinygw.observe.board import Board
+from tinygw.observe.circuittable import CircuitTable
 from tinygw.observe.clienttable import ClientTable
 from tinygw.observe.metrics import Metrics
 from tinygw.observe.metricstore import FileStore
@@ -51,12 +52,6 @@ def _configured_circuits(settings: Settings) -> list[tuple[str, str]]:
     )
 
 
-def _open_until(circuit: Circuit) -> float:
-    """tinygw_circuit_open's value for `circuit`: when its pause ends while it is open, else 0."""
-    state, _, pause, opened_at, _ = circuit.snapshot()
-    return (opened_at or 0.0) + pause if state is State.OPEN else 0.0
-
-
 class Gateway:
     def __init__(
         self,
@@ -80,9 +75,12 @@ class Gateway:
         # What the status page shows of this worker, in the shared store; wall clock for display only.
         self.started_at = time.time()
         self.board = Board(self.metrics.store, self.started_at)
-        self.breakers = Breakers(settings.breaker, clock, self._on_transition, configured, self._on_change)
-        for provider, provider_model in configured:  # a series per circuit from the start
-            self.metrics.set_circuit_open_until(provider, provider_model, 0.0)
+        # The gateway's circuits, one whatever the number of workers (docs/design.md section 4)
+        by_provider: dict[str, list[str]] = {name: [] for name in settings.providers}
+        for provider, provider_model in configured:
+            by_provider.setdefault(provider, []).append(provider_model)
+        self.circuit_table = CircuitTable(settings.breaker, by_provider, shared, store.slot)
+        self.breakers = Breakers(settings.breaker, clock, self._on_transition, configured, table=self.circuit_table)
         self.pid = os.getpid()
         # The worker's loop, looked up once: each lookup is a getpid(2) on Python 3.11 (~1/10 of a request's CPU)
         try:
@@ -168,15 +166,9 @@ class Gateway:
 
         return waiting
 
-    def _on_change(self, circuit: Circuit) -> None:
-        """What the status page shows of `circuit` changed (or it was forgotten: then its
-        gauge is 0, as for a circuit that is not open; or it is shown by a new name while
-        open, breaker._show_as: the gauge of that name follows)."""
-        self.board.publish_circuit(circuit)
-        if circuit.forgotten:
-            self.metrics.set_circuit_open_until(circuit.provider, circuit.label, 0.0)
-        elif circuit.snapshot()[0] is State.OPEN:
-            self.metrics.set_circuit_open_until(circuit.provider, circuit.label, _open_until(circuit))
+    def circuits_open_until(self) -> dict[tuple[str, str], float]:
+        """tinygw_circuit_open's values, read from the gateway's circuit table."""
+        return self.circuit_table.open_until()
 
     def _on_redacted(self, provider: str) -> Callable[[int], None]:
         """What follows a secret of `provider` found in its answer: counted, and a warning
@@ -192,8 +184,8 @@ class Gateway:
         return found
 
     def _on_transition(self, circuit: Circuit, old: State, new: State) -> None:
+        """Told once per transition of the gateway's circuit, by the worker that made it."""
         self.metrics.count_transition(circuit.provider, circuit.label, new.value)
-        self.metrics.set_circuit_open_until(circuit.provider, circuit.label, _open_until(circuit))
         if new is State.OPEN:
             logs.log(
                 logging.WARNING,
@@ -236,5 +228,6 @@ class Gateway:
             if upstream.token_pool is not None:
                 await upstream.token_pool.aclose()
         self.clients.close()
+        self.circuit_table.close()
         if self.confidential is not None:
             self.confidential.close()
