@@ -122,6 +122,7 @@ def test_each_pause_admits_one_probe_for_the_gateway(fake, start_gateway):
         PROVIDER_BREAKER_OPEN_SECONDS="0.5",
         **QUIET,
     )
+    assert call("POST", f"{gateway.url}{CHAT}", REQUEST)[0] == 502  # the trip, alone: none other in flight
     stop = threading.Event()
 
     def keep_asking() -> None:
@@ -193,7 +194,9 @@ def test_a_probe_whose_worker_is_killed_is_given_back(fake, start_gateway):
     wait_until(lambda: status_or_reset(gateway) == 200, seconds=20, what="a probe after the kill")
     assert gateway.process.poll() is None
     assert len(chats(fake)) == 3
-    closed = [r for r in gateway.log_records() if r.get("msg") == "provider circuit closed"]
+    closed = wait_until(
+        lambda: [r for r in gateway.log_records() if r.get("msg") == "provider circuit closed"], what="the close"
+    )
     assert len(closed) == 1
 
 
@@ -204,8 +207,10 @@ def test_a_killed_worker_is_started_again_and_the_others_serve_on(fake, start_ga
     )
     killed = sorted(before)[1]
     os.kill(killed, signal.SIGKILL)
-    wait_until(lambda: status_or_reset(gateway) == 200, seconds=20, what="an answer after the kill")
-    assert set(send_many(gateway, 40)) == {200}  # the others serve on, and the new one with them
+    # The others serve on (a connection the kernel had queued to the killed worker's own
+    # listening socket is reset with it, as is one that arrives as its socket closes).
+    answered = [status_or_reset(gateway) for _ in range(20)]
+    assert answered.count(200) >= 15 and set(answered) <= {200, None}, answered
     after = wait_until(
         lambda: pids if len(pids := worker_pids(gateway)) == WORKERS and killed not in pids else None,
         seconds=20,
@@ -221,3 +226,75 @@ def test_a_killed_worker_is_started_again_and_the_others_serve_on(fake, start_ga
 
     wait_until(every_slot_back, seconds=20, what="the new worker in the freed slot")
     assert set(send_many(gateway, 40)) == {200}
+
+
+def test_a_key_resting_after_a_429_is_skipped_by_every_worker(fake, start_gateway):
+    def script(request: FakeRequest) -> Reply:
+        if request.headers["authorization"] == "Bearer key-one":
+            return json_reply(429, {"error": {"message": "slow down"}}, [("retry-after", "60")])
+        return well_behaved()(request)
+
+    fake.script = script
+    gateway = start_gateway(
+        {"providers": {"p": provider(fake, api_key_env=["K1", "K2"], affinity=False)}, **ONE_TARGET},
+        K1="key-one",
+        K2="key-two",
+        TINYGW_WORKERS=str(WORKERS),
+        **QUIET,
+    )
+    assert call("POST", f"{gateway.url}{CHAT}", REQUEST)[0] == 200  # key-one's 429, then key-two
+    assert set(send_many(gateway, 60)) == {200}
+    assert len(serving_workers(gateway)) >= 2, "several workers must have served for this test to mean anything"
+    used = [r.headers["authorization"] for r in chats(fake)]
+    assert used.count("Bearer key-one") == 1  # per-worker rests: once per worker
+    assert used.count("Bearer key-two") == 61
+
+
+def test_round_robin_spreads_the_gateways_requests(fake, start_gateway):
+    gateway = start_gateway(
+        {
+            "providers": {"a": provider(fake), "b": provider(fake)},
+            "models": {"m": {"targets": ["a:x", "b:y"], "strategy": "round_robin", "affinity": False}},
+        },
+        TINYGW_WORKERS=str(WORKERS),
+        **QUIET,
+    )
+    for _ in range(24):  # one at a time, each on a new connection: any worker
+        assert call("POST", f"{gateway.url}{CHAT}", REQUEST)[0] == 200
+    assert len(serving_workers(gateway)) >= 2, "several workers must have served for this test to mean anything"
+    models = [r.json()["model"] for r in chats(fake)]
+    assert models == [models[0], {"x": "y", "y": "x"}[models[0]]] * 12  # per-worker turns would repeat
+
+
+def test_a_health_check_and_a_listing_run_once_per_interval_for_the_gateway(fake, start_gateway):
+    import time
+
+    asked: dict[str, list[float]] = {"health": [], "listing": []}
+
+    def script(request: FakeRequest) -> Reply:
+        if request.path == "/health":
+            asked["health"].append(time.monotonic())
+            return json_reply(500, {"error": {"message": "still down"}})
+        if request.method == "GET" and request.path.endswith("/models"):
+            asked["listing"].append(time.monotonic())
+        if request.path.endswith("/chat/completions"):
+            return failing(request)
+        return well_behaved()(request)
+
+    fake.script = script
+    gateway = start_gateway(
+        {"providers": {"p": provider(fake, listing=True, health_path="/health")}, **ONE_TARGET},
+        TINYGW_WORKERS=str(WORKERS),
+        PROVIDER_BREAKER_FAILURES="1",
+        PROVIDER_BREAKER_OPEN_SECONDS="300",
+        PROVIDER_RETRY_FAST_FAILURES="false",
+        PROVIDER_HEALTH_CHECK_SECONDS="0.5",
+        PROVIDER_LISTING_SECONDS="0.5",
+    )
+    wait_until(lambda: len(worker_pids(gateway)) == WORKERS, seconds=20, what="every worker")
+    assert call("POST", f"{gateway.url}{CHAT}", REQUEST)[0] == 502  # opens the circuit: health checks begin
+    wait_until(lambda: len(asked["health"]) >= 5 and len(asked["listing"]) >= 5, seconds=10, what="five rounds")
+    for kind in ("health", "listing"):
+        times = asked[kind][:5]
+        gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
+        assert min(gaps) > 0.3, (kind, gaps)  # per-worker loops: four at each interval

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tinygw.protocol.wire import send_json
+from tinygw.worker import discovery
 from tinygw.worker.gateway import Gateway
 
 
@@ -24,5 +25,6 @@ async def metrics(gateway: Gateway, scope, send) -> None:
             "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")],
         }
     )
-    body = gateway.metrics.render(gateway.clients.in_flight(gateway.clock()), gateway.circuits_open_until())
+    clients = gateway.clients.in_flight(gateway.clock())
+    body = gateway.metrics.render(clients, gateway.circuits_open_until(), discovery.listings_up(gateway))
     await send({"type": "http.response.body", "body": body})

@@ -1,14 +1,14 @@
 """The status page (docs/design.md section 7): `/status` in HTML and `/status.json`.
 
 Both show the gateway's circuits (one table whatever the number of workers,
-tinygw.observe.circuittable), and every live worker's listings and resting keys in one view,
-read from the shared metric store where each worker publishes them (tinygw.observe.board),
-whichever worker answers;
+tinygw.observe.circuittable) and last listings (tinygw.worker.discovery), and every live
+worker's resting keys, read from the shared metric store where each worker publishes them
+(tinygw.observe.board), in one view whichever worker answers;
 and the gateway: version, artifact sha256 (when frozen), config hash, start and uptime,
 live workers (slot and PID) and each model alias's strategy and targets. Times in
 status.json are wall-clock ISO 8601 (UTC). For each provider: its listing state (on or
 off, as tinygw.worker.discovery decides: off for Claude on a cloud, which has none; `up`
-true when every live worker's last listing succeeded, false when one failed or has not
+true when the gateway's last listing succeeded, false when it failed or has not
 finished yet, null when listing is off) and the number of models listed;
 for each circuit of the gateway: the state in words ("Circuit
 Open" etc.), the consecutive failures, the current pause, the seconds until the next
@@ -45,6 +45,7 @@ from tinygw.errors import EvidenceUnavailable
 from tinygw.observe import board
 from tinygw.protocol.wire import JSON_HEADERS
 from tinygw.resilience.breaker import State
+from tinygw.worker import discovery
 from tinygw.worker.discovery import lists_models
 from tinygw.worker.gateway import Gateway
 
@@ -123,8 +124,8 @@ def _summary(providers: list[dict]) -> dict:
 
 
 def snapshot(gateway: Gateway, pid: int, artifact_sha256: str | None = None) -> dict:
-    """What both pages show, as plain data (the shape of /status.json): every live
-    worker's circuits and listings, read from the shared store (tinygw.observe.board)."""
+    """What both pages show, as plain data (the shape of /status.json): the gateway's
+    circuits and listings, and every live worker's resting keys."""
     settings = gateway.settings
     now, wall = gateway.clock(), time.time()  # wall: for display only
     workers = board.read(gateway.metrics.store)
@@ -133,9 +134,7 @@ def snapshot(gateway: Gateway, pid: int, artifact_sha256: str | None = None) -> 
     for name in sorted(settings.providers):
         provider = settings.providers[name]
         enabled = lists_models(provider) and settings.listing_seconds > 0  # never Claude on a cloud
-        listed = [w.listings.get(name) for w in workers]
-        counts = [n for n in listed if n is not None]
-        up = bool(listed) and len(counts) == len(listed)
+        models = discovery.listed(gateway, name)  # the gateway's last listing, whichever worker ran it
         circuits = [_circuit(c, now, wall) for c in table if c.provider == name]
         circuits.sort(key=lambda c: (_STATE_RANK[c["state"]], c["provider_model"]))
         providers.append(
@@ -144,8 +143,8 @@ def snapshot(gateway: Gateway, pid: int, artifact_sha256: str | None = None) -> 
                 "api": provider.doc.api,
                 "listing": {
                     "enabled": enabled,
-                    "up": up if enabled else None,
-                    "models": min(counts) if enabled and up else None,
+                    "up": models is not None if enabled else None,
+                    "models": models if enabled else None,
                 },
                 "key_pool": _key_pool(name, len(provider.keys), workers, now, wall),
                 "circuits": circuits,

@@ -1,14 +1,14 @@
-"""What each worker publishes of its listings and keys, for the status page; how it shows a circuit.
+"""What each worker publishes of itself and its keys' rests, for the status page; how it shows a circuit.
 
 The status page shows every live worker's in one view (docs/design.md section 7), whichever
 worker a reload reaches. So each worker writes into its own file of the shared metric store
 (tinygw.observe.metricstore), under names that /metrics does not export, and the page reads
 every live worker's. The circuits are the gateway's, one table in shared memory
-(tinygw.observe.circuittable), read from there as `CircuitView`s.
+(tinygw.observe.circuittable), read from there as `CircuitView`s; so is its last
+listing of each provider (tinygw.worker.discovery).
 
 Entries (family, labels, part):
 - ("status_worker", (), "started_at"): the worker's start, wall-clock seconds
-- ("status_listing", (provider,), "models"): models of the last successful listing, or -1
 - ("status_key", (provider, index), "rest_until"): until when a key of the provider's pool
   rests after a 429 (monotonic; `index` its place in the pool, never the key)
 """
@@ -49,7 +49,6 @@ class WorkerView(Struct):
     pid: int
     slot: int
     started_at: float | None  # wall clock
-    listings: dict[str, int | None]  # provider -> models listed, None while not up
     # (provider, index of the key in its pool) -> until when it rests (monotonic); past values too
     key_rests: dict[tuple[str, int], float] = {}
 
@@ -62,9 +61,6 @@ class Board:
     def publish_key_rest(self, provider: str, index: int, until: float) -> None:
         self.store.set(("status_key", (provider, str(index)), "rest_until"), until)
 
-    def publish_listing(self, provider: str, models: int | None) -> None:
-        self.store.set(("status_listing", (provider,), "models"), -1.0 if models is None else float(models))
-
 
 def read(store) -> list[WorkerView]:
     """Every live worker's view, by slot."""
@@ -72,15 +68,12 @@ def read(store) -> list[WorkerView]:
     for pid, slot, alive, values in store.snapshot():
         if not alive:
             continue
-        listings: dict[str, int | None] = {}
         key_rests: dict[tuple[str, int], float] = {}
         started_at = None
         for (name, labels, part), value in values.items():
-            if name == "status_listing" and len(labels) == 1:
-                listings[labels[0]] = None if value < 0 else int(value)
-            elif name == "status_key" and len(labels) == 2 and labels[1].isdigit():
+            if name == "status_key" and len(labels) == 2 and labels[1].isdigit():
                 key_rests[(labels[0], int(labels[1]))] = value
             elif name == "status_worker" and part == "started_at":
                 started_at = value
-        views.append(WorkerView(pid=pid, slot=slot, started_at=started_at, listings=listings, key_rests=key_rests))
+        views.append(WorkerView(pid=pid, slot=slot, started_at=started_at, key_rests=key_rests))
     return sorted(views, key=lambda v: v.slot)

@@ -23,8 +23,10 @@ from tinygw.observe.circuittable import CircuitTable
 from tinygw.observe.clienttable import ClientTable
 from tinygw.observe.metrics import Metrics
 from tinygw.observe.metricstore import FileStore
+from tinygw.observe.shared import SharedRuns
 from tinygw.protocol.routing import WILDCARD, Resolver
 from tinygw.protocol.wire import RequestIds
+from tinygw.resilience import strategy
 from tinygw.resilience.breaker import Breakers, Circuit, Clock, State
 from tinygw.resilience.strategy import Strategies
 from tinygw.trust.attestation import artifact_digests
@@ -50,6 +52,18 @@ def _configured_circuits(settings: Settings) -> list[tuple[str, str]]:
             if t.upstream_model != WILDCARD
         }
     )
+
+
+def shared_runs(settings: Settings) -> dict[str, int]:
+    """The gateway's small shared numbers (tinygw.observe.shared): each provider's keys'
+    rests (tinygw.resilience.keys), the spreading strategies' counters, and discovery's
+    turns and listings (tinygw.worker.discovery)."""
+    return {
+        **{f"keys:{name}": max(1, len(p.keys)) for name, p in settings.providers.items()},
+        **strategy.runs(settings),
+        "discovery": 2,
+        **{f"listed:{name}": 2 for name in settings.providers},
+    }
 
 
 class Gateway:
@@ -80,6 +94,9 @@ class Gateway:
         for provider, provider_model in configured:
             by_provider.setdefault(provider, []).append(provider_model)
         self.circuit_table = CircuitTable(settings.breaker, by_provider, shared, store.slot)
+        self.run_directory = shared
+        self.shared = SharedRuns(shared_runs(settings), shared)
+        self.listed_versions = {name: 0.0 for name in settings.providers}  # tinygw.worker.discovery.synced
         self.breakers = Breakers(settings.breaker, clock, self._on_transition, configured, table=self.circuit_table)
         self.pid = os.getpid()
         # The worker's loop, looked up once: each lookup is a getpid(2) on Python 3.11 (~1/10 of a request's CPU)
@@ -116,7 +133,7 @@ class Gateway:
                 store.slot,
                 settings.workers,
             )
-        self.strategies = Strategies(settings)
+        self.strategies = Strategies(settings, shared=self.shared)
         self.resolver = Resolver(settings)  # a request's route and model to its targets
         # provider -> model ids of its last successful listing, absent before one (tinygw.worker.discovery)
         self.listings: dict[str, list[str]] = {}
@@ -136,6 +153,7 @@ class Gateway:
                 functools.partial(self.board.publish_key_rest, name),  # for the status page
                 clock,
                 wall_clock,
+                self.shared.run(f"keys:{name}"),
             )
             for name, p in settings.providers.items()
         }
@@ -229,5 +247,6 @@ class Gateway:
                 await upstream.token_pool.aclose()
         self.clients.close()
         self.circuit_table.close()
+        self.shared.close()
         if self.confidential is not None:
             self.confidential.close()

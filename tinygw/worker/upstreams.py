@@ -19,6 +19,7 @@ from tinygw.headers import ACCOUNT
 from tinygw.protocol.wire import NOT_FORWARDED
 from tinygw.resilience.breaker import Clock
 from tinygw.resilience.keys import KeyRing
+from tinygw.resilience.rows import Floats
 from tinygw.secret import Secret
 from tinygw.trust.redact import Redactor
 from tinygw.upstream.pool import Authorize, Pool, Timeouts
@@ -149,7 +150,9 @@ def make_upstream(
     on_rest: Callable[[int, float], None],
     clock: Clock = time.monotonic,
     wall_clock: Clock = time.time,
+    rest_until: Floats | None = None,
 ) -> Upstream:
+    """`rest_until`: its keys' rests, shared by the gateway's workers (tinygw.resilience.keys)."""
     authorize, token_pool = _credentials(p, context, loop, clock, wall_clock)
     pool = Pool(
         p.origin,
@@ -174,7 +177,7 @@ def make_upstream(
     return Upstream(
         provider=p,
         pool=pool,
-        keys=KeyRing(len(p.keys), on_rest, p.doc.affinity),
+        keys=KeyRing(len(p.keys), on_rest, p.doc.affinity, rest_until),
         redactor=Redactor(_secrets(p), on_redacted),
         query=encode_query({k: plain(v) for k, v in p.query.items()}),
         query_names=frozenset(k.lower().encode() for k in p.query),
