@@ -124,3 +124,14 @@ def test_the_gateway_keeps_at_most_256_names_per_provider(tmp_path):
     assert "b0" in names and "b199" in names and "a0" not in names  # the least recently used first
     # A worker whose name's row was given away finds out at its next lookup, and gets a fresh circuit.
     assert one.circuit("p", "a0").failures == 0
+
+
+def test_a_circuit_another_worker_made_is_among_the_providers_circuits(tmp_path):
+    (one, two), _ = workers(tmp_path, failures=1)
+    ticket = one.circuit("p", "named").allow()
+    assert ticket is not None
+    ticket.done(F, "502")
+    [seen] = [c for c in two.of_provider("p") if c.shown == "named"]  # as the health check looks for open ones
+    assert seen.state() is State.OPEN
+    seen.health_ok(seen.generation)
+    assert one.circuit("p", "named").state() is State.HALF_OPEN

@@ -287,6 +287,20 @@ class CircuitTable:
 
     # ---- reading ---------------------------------------------------------------------------
 
+    def rows_of(self, provider: str) -> list[tuple[int, str]]:
+        """(row, shown name) of every circuit of `provider` in the table."""
+        start, size = self._regions.get(provider, (0, 0))
+        v = self.values
+        self.lock()
+        try:
+            return [
+                (at, self.shown(at))
+                for at in range(start, start + size * rows.ROW_FLOATS, rows.ROW_FLOATS)
+                if v[at + rows.NAME]
+            ]
+        finally:
+            self.unlock()
+
     def view(self) -> list[CircuitView]:
         """Every circuit of the gateway, by provider, as its row says now."""
         views = []

@@ -441,6 +441,8 @@ class Table(Rows, Protocol):
 
     def conceal(self, at: int, shown: str) -> None: ...
 
+    def rows_of(self, provider: str) -> list[tuple[int, str]]: ...
+
 
 class Breakers:
     """Every circuit one worker process uses: the configured targets', made at the start and
@@ -551,8 +553,21 @@ class Breakers:
         return circuit
 
     def of_provider(self, provider: str) -> list[Circuit]:
+        """Every circuit of `provider` this worker keeps; with a table, also those that other
+        workers made (over their rows, by the names they are shown by), so that the
+        gateway's health check sees every open one (tinygw.worker.discovery)."""
         configured = [c for (p, _), c in self._circuits.items() if p == provider]
-        return configured + list(self._named.get(provider, {}).values())
+        circuits = configured + list(self._named.get(provider, {}).values())
+        table = self.table
+        if table is not None:
+            known = {c._at for c in circuits if c._rows is table}
+            settings, clock = self.settings, self._clock
+            circuits += [
+                Circuit(provider, shown, settings, clock, self._on_transition, self._on_change, shown, table, at)
+                for at, shown in table.rows_of(provider)
+                if at not in known
+            ]
+        return circuits
 
     def all(self) -> list[Circuit]:
         return list(self._circuits.values()) + [c for named in self._named.values() for c in named.values()]
