@@ -8,7 +8,8 @@ import os
 
 from tinygw.config.settings import Breaker
 from tinygw.observe.circuittable import CircuitTable
-from tinygw.resilience.breaker import MAX_CIRCUITS_PER_PROVIDER, Breakers, Outcome, State
+from tinygw.resilience.breaker import MAX_CIRCUITS_PER_PROVIDER, Outcome, State
+from tinygw.resilience.breakers import Breakers
 
 F, S = Outcome.FAILURE, Outcome.SUCCESS
 

@@ -27,7 +27,8 @@ from tinygw.observe.shared import SharedRuns
 from tinygw.protocol.routing import WILDCARD, Resolver
 from tinygw.protocol.wire import RequestIds
 from tinygw.resilience import strategy
-from tinygw.resilience.breaker import Breakers, Circuit, Clock, State
+from tinygw.resilience.breaker import Circuit, Clock, State
+from tinygw.resilience.breakers import Breakers
 from tinygw.resilience.strategy import Strategies
 from tinygw.trust.attestation import artifact_digests
 from tinygw.trust.auth import InboundAuth

@@ -36,7 +36,8 @@ from tinygw.protocol.wire import (
     rewrite_model,
 )
 from tinygw.resilience import outcome
-from tinygw.resilience.breaker import Breakers, Circuit, Outcome, Ticket
+from tinygw.resilience.breaker import Circuit, Outcome, Ticket
+from tinygw.resilience.breakers import Breakers
 from tinygw.upstream.pool import Response, UpstreamRequest
 from tinygw.worker import frames
 from tinygw.worker.gateway import Gateway
