@@ -297,4 +297,4 @@ def test_a_health_check_and_a_listing_run_once_per_interval_for_the_gateway(fake
     for kind in ("health", "listing"):
         times = asked[kind][:5]
         gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
-        assert min(gaps) > 0.3, (kind, gaps)  # per-worker loops: four at each interval
+        assert min(gaps) > 0.25, (kind, gaps)  # per-worker loops: four at each interval
