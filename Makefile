@@ -121,9 +121,10 @@ bench-floor: $(STAMP)
 	$(PY) bench/floor.py
 
 # What a provider outage costs the clients (refused/reset, hang, 500, then recovery), tinygw beside
-# LiteLLM and Portkey (installed on first use, as for `make bench`): ~10 min.
+# LiteLLM and Portkey (installed on first use, as for `make bench`): ~10 min. `make bench-outage WORKERS=4`
+# also runs tinygw with 4 workers, its hits on the failing primary beside the one worker's.
 bench-outage: $(STAMP)
-	$(PY) bench/outage.py
+	$(PY) bench/outage.py $(if $(WORKERS),--workers $(WORKERS))
 
 # Agents keep their prompt cache: 16 sessions of 40 turns in Claude Code's shape through a round_robin alias
 # of two targets on a provider with three keys, to the fake provider's prompt cache, with conversation

@@ -6,18 +6,22 @@ healthy throughout. For each way a fresh `tinygw serve` (product defaults: break
 `--seconds` (60), the primary recovering at `--recover-at` (35 s). Printed per scenario:
 the share of answers that succeeded, p50/p99 latency, how many requests reached the
 failing primary, and how long after its recovery the first answer came from it again.
+With `--workers N`, tinygw runs each scenario a second time with TINYGW_WORKERS=N, and the
+table shows the hits on the failing primary of both side by side: its workers share one
+circuit per (provider, upstream model), so N workers cost what one does.
 
 The three ways: `reset` (the primary accepts and resets the connection at once: a
 connection error it can count, where a refused port could not be counted), `hang`
 (it reads the request and never answers; the gateway's first-byte timeout is 5 s)
 and `500` (it answers 500 at once). Loopback only; bounded in time.
 
-    .venv/bin/python bench/outage.py [--seconds 60] [--recover-at 35] [--scenarios reset,hang,500]
+    .venv/bin/python bench/outage.py [--seconds 60] [--recover-at 35] [--scenarios reset,hang,500] [--workers 4]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import http.client
 import json
 import os
@@ -120,7 +124,7 @@ class Provider:
                     conn.sendall(answer(500, "down") if mode == "500" else answer(200, self.name))
 
 
-def start_tinygw(primary: Provider, fallback: Provider, port: int, workdir: str) -> subprocess.Popen:
+def start_tinygw(primary: Provider, fallback: Provider, port: int, workdir: str, workers: int = 1) -> subprocess.Popen:
     config = {
         "providers": {
             "primary": {
@@ -138,6 +142,7 @@ def start_tinygw(primary: Provider, fallback: Provider, port: int, workdir: str)
         "PYTHONPATH": str(ROOT),
         "TINYGW_CONFIG": json.dumps(config),
         "TINYGW_PORT": str(port),
+        "TINYGW_WORKERS": str(workers),
     }
     command = [os.environ["TINYGW_BINARY"]] if os.environ.get("TINYGW_BINARY") else [sys.executable, "-m", "tinygw"]
     return subprocess.Popen([*command, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -215,10 +220,12 @@ GATEWAYS = {
 }
 
 
-def run_scenario(gateway_name: str, way: str, seconds: float, recover_at: float) -> dict:
+def run_scenario(gateway_name: str, way: str, seconds: float, recover_at: float, workers: int = 1) -> dict:
     primary, fallback = Provider("primary"), Provider("fallback")
     port = free_port()
     start_gateway, ready_path = GATEWAYS[gateway_name]
+    if workers > 1:
+        start_gateway = functools.partial(start_tinygw, workers=workers)
     workdir = tempfile.mkdtemp(prefix=f"outage-{gateway_name}-")
     gateway = start_gateway(primary, fallback, port, workdir)
     results: list[tuple[float, float, int, str]] = []  # (start, latency, status, who answered)
@@ -293,6 +300,9 @@ def main() -> int:
     parser.add_argument("--recover-at", type=float, default=35.0)
     parser.add_argument("--scenarios", default="reset,hang,500")
     parser.add_argument(
+        "--workers", type=int, default=1, help="also run tinygw with this many workers, its hits in a column beside"
+    )
+    parser.add_argument(
         "--gateways",
         default="tinygw,litellm,portkey",
         help="tinygw; LiteLLM's proxy (installed with pip into bench/.venv-litellm when missing); "
@@ -314,17 +324,27 @@ def main() -> int:
         f"scenario, the primary recovering at +{args.recover_at:g} s",
         flush=True,
     )
-    rows = [run_scenario(g, way, args.seconds, args.recover_at) for way in args.scenarios.split(",") for g in gateways]
+    if args.workers < 1:
+        parser.error("need --workers >= 1")
+    rows = []
+    for way in args.scenarios.split(","):
+        for g in gateways:
+            row = run_scenario(g, way, args.seconds, args.recover_at)
+            if g == "tinygw" and args.workers > 1:
+                row["reached_n"] = run_scenario(g, way, args.seconds, args.recover_at, args.workers)["reached"]
+            rows.append(row)
+    many = f" | reached it, {args.workers} workers" if args.workers > 1 else ""
     print(
-        "| primary fails by | gateway | requests | success | p50 | p99 | reached the failing primary "
+        f"| primary fails by | gateway | requests | success | p50 | p99 | reached the failing primary{many} "
         "| back to the primary after recovery |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if many else ""))
     for r in rows:
         back = f"{r['back_s']:.1f} s" if r["back_s"] is not None else "not within the run"
+        reached_n = f" | {r.get('reached_n', '—')}" if many else ""
         print(
             f"| {r['way']} | {r['gateway']} | {r['requests']:,} | {r['success']:.1f}% | {r['p50_ms']:.1f} ms "
-            f"| {r['p99_ms']:.1f} ms | {r['reached']} | {back} |"
+            f"| {r['p99_ms']:.1f} ms | {r['reached']}{reached_n} | {back} |"
         )
     return 0
 

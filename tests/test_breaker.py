@@ -10,13 +10,13 @@ from tinygw.resilience.breaker import (
     MAX_LABELS_PER_PROVIDER,
     OTHER,
     TRANSITIONS,
-    Breakers,
     Circuit,
     Event,
     IllegalTransition,
     Outcome,
     State,
 )
+from tinygw.resilience.breakers import Breakers
 
 S, F, N = Outcome.SUCCESS, Outcome.FAILURE, Outcome.NEUTRAL
 

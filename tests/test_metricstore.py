@@ -29,21 +29,17 @@ def count_in_another_process(directory, requests: int) -> None:
     code = (
         f"from tinygw.observe.metrics import Metrics\nm = Metrics('1', '', {str(directory)!r})\n"
         f"for _ in range({requests}): m.count_request('/r', 'm', 200, 0.01)\n"
-        "m.set_listing_up('p', True)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-def test_a_dead_workers_counts_stay_and_its_gauges_go(tmp_path):
+def test_a_dead_workers_counts_stay(tmp_path):
     count_in_another_process(tmp_path, 3)
     mine = Metrics("1", "", str(tmp_path))
     mine.count_request("/r", "m", 200, 0.01)
-    mine.set_listing_up("p", True)
     seen = samples(mine)
     assert seen[("tinygw_requests_total", (("model", "m"), ("route", "/r"), ("status", "200")))] == 4
-    listing = [k for k in seen if k[0] == "tinygw_listing_up"]
-    # labelled by slot, not pid: the dead worker's slot 1 is free again, and taken
-    assert listing == [("tinygw_listing_up", (("provider", "p"), ("worker", "1")))]
+    assert mine.store.slot == 1  # the dead worker's slot is free again, and taken
 
 
 def test_a_worker_takes_the_first_free_slot_and_a_replacement_the_one_freed(tmp_path):

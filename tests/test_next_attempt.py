@@ -13,7 +13,8 @@ from tinygw import errors
 from tinygw.config.settings import Breaker, Target
 from tinygw.protocol.routing import Resolution
 from tinygw.resilience import outcome
-from tinygw.resilience.breaker import Breakers, Outcome
+from tinygw.resilience.breaker import Outcome
+from tinygw.resilience.breakers import Breakers
 from tinygw.worker import proxy
 from tinygw.worker.record import Attempt
 

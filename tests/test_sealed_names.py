@@ -26,7 +26,8 @@ from conftest import call, metric_in, provider, wait_until
 from tinygw.config.settings import Breaker, Model, Target
 from tinygw.fake.upstream import json_reply, openai_stream_events, sse_reply, well_behaved
 from tinygw.protocol.routing import Resolution, concealed
-from tinygw.resilience.breaker import OTHER, Breakers, Circuit, Outcome, State
+from tinygw.resilience.breaker import OTHER, Circuit, Outcome, State
+from tinygw.resilience.breakers import Breakers
 from tinygw.trust.confidential import shown_name
 
 KEY = "sk-sealed-names"

@@ -276,6 +276,11 @@ def _granian(settings: Settings, open_files: int, served: Served | None) -> MPSe
         # nearly halves the gateway's CPU per request (docs/performance.md).
         loop=Loops.uvloop,
         workers=settings.workers,
+        # A worker that dies (SIGKILL, a crash) is started again in its place while the others
+        # serve on; it takes the slot it freed (tinygw.observe.metricstore), and the probes it
+        # held are given back (tinygw.observe.circuittable). Granian stops the gateway if the
+        # worker it started again dies within seconds (a crash loop).
+        respawn_failed_workers=True,
         http=HTTPModes.http1,
         websockets=False,
         backlog=LISTEN_BACKLOG,

@@ -14,6 +14,7 @@ from urllib.parse import parse_qs
 from tinygw.config.settings import Settings
 from tinygw.protocol.routing import WILDCARD, Route, resolve
 from tinygw.protocol.wire import header, send_error, send_json
+from tinygw.worker import discovery
 from tinygw.worker.gateway import Gateway
 
 MODEL_PREFIX = "/v1/models/"
@@ -67,6 +68,7 @@ def _model_entries(gateway: Gateway) -> list[dict]:
     provider whose last listing succeeded. Each with its `availability`."""
     settings = gateway.settings
     models = settings.models
+    listings = discovery.synced(gateway)  # the gateway's last listings, whichever worker ran them
     entries = [
         (name, "tinygw", [(t.provider, t.upstream_model) for t in models[name].targets])
         for name in sorted(models)
@@ -77,13 +79,13 @@ def _model_entries(gateway: Gateway) -> list[dict]:
         if name.endswith(WILDCARD):
             for target in alias.targets:
                 if target.upstream_model == WILDCARD:
-                    by_pattern |= {m for m in gateway.listings.get(target.provider, ()) if m.startswith(name[:-1])}
+                    by_pattern |= {m for m in listings.get(target.provider, ()) if m.startswith(name[:-1])}
     for model_id in sorted(by_pattern - models.keys()):
         served = _served(settings, model_id)
         if served is not None and served[0] == "tinygw":  # else a pattern does not serve it: a longer one, say
             entries.append((model_id, *served))
-    for provider in sorted(gateway.listings):
-        for upstream_model in gateway.listings[provider]:
+    for provider in sorted(listings):
+        for upstream_model in listings[provider]:
             if f"{provider}/{upstream_model}" not in models:  # else the alias is what a request gets
                 entries.append((f"{provider}/{upstream_model}", provider, [(provider, upstream_model)]))
     circuits = _circuits(gateway)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tinygw.protocol.wire import send_json
+from tinygw.worker import discovery
 from tinygw.worker.gateway import Gateway
 
 
@@ -24,6 +25,6 @@ async def metrics(gateway: Gateway, scope, send) -> None:
             "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")],
         }
     )
-    clients = gateway.clients
-    body = gateway.metrics.render(clients.in_flight(gateway.clock()) if clients is not None else {})
+    clients = gateway.clients.in_flight(gateway.clock()) if gateway.clients is not None else {}
+    body = gateway.metrics.render(clients, gateway.circuits_open_until(), discovery.listings_up(gateway))
     await send({"type": "http.response.body", "body": body})

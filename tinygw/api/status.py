@@ -1,20 +1,22 @@
 """The status page (docs/design.md section 7): `/status` in HTML and `/status.json`.
 
-Both show every live worker's circuits, listings and resting keys in one view, read from the
-shared metric store where each worker publishes them (tinygw.observe.board), whichever worker answers;
+Both show the gateway's circuits (one table whatever the number of workers,
+tinygw.observe.circuittable) and last listings (tinygw.worker.discovery), and every live
+worker's resting keys, read from the shared metric store where each worker publishes them
+(tinygw.observe.board), in one view whichever worker answers;
 and the gateway: version, artifact sha256 (when frozen), config hash, start and uptime,
 live workers (slot and PID) and each model alias's strategy and targets. Times in
 status.json are wall-clock ISO 8601 (UTC). For each provider: its listing state (on or
 off, as tinygw.worker.discovery decides: off for Claude on a cloud, which has none; `up`
-true when every live worker's last listing succeeded, false when one failed or has not
+true when the gateway's last listing succeeded, false when it failed or has not
 finished yet, null when listing is off) and the number of models listed;
-for each circuit of each worker (`worker` = its slot): the state in words ("Circuit
+for each circuit of the gateway: the state in words ("Circuit
 Open" etc.), the consecutive failures, the current pause, the seconds until the next
 probe and when that is (null unless open), when it opened, and the last error. For
 each named client (docs/design.md section 16), summed over the workers: its requests in
 flight, its admitted requests and its tokens of the last minute, and its limits (null:
 none); a client is shown by its name, never by a key. On top, a summary: circuits open and
-half-open (each provider and upstream model once, in its worst state over the workers),
+half-open (each provider and upstream model once),
 providers whose listing is down, resting keys per pool. Providers come in the order of
 their worst circuit, and each provider's circuits open first, then half-open, then closed;
 each provider's key pool shows how many keys it has and each resting key by its place in
@@ -43,6 +45,7 @@ from tinygw.errors import EvidenceUnavailable
 from tinygw.observe import board
 from tinygw.protocol.wire import JSON_HEADERS
 from tinygw.resilience.breaker import State
+from tinygw.worker import discovery
 from tinygw.worker.discovery import lists_models
 from tinygw.worker.gateway import Gateway
 
@@ -64,11 +67,10 @@ def _iso(wall_seconds: float | None) -> str | None:
     return datetime.fromtimestamp(wall_seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def _circuit(c: board.CircuitView, slot: int, now: float, wall: float) -> dict:
+def _circuit(c: board.CircuitView, now: float, wall: float) -> dict:
     state = c.state_at(now)
     next_probe = c.next_probe_seconds(now)
     return {
-        "worker": slot,
         "provider_model": c.provider_model,
         "state": STATE_WORDS[state],
         "consecutive_failures": c.failures,
@@ -122,28 +124,27 @@ def _summary(providers: list[dict]) -> dict:
 
 
 def snapshot(gateway: Gateway, pid: int, artifact_sha256: str | None = None) -> dict:
-    """What both pages show, as plain data (the shape of /status.json): every live
-    worker's circuits and listings, read from the shared store (tinygw.observe.board)."""
+    """What both pages show, as plain data (the shape of /status.json): the gateway's
+    circuits and listings, and every live worker's resting keys."""
     settings = gateway.settings
     now, wall = gateway.clock(), time.time()  # wall: for display only
     workers = board.read(gateway.metrics.store)
+    table = gateway.circuit_table.view()
     providers: list[dict] = []
     for name in sorted(settings.providers):
         provider = settings.providers[name]
         enabled = lists_models(provider) and settings.listing_seconds > 0  # never Claude on a cloud
-        listed = [w.listings.get(name) for w in workers]
-        counts = [n for n in listed if n is not None]
-        up = bool(listed) and len(counts) == len(listed)
-        circuits = [_circuit(c, w.slot, now, wall) for w in workers for c in w.circuits if c.provider == name]
-        circuits.sort(key=lambda c: (_STATE_RANK[c["state"]], c["provider_model"], c["worker"]))
+        models = discovery.listed(gateway, name)  # the gateway's last listing, whichever worker ran it
+        circuits = [_circuit(c, now, wall) for c in table if c.provider == name]
+        circuits.sort(key=lambda c: (_STATE_RANK[c["state"]], c["provider_model"]))
         providers.append(
             {
                 "name": name,
                 "api": provider.doc.api,
                 "listing": {
                     "enabled": enabled,
-                    "up": up if enabled else None,
-                    "models": min(counts) if enabled and up else None,
+                    "up": models is not None if enabled else None,
+                    "models": models if enabled else None,
                 },
                 "key_pool": _key_pool(name, len(provider.keys), workers, now, wall),
                 "circuits": circuits,
@@ -222,7 +223,6 @@ table.models th, table.clients th { width: auto !important; }
 
 _COLUMNS = [
     ("Upstream model", ""),
-    ("Worker", ' class="num"'),
     ("State", ""),
     ("Consecutive failures", ' class="num"'),
     ("Current pause", ' class="num"'),
@@ -252,7 +252,6 @@ def _circuit_row(c: dict) -> str:
         f"<td><code>{escape(c['provider_model'])}</code></td>"
         if c["provider_model"]
         else "<td><em>(the provider&#x27;s own)</em></td>",
-        f'<td class="num">{escape(str(c["worker"]))}</td>',
         f'<td class="state {_STATE_CLASS[c["state"]]}">{escape(c["state"])}</td>',
         f'<td class="num">{escape(str(c["consecutive_failures"]))}</td>',
         f'<td class="num">{escape(_seconds(c["pause_seconds"]))}</td>',
@@ -390,7 +389,7 @@ def render_html(data: dict) -> str:
         f"<title>tinygw status</title><style>{_STYLE}</style></head><body>"
         "<h1>tinygw status</h1>"
         f"{_summary_line(data.get('summary'))}"
-        f'<p class="meta">Answered by worker PID {pid}, at {escape(str(data.get("generated_at")))}. Each worker '
-        f"keeps its own circuits; this page shows every live worker&#x27;s and reloads every {REFRESH_SECONDS} s.</p>"
+        f'<p class="meta">Answered by worker PID {pid}, at {escape(str(data.get("generated_at")))}. The workers '
+        f"share the gateway&#x27;s circuits; this page shows them, and reloads every {REFRESH_SECONDS} s.</p>"
         f"{_overview(data)}{sections}</body></html>\n"
     )

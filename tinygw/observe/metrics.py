@@ -1,9 +1,11 @@
 """docs/design.md section 7's metrics, kept in a store shared by the workers, in Prometheus text.
 
 Counters and histograms are summed over every worker, so a scrape of any worker
-counts all traffic; so is the in-flight gauge, over live workers. Gauges of
-per-process state (a circuit is per worker by design, docs/design.md section 4; so is a worker's
-last listing; and `process_*`) are shown per worker, with a `worker` label (its slot,
+counts all traffic; so is the in-flight gauge, over live workers. A circuit is the
+gateway's (docs/design.md section 4): `tinygw_circuit_open` is read from the shared
+circuit table at the scrape, one series per circuit, and `tinygw_listing_up` from the
+gateway's last listings. Gauges of per-process state (`process_*`) are shown per
+worker, with a `worker` label (its slot,
 1..N, stable across restarts: tinygw.observe.metricstore), and only for workers that are
 alive. `process_*` is read at the scrape from /proc for each live worker, so it costs
 the workers nothing.
@@ -33,8 +35,9 @@ _LE = (*(str(bucket) for bucket in DURATION_BUCKETS), "+Inf")
 
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 LIVE_SUM = "live_sum"  # a gauge summed over live workers, shown without a `worker` label
+GATEWAY = "gateway"  # a gauge of the gateway's shared state, given to `render`: one series, no `worker` label
 
-# name -> (type, help, label names); per-worker gauges get a `worker` label too.
+# name -> (type, help, label names).
 FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "tinygw_requests_total": (COUNTER, "Client requests answered.", ("route", "model", "status")),
     "tinygw_request_duration_seconds": (
@@ -74,8 +77,8 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         ("provider", "provider_model", "state"),
     ),
     "tinygw_circuit_open": (
-        GAUGE,
-        "1 while the circuit is open (per worker: circuits are).",
+        GATEWAY,
+        "1 while the circuit is open (the gateway's circuit, whatever the number of workers).",
         ("provider", "provider_model"),
     ),
     "tinygw_pool_waiting": (
@@ -88,7 +91,7 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "How long a request waited for one of a provider's connections (with a connection or without).",
         ("provider",),
     ),
-    "tinygw_listing_up": (GAUGE, "1 when the provider's last model listing succeeded (per worker).", ("provider",)),
+    "tinygw_listing_up": (GATEWAY, "1 when the gateway's last model listing of the provider succeeded.", ("provider",)),
     "tinygw_client_requests_total": (
         COUNTER,
         "Proxied requests of each named client, by status class, or limited.",
@@ -311,15 +314,6 @@ class Metrics:
     def count_transition(self, provider: str, provider_model: str, state: str) -> None:
         self.store.add(("tinygw_circuit_transitions_total", (provider, provider_model, state), ""))
 
-    def set_circuit_open_until(self, provider: str, provider_model: str, until: float) -> None:
-        """The monotonic time (shared by the machine's processes) the circuit is open
-        until; 0 when it is not open. A scrape reads it against the clock, so a pause
-        that ended shows 0 even before the worker looks at the circuit again."""
-        self.store.set(("tinygw_circuit_open", (provider, provider_model), "until"), until)
-
-    def set_listing_up(self, provider: str, up: bool) -> None:
-        self.store.set(("tinygw_listing_up", (provider,), ""), 1.0 if up else 0.0)
-
     # ---- each series' places, found at its first use ------------------------------------
 
     def _histogram(self, name: str, labels: tuple[str, ...]) -> _Histogram:
@@ -361,15 +355,28 @@ class Metrics:
 
     # ---- the scrape --------------------------------------------------------------------
 
-    def render(self, client_in_flight: Mapping[str, int] | None = None) -> bytes:
+    def render(
+        self,
+        client_in_flight: Mapping[str, int] | None = None,
+        circuits_open_until: Mapping[tuple[str, str], float] | None = None,
+        listings_up: Mapping[str, bool] | None = None,
+    ) -> bytes:
         """The scrape, of every worker's store; `client_in_flight`: each client's requests in
         flight over the live workers, as the clients table counts them (tinygw.observe.clienttable:
-        not counted twice)."""
+        not counted twice); `circuits_open_until`: when each of the gateway's circuits' pause
+        ends while it is open, else 0 (tinygw.observe.circuittable), read against the clock
+        here, so a pause that ended shows 0 before any worker looks at the circuit again;
+        `listings_up`: whether the gateway's last listing of each provider that had one
+        succeeded (tinygw.worker.discovery)."""
         now = time.monotonic()
+        gateway: dict[tuple[str, tuple[str, ...]], float] = {
+            ("tinygw_circuit_open", labels): 1.0 if until > now else 0.0
+            for labels, until in (circuits_open_until or {}).items()
+        }
+        gateway |= {("tinygw_listing_up", (name,)): 1.0 if up else 0.0 for name, up in (listings_up or {}).items()}
         summed: dict[Key, float] = {
             ("tinygw_client_in_flight", (client,), ""): float(n) for client, n in (client_in_flight or {}).items()
         }
-        per_worker: dict[Key, float] = {}
         live: list[tuple[int, int]] = []  # (slot, pid) of the live workers
         for pid, slot, alive, values in self.store.snapshot():
             if alive:
@@ -378,12 +385,9 @@ class Metrics:
                 if name not in FAMILIES:
                     continue  # written by another version of tinygw
                 kind = FAMILIES[name][0]
-                if kind == GAUGE:
-                    if alive:
-                        if part == "until":
-                            value = 1.0 if value > now else 0.0
-                        per_worker[(name, (*labels, str(slot)))] = value
-                elif kind == LIVE_SUM:
+                if kind == GATEWAY:
+                    continue  # given to render, not kept in the store
+                if kind == LIVE_SUM:
                     if alive:
                         summed[(name, labels, part)] = summed.get((name, labels, part), 0.0) + value
                 else:
@@ -402,12 +406,11 @@ class Metrics:
             ]
         for name, (kind, help_text, label_names) in FAMILIES.items():
             lines.append(f"# HELP {name} {help_text}")
-            lines.append(f"# TYPE {name} {GAUGE if kind == LIVE_SUM else kind}")
-            if kind == GAUGE:
-                for (family, labels), value in sorted(per_worker.items()):
+            lines.append(f"# TYPE {name} {GAUGE if kind in (LIVE_SUM, GATEWAY) else kind}")
+            if kind == GATEWAY:
+                for (family, labels), value in sorted(gateway.items()):
                     if family == name:
-                        pairs = zip((*label_names, "worker"), labels, strict=False)
-                        lines.append(f"{name}{{{_labels(pairs)}}} {_number(value)}")
+                        lines.append(f"{name}{{{_labels(zip(label_names, labels, strict=True))}}} {_number(value)}")
             elif kind == LIVE_SUM and not label_names:
                 lines.append(f"{name} {_number(summed.get((name, (), ''), 0.0))}")
             elif kind in (COUNTER, LIVE_SUM):

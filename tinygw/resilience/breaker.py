@@ -12,6 +12,12 @@ target until the pause ends (or a health check succeeds), then HALF_OPEN admits
 any probe failure reopens it with the pause doubled, capped at `max_open_seconds`. A
 probe without a verdict (NEUTRAL: client left, 4xx, 429) gives its slot back.
 
+Where the numbers live is not the breaker's: a circuit is handed a row (tinygw.resilience.rows)
+and reads and writes its state, generation, counts and pause there, under the row's lock
+for every change. Alone (the unit tests) the row is its own; in the gateway it is a row
+of the table its workers share (tinygw.observe.circuittable), so that they decide as one
+(docs/design.md section 4, "One circuit for the gateway").
+
 Metrics, logs and the status page show a circuit by its `shown` name: its upstream model,
 or `*#h` once a sealed request named it (docs/confidential.md).
 """
@@ -20,13 +26,15 @@ from __future__ import annotations
 
 import enum
 import math
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from msgspec import Struct
 
 from tinygw.config.settings import Breaker as BreakerSettings
 from tinygw.config.settings import Target
+from tinygw.resilience import rows
+from tinygw.resilience.rows import LocalRows, Rows
 
 
 class State(enum.Enum):
@@ -58,16 +66,20 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
 }
 
 
+def pause_ends(opened_at: float | None, pause_seconds: float) -> float:
+    """When an OPEN circuit's pause ends: the one rule by which OPEN turns HALF_OPEN, for the
+    circuit itself and for the readers of its row (the status page, tinygw_circuit_open)."""
+    return (opened_at or 0.0) + pause_seconds
+
+
 def pause_over(opened_at: float | None, pause_seconds: float, now: float) -> bool:
-    """Has an OPEN circuit's pause ended at `now`? The one rule by which OPEN turns
-    HALF_OPEN, for the circuit itself and for the readers of its snapshot."""
-    return opened_at is not None and now >= opened_at + pause_seconds
+    """Has an OPEN circuit's pause ended at `now`?"""
+    return bool(opened_at) and now >= pause_ends(opened_at, pause_seconds)
 
 
 def pause_left(opened_at: float | None, pause_seconds: float, now: float) -> float:
-    """Seconds until an OPEN circuit's pause ends (0 once it has): for the circuit and
-    for the readers of its snapshot, as `pause_over`."""
-    return max(0.0, (opened_at or 0.0) + pause_seconds - now)
+    """Seconds until an OPEN circuit's pause ends (0 once it has)."""
+    return max(0.0, pause_ends(opened_at, pause_seconds) - now)
 
 
 class IllegalTransition(RuntimeError):
@@ -85,7 +97,13 @@ MAX_CIRCUITS_PER_PROVIDER = 256
 MAX_LABELS_PER_PROVIDER = 4 * MAX_CIRCUITS_PER_PROVIDER
 OTHER = "(other)"
 
-_SUCCESS, _CLOSED = Outcome.SUCCESS, State.CLOSED  # one global lookup each, for the usual attempt
+_SUCCESS, _NEUTRAL = Outcome.SUCCESS, Outcome.NEUTRAL  # one global lookup each, for the usual attempt
+_CLOSED_CODE = rows.CLOSED_CODE
+# A state's code in a row (tinygw.resilience.rows), and back.
+_CODES = {State.CLOSED: rows.CLOSED_CODE, State.OPEN: rows.OPEN_CODE, State.HALF_OPEN: rows.HALF_OPEN_CODE}
+_STATES = (State.CLOSED, State.OPEN, State.HALF_OPEN)
+_T = TypeVar("_T")
+_C = TypeVar("_C", bound="Circuit")
 
 Clock = Callable[[], float]
 OnTransition = Callable[["Circuit", State, State], None]
@@ -98,9 +116,10 @@ class Ticket(Struct, gc=False):
     are ignored. (A Struct: made in C, once per attempt. No cycle: a circuit keeps no ticket.)"""
 
     circuit: Circuit
-    generation: int
+    generation: float
     probe: bool = False  # admitted HALF_OPEN: it holds a probe's slot
     spent: bool = False
+    hold: int = -1  # the record of the probe's slot in the rows (Rows.hold), -1: none
 
     def done(self, outcome: Outcome, error: str | None = None) -> None:
         if not self.spent:
@@ -109,6 +128,11 @@ class Ticket(Struct, gc=False):
 
 
 class Circuit:
+    """One circuit, over the row `at` of `rows` (its own LocalRows when none is given):
+    the numbers are the row's, the rules are here. Admitting through a CLOSED circuit
+    and the usual success read the row and take no lock; every change takes the rows'
+    lock, and reads the row again under it (another worker may have moved it)."""
+
     def __init__(
         self,
         provider: str,
@@ -118,6 +142,8 @@ class Circuit:
         on_transition: OnTransition | None = None,
         on_change: OnChange | None = None,
         shown: str = "",
+        rows: Rows | None = None,
+        at: int = 0,
     ) -> None:
         self.provider = provider
         self.provider_model = provider_model
@@ -126,17 +152,50 @@ class Circuit:
         self._clock = clock
         self._on_transition = on_transition
         self._on_change = on_change  # called whenever what `snapshot()` returns may have changed
-        self._state = State.CLOSED
-        self.generation = 0
-        self.failures = 0  # consecutive failures while CLOSED
-        self.pause_seconds = settings.open_seconds  # the pause of the current (or next) opening
-        self.opened_at: float | None = None
-        self.probes_in_flight = 0
-        self.probe_successes = 0
+        self._rows: Rows = LocalRows(settings.open_seconds) if rows is None else rows
+        self._v = self._rows.values
+        self._at = at
         self.last_error: str | None = None
         self.enabled = settings.failures > 0  # 0 failures turns breakers off
         self.label = self.shown  # its name in metrics and on the status page: `shown`, or OTHER (Breakers)
         self.forgotten = False  # no longer kept by its Breakers (it may still finish an attempt)
+        self.key = 0.0  # its name's hash in a shared table (Breakers), 0 for a row of its own
+
+    # ---- the row ----------------------------------------------------------------------------
+
+    @property
+    def _state(self) -> State:
+        """The state last moved to, without reading the clock."""
+        return _STATES[int(self._v[self._at + rows.STATE])]
+
+    @property
+    def generation(self) -> float:
+        return float(self._v[self._at + rows.GENERATION])
+
+    @property
+    def failures(self) -> int:
+        return int(self._v[self._at + rows.FAILURES])
+
+    @property
+    def pause_seconds(self) -> float:
+        return float(self._v[self._at + rows.PAUSE])
+
+    @property
+    def opened_at(self) -> float | None:
+        return self._v[self._at + rows.OPENED_AT] or None
+
+    @property
+    def probes_in_flight(self) -> int:
+        return int(self._v[self._at + rows.PROBES])
+
+    @property
+    def probe_successes(self) -> int:
+        return int(self._v[self._at + rows.PASSED])
+
+    @property
+    def succeeded_at(self) -> float | None:
+        """The clock's time of its last success, None before one (what `forgettable` reads)."""
+        return self._v[self._at + rows.SUCCEEDED_AT] or None
 
     # ---- reading ------------------------------------------------------------------------
 
@@ -145,15 +204,25 @@ class Circuit:
         concealed = self.shown if self.shown != self.provider_model else ""
         return Target(self.provider, self.provider_model, concealed=concealed)
 
+    def _pause_over(self, now: float) -> bool:
+        v, at = self._v, self._at
+        return v[at + rows.STATE] == rows.OPEN_CODE and pause_over(v[at + rows.OPENED_AT], v[at + rows.PAUSE], now)
+
     def state(self) -> State:
         """The state now: an OPEN circuit whose pause has ended becomes HALF_OPEN here."""
-        if self._state is State.OPEN and pause_over(self.opened_at, self.pause_seconds, self._clock()):
-            self._move(Event.PAUSE_OVER)
+        if self._pause_over(self._clock()):
+            self._locked(self._advance)
         return self._state
+
+    def _advance(self) -> None:
+        """Under the lock: OPEN turns HALF_OPEN once its pause is over."""
+        if self._pause_over(self._clock()):
+            self._move(Event.PAUSE_OVER)
 
     def _probe_free(self) -> bool:
         """HALF_OPEN: may one more probe go?"""
-        return self.probes_in_flight + self.probe_successes < self.settings.half_open_probes
+        v, at = self._v, self._at
+        return bool(v[at + rows.PROBES] + v[at + rows.PASSED] < self.settings.half_open_probes)
 
     def available(self) -> bool:
         """Would `allow()` admit an attempt now? (Takes no slot.)"""
@@ -167,6 +236,12 @@ class Circuit:
         if self._state is State.OPEN:
             return pause_left(self.opened_at, self.pause_seconds, self._clock())
         return 0.0  # HALF_OPEN with every probe slot taken: a verdict is due any moment
+
+    def open_until(self) -> float:
+        """When the pause of an OPEN circuit ends (the gauge tinygw_circuit_open's value), 0
+        when it is not OPEN: the one rule its readers apply (pause_over, pause_left)."""
+        v, at = self._v, self._at
+        return pause_ends(v[at + rows.OPENED_AT], v[at + rows.PAUSE]) if v[at + rows.STATE] == rows.OPEN_CODE else 0.0
 
     def snapshot(self) -> tuple[State, int, float, float | None, str | None]:
         """(state, failures, pause_seconds, opened_at, last_error), for the status page.
@@ -183,51 +258,77 @@ class Circuit:
 
     def allow(self) -> Ticket | None:
         """A ticket for one attempt, or None: skip this target as if it were open."""
-        if self._state is _CLOSED or not self.enabled:  # the usual answer, without the clock
-            return Ticket(self, self.generation)
-        state = self.state()
-        if state is State.CLOSED:
-            return Ticket(self, self.generation)
-        if state is State.HALF_OPEN and self._probe_free():
-            self.probes_in_flight += 1
-            return Ticket(self, self.generation, True)
-        return None
+        v, at = self._v, self._at
+        if v[at] == _CLOSED_CODE or not self.enabled:  # the usual answer: a read of the row, no clock, no lock
+            return Ticket(self, v[at + 1])  # rows.GENERATION
+        if v[at] == rows.OPEN_CODE and not self._pause_over(self._clock()):
+            return None
+        return self._locked(self._admit)
+
+    def _admit(self) -> Ticket | None:
+        """Under the lock: a ticket through a circuit that is not (or was not) CLOSED."""
+        self._advance()
+        v, at = self._v, self._at
+        if v[at + rows.STATE] == _CLOSED_CODE:
+            return Ticket(self, v[at + rows.GENERATION])
+        if v[at + rows.STATE] != rows.HALF_OPEN_CODE:
+            return None
+        if not self._probe_free() and not self._rows.give_back(at, self._clock()):
+            return None
+        v[at + rows.PROBES] += 1
+        generation = v[at + rows.GENERATION]
+        return Ticket(self, generation, True, hold=self._rows.hold(at, generation))
 
     def _done(self, ticket: Ticket, outcome: Outcome, error: str | None) -> None:
-        """The verdict of an attempt (Ticket.done, once per ticket)."""
-        if outcome is _SUCCESS and self._state is _CLOSED and not self.failures:
-            return  # the usual verdict: it changes nothing, whatever the generation it was admitted in
-        if ticket.generation != self.generation:
+        """The verdict of an attempt (Ticket.done, once per ticket). The usual one, a success
+        through a CLOSED circuit that counts no failure, changes nothing: no lock."""
+        v, at = self._v, self._at
+        if outcome is _SUCCESS:
+            if v[at] == _CLOSED_CODE and not v[at + 2]:  # rows.FAILURES
+                return
+        elif outcome is _NEUTRAL and not ticket.probe:
+            return  # no verdict, no slot to give back: nothing changes
+        self._locked(self._verdict, ticket, outcome, error)
+
+    def _verdict(self, ticket: Ticket, outcome: Outcome, error: str | None) -> None:
+        """Under the lock: count a verdict that may change the row."""
+        if ticket.hold >= 0:
+            self._rows.release(ticket.hold)
+        v, at = self._v, self._at
+        if ticket.generation != v[at + rows.GENERATION]:
             return  # admitted before the last transition: it cannot move the new state
-        if outcome is _SUCCESS and self._state is _CLOSED:  # after failures: the count resets, which is news
-            self.failures = 0
-            self._changed()
-            return
         if outcome is Outcome.FAILURE and error:
             self.last_error = error
-        failures = self.failures
+            self._rows.set_error(at, error)
+        failures = v[at + rows.FAILURES]
         if self.enabled:
             self._count(ticket, outcome)
         # A move has told on_change already; else a failure (its count, its error) or a
-        # success that reset the count is news, and the common success is not.
-        if self.generation == ticket.generation and (outcome is Outcome.FAILURE or self.failures != failures):
+        # success that reset the count is news.
+        if v[at + rows.GENERATION] == ticket.generation and (
+            outcome is Outcome.FAILURE or v[at + rows.FAILURES] != failures
+        ):
             self._changed()
 
     def _count(self, ticket: Ticket, outcome: Outcome) -> None:
-        if self._state is State.CLOSED:  # a success there was told by _done
+        v, at = self._v, self._at
+        state = v[at + rows.STATE]
+        if state == _CLOSED_CODE:
             if outcome is Outcome.FAILURE:
-                self.failures += 1
-                if self.failures >= self.settings.failures:
+                v[at + rows.FAILURES] += 1
+                if v[at + rows.FAILURES] >= self.settings.failures:
                     self._move(Event.TRIP)
-        elif self._state is State.HALF_OPEN and ticket.probe:
-            self.probes_in_flight -= 1
+            elif outcome is _SUCCESS:  # after failures: the count resets
+                v[at + rows.FAILURES] = 0.0
+        elif state == rows.HALF_OPEN_CODE and ticket.probe:
+            v[at + rows.PROBES] -= 1
             if outcome is Outcome.FAILURE:
-                self.pause_seconds = min(self.pause_seconds * 2, self.settings.max_open_seconds)
+                v[at + rows.PAUSE] = min(v[at + rows.PAUSE] * 2, self.settings.max_open_seconds)
                 self._move(Event.PROBE_FAILED)
-            elif outcome is Outcome.SUCCESS:
-                self.probe_successes += 1
-                if self.probe_successes >= self.settings.half_open_probes:
-                    self.pause_seconds = self.settings.open_seconds
+            elif outcome is _SUCCESS:
+                v[at + rows.PASSED] += 1
+                if v[at + rows.PASSED] >= self.settings.half_open_probes:
+                    v[at + rows.PAUSE] = self.settings.open_seconds
                     self._move(Event.PROBES_PASSED)
             # NEUTRAL: the slot is given back, nothing else changes
 
@@ -235,25 +336,40 @@ class Circuit:
         if self._on_change is not None:
             self._on_change(self)
 
-    def health_ok(self) -> None:
-        """A health check of the provider succeeded: an OPEN circuit may probe now."""
-        if self.state() is State.OPEN:
+    def health_ok(self, generation: float | None = None) -> None:
+        """A health check of the provider succeeded: an OPEN circuit may probe now. With
+        `generation` (the circuit's when the check began), only if it has not moved since."""
+        self._locked(self._health_ok, generation)
+
+    def _health_ok(self, generation: float | None) -> None:
+        self._advance()
+        if generation is not None and generation != self.generation:
+            return  # it moved during the check: not the check's to move
+        if self._state is State.OPEN:
             self._move(Event.HEALTH_OK)
 
+    def _locked(self, work: Callable[..., _T], *args: object) -> _T:
+        rows_ = self._rows
+        rows_.lock()
+        try:
+            return work(*args)
+        finally:
+            rows_.unlock()
+
     def _move(self, event: Event) -> None:
+        """Under the lock: the one way the state changes (TRANSITIONS)."""
         old = self._state
         new = TRANSITIONS.get((old, event))
         if new is None:
             raise IllegalTransition(f"{event.value} in state {old.value}")
-        self._state = new
-        self.generation += 1
-        self.probes_in_flight = 0
-        self.probe_successes = 0
+        v, at = self._v, self._at
+        v[at + rows.GENERATION] += 1  # first: a worker that dies here leaves the old state, moved on
+        v[at + rows.STATE] = _CODES[new]
+        v[at + rows.PROBES] = v[at + rows.PASSED] = 0.0
         if new is State.OPEN:
-            self.opened_at = self._clock()
+            v[at + rows.OPENED_AT] = self._clock()
         elif new is State.CLOSED:
-            self.failures = 0
-            self.opened_at = None
+            v[at + rows.FAILURES] = v[at + rows.OPENED_AT] = 0.0
         if self._on_transition is not None:
             self._on_transition(self, old, new)
         self._changed()
@@ -261,29 +377,15 @@ class Circuit:
 
 class NamedCircuit(Circuit):
     """A circuit made for a name a client sent (a provider-qualified model, or a target of
-    `*`): it may be forgotten (Breakers), so it knows when it last had a success."""
-
-    succeeded_at: float | None = None  # the clock's time of its last success, None before one
+    `*`): it may be forgotten (Breakers); `succeeded_at` says when it last had a success."""
 
     def _done(self, ticket: Ticket, outcome: Outcome, error: str | None) -> None:
         if outcome is _SUCCESS:
-            self.succeeded_at = self._clock()
+            self._v[self._at + rows.SUCCEEDED_AT] = self._clock()
         super()._done(ticket, outcome, error)
 
 
-def _show_as(circuit: NamedCircuit, concealed: str) -> None:
-    """A sealed request named a circuit shown by its name (a plain request's first): it is shown as
-    `concealed` from now on, its old name taken off as a forgotten circuit's is; its state is kept."""
-    circuit.forgotten = True
-    circuit._changed()
-    circuit.forgotten = False
-    circuit.shown = concealed
-    if circuit.label != OTHER:
-        circuit.label = concealed
-    circuit._changed()
-
-
-def forgettable(named: Iterable[NamedCircuit], now: float, recent_seconds: float) -> NamedCircuit | None:
+def forgettable(named: Iterable[_C], now: float, recent_seconds: float) -> _C | None:
     """Which of a provider's named circuits (least recently used first) is forgotten to make
     room for a new name (docs/design.md section 16): the least recently used of those closed
     with no failure counted (nothing is lost), else of those that never had a success, else
@@ -299,101 +401,3 @@ def forgettable(named: Iterable[NamedCircuit], now: float, recent_seconds: float
             if keep(circuit):
                 return circuit
     return None
-
-
-class ByTarget(dict[Target, Circuit]):
-    """The circuit of a target, `by_target[target]`: `circuit(target.provider,
-    target.upstream_model, target.concealed)`. A configured target's is an entry, found by
-    the subscript alone (no Python call); any other's (a name as sent, or a
-    provider-qualified one) is asked of `circuit` each time and not kept here: clients
-    cannot grow this dict. Only the subscript asks (`get` and `in` see the configured
-    targets alone)."""
-
-    def __init__(self, circuit: Callable[[str, str, str], Circuit]) -> None:
-        super().__init__()
-        self._circuit = circuit
-
-    def __missing__(self, target: Target) -> Circuit:
-        return self._circuit(target.provider, target.upstream_model, target.concealed)
-
-
-class Breakers:
-    """Every circuit of one worker process: the configured targets', made at the start and
-    kept for good, and the named ones, made on first use and kept up to
-    MAX_CIRCUITS_PER_PROVIDER per provider."""
-
-    def __init__(
-        self,
-        settings: BreakerSettings,
-        clock: Clock,
-        on_transition: OnTransition | None = None,
-        configured: Iterable[tuple[str, str]] = (),
-        on_change: OnChange | None = None,
-    ) -> None:
-        """`on_transition` is told of every move, `on_change` of every circuit made and
-        forgotten, and of every change to what its `snapshot()` returns."""
-        self.settings = settings
-        self._clock = clock
-        self._on_transition = on_transition
-        self._on_change = on_change
-        self._circuits: dict[tuple[str, str], Circuit] = {}  # the configured targets'
-        # Per provider, by name, least recently used first.
-        self._named: dict[str, OrderedDict[str, NamedCircuit]] = {}
-        self._labelled: dict[str, set[str]] = {}  # per provider: the names that have a label of their own
-        # The configured targets' circuits exist from the start and are never forgotten;
-        # found by their Target too, in one subscript (`by_target`).
-        self.by_target = ByTarget(self.circuit)
-        for provider, provider_model in configured:
-            circuit = Circuit(provider, provider_model, settings, clock, on_transition, on_change)
-            self._circuits[(provider, provider_model)] = self.by_target[Target(provider, provider_model)] = circuit
-            circuit._changed()
-
-    def circuit(self, provider: str, provider_model: str = "", concealed: str = "") -> Circuit:
-        """The circuit of (provider, upstream model); "" is the provider's own breaker,
-        for requests that name no model. `concealed`: the upstream model is a name a sealed
-        body carried, to be shown so (docs/confidential.md); a configured target's name is
-        the operator's, shown as it is."""
-        circuit = self._circuits.get((provider, provider_model))
-        if circuit is not None:
-            return circuit
-        named = self._named.setdefault(provider, OrderedDict())
-        kept = named.get(provider_model)
-        if kept is not None:
-            named.move_to_end(provider_model)
-            if concealed and kept.shown != concealed:
-                _show_as(kept, concealed)
-            return kept
-        return self._make_named(provider, provider_model, named, concealed)
-
-    def _make_named(
-        self, provider: str, provider_model: str, named: OrderedDict[str, NamedCircuit], concealed: str
-    ) -> Circuit:
-        kept = True
-        if len(named) >= MAX_CIRCUITS_PER_PROVIDER:
-            old = forgettable(named.values(), self._clock(), self.settings.max_open_seconds)
-            if old is None:  # every kept name is one that had a success lately: this one is not kept
-                kept = False
-            else:
-                del named[old.provider_model]
-                old.forgotten = True
-                old._changed()
-        settings, clock = self.settings, self._clock
-        circuit = NamedCircuit(
-            provider, provider_model, settings, clock, self._on_transition, self._on_change, concealed
-        )
-        labelled = self._labelled.setdefault(provider, set())
-        if kept and provider_model not in labelled and len(labelled) < MAX_LABELS_PER_PROVIDER:
-            labelled.add(provider_model)
-        elif not kept or provider_model not in labelled:
-            circuit.label = OTHER
-        if kept:
-            named[provider_model] = circuit
-        circuit._changed()
-        return circuit
-
-    def of_provider(self, provider: str) -> list[Circuit]:
-        configured = [c for (p, _), c in self._circuits.items() if p == provider]
-        return configured + list(self._named.get(provider, {}).values())
-
-    def all(self) -> list[Circuit]:
-        return list(self._circuits.values()) + [c for named in self._named.values() for c in named.values()]

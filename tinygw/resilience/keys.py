@@ -1,10 +1,13 @@
 """A provider's key pool: the next key in turn, skipping keys that rest after a 429; with
-conversation affinity, the conversation's key among those that do not rest."""
+conversation affinity, the conversation's key among those that do not rest. The rests are
+the gateway's: in the gateway, `rest_until` is shared by its workers (tinygw.observe.shared),
+so a key that rests rests for every worker."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from tinygw.resilience.rows import Floats
 from tinygw.resilience.strategy import rendezvous
 
 # A key answered 429 without a Retry-After rests this long.
@@ -15,10 +18,17 @@ class KeyRing:
     """Indexes into a provider's keys (the keys themselves stay in the Gateway). `on_rest`
     is told each rest, (index, until), for the status page."""
 
-    def __init__(self, size: int, on_rest: Callable[[int, float], None] | None = None, affinity: bool = False) -> None:
+    def __init__(
+        self,
+        size: int,
+        on_rest: Callable[[int, float], None] | None = None,
+        affinity: bool = False,
+        rest_until: Floats | None = None,
+    ) -> None:
+        """`rest_until`: until when each key rests (monotonic), `size` floats; the ring's own when None."""
         self.size = max(1, size)
         self._next = 0
-        self._rest_until = [0.0] * self.size
+        self._rest_until = [0.0] * self.size if rest_until is None else rest_until
         self._on_rest = on_rest
         self.affinity = affinity and self.size > 1  # a conversation keeps its key (the provider's `affinity`)
         # Each key's name to rendezvous hashing: its place in the pool; the keys weigh the same.

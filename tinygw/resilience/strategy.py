@@ -5,7 +5,9 @@ for every strategy. `failover` keeps the configured order; `round_robin` rotates
 starting target per request; `weighted` picks the first target by smooth weighted
 round robin over the providers' weights (nginx's algorithm: over any window the picks
 follow the weights, evenly interleaved), the rest following in configured order;
-`shuffle` draws a random order.
+`shuffle` draws a random order. The counters of `round_robin` and `weighted` are the
+gateway's, shared by its workers (tinygw.resilience.rows.Runs, `runs`), so that they
+spread the gateway's requests, not each worker's: each turn is taken under their lock.
 
 With conversation affinity (a spreading strategy's default), a request that carries a
 conversation key (tinygw.protocol.conversation.conversation_key) is ordered by `rendezvous`
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 from hashlib import blake2b
 
 from tinygw.config.settings import Model, Settings, Target
+from tinygw.resilience.rows import Floats, LocalRuns, Runs
 
 _SCALE = 2.0**64  # a candidate's hash, read as an integer, over this is a number in (0, 1)
 
@@ -41,12 +44,27 @@ def rendezvous(conversation: bytes, names: Sequence[bytes], weights: Sequence[in
     return sorted(range(len(scores)), key=scores.__getitem__, reverse=True)
 
 
+def runs(settings: Settings) -> dict[str, int]:
+    """The shared counters the strategies keep: per model that spreads, its turn
+    (round_robin) or its current weights, one per target (weighted)."""
+    counters = {}
+    for model in settings.models.values():
+        if model.strategy == "round_robin":
+            counters[f"turn:{model.name}"] = 1
+        elif model.strategy == "weighted":
+            counters[f"weights:{model.name}"] = len(model.targets)
+    return counters
+
+
 class Strategies:
-    def __init__(self, settings: Settings, rng: random.Random | None = None) -> None:
+    def __init__(self, settings: Settings, rng: random.Random | None = None, shared: Runs | None = None) -> None:
         self._settings = settings
         self._rng = rng or random.Random()
-        self._turn: dict[str, int] = {}
-        self._current: dict[str, list[int]] = {}  # smooth WRR's current weights, per model
+        self._shared = shared if shared is not None else LocalRuns(runs(settings))
+        counters = runs(settings)
+        self._turn: dict[str, Floats] = {n[5:]: self._shared.run(n) for n in counters if n.startswith("turn:")}
+        # smooth WRR's current weights, per model
+        self._current: dict[str, Floats] = {n[8:]: self._shared.run(n) for n in counters if n.startswith("weights:")}
 
     def order(self, model: Model, conversation: bytes | None = None) -> list[Target]:
         """`model`'s targets in the order one request tries them; `conversation`: the
@@ -59,8 +77,7 @@ class Strategies:
             weights = [providers[t.provider].doc.weight for t in targets]
             return [targets[i] for i in rendezvous(conversation, [t.name.encode() for t in targets], weights)]
         if model.strategy == "round_robin":
-            turn = self._turn.get(model.name, 0)
-            self._turn[model.name] = (turn + 1) % len(targets)
+            turn = self._take_turn(model.name, len(targets))
             return targets[turn:] + targets[:turn]
         if model.strategy == "weighted":
             first = self._smooth_weighted(model.name, targets)
@@ -68,11 +85,25 @@ class Strategies:
         self._rng.shuffle(targets)
         return targets
 
+    def _take_turn(self, name: str, count: int) -> int:
+        counter, shared = self._turn.setdefault(name, [0.0]), self._shared  # a model of the configuration's
+        shared.lock()
+        try:
+            turn = int(counter[0]) % count
+            counter[0] = float((turn + 1) % count)
+        finally:
+            shared.unlock()
+        return turn
+
     def _smooth_weighted(self, name: str, targets: list[Target]) -> int:
         weights = [self._settings.providers[t.provider].doc.weight for t in targets]
-        current = self._current.setdefault(name, [0] * len(targets))
-        for i, w in enumerate(weights):
-            current[i] += w
-        best = max(range(len(targets)), key=current.__getitem__)
-        current[best] -= sum(weights)
+        current, shared = self._current.setdefault(name, [0.0] * len(targets)), self._shared
+        shared.lock()
+        try:
+            for i, w in enumerate(weights):
+                current[i] += w
+            best = max(range(len(targets)), key=current.__getitem__)
+            current[best] -= sum(weights)
+        finally:
+            shared.unlock()
         return best

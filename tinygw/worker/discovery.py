@@ -1,4 +1,4 @@
-"""Model discovery and health checks of open circuits: background loops per worker.
+"""Model discovery and health checks of open circuits: background loops, one round for the gateway.
 
 Started and cancelled by the ASGI lifespan (`start`, `stop`); docs/design.md sections 5 and 6.
 `/v1/models` (tinygw.api.app) lists what the listings found.
@@ -14,6 +14,14 @@ Started and cancelled by the ASGI lifespan (`start`, `stop`); docs/design.md sec
   the check began, and have not moved since, to HALF_OPEN early; a failure changes
   nothing.
 
+Every worker runs both loops, but a round is the gateway's: a worker runs it only when it
+takes the turn (`take_turn`: the round's next time, shared by the workers, moved on under
+their lock), so a health check runs once per interval for the gateway and a listing once
+per refresh. The turn's listing is written into the run's directory (`listing-N.json`)
+and its result into the shared runs (`listed:PROVIDER`: a version and the models' count,
+-1 when it failed), which every worker reads (`synced`): /v1/models, `tinygw_listing_up`
+and the status page show the gateway's last listing, whichever worker ran it.
+
 Neither passes through a breaker or is counted by one. Each request is bounded by the
 pool's connect, first-byte and total timeouts; a round asks its providers at once, so
 a slow one delays no other. A failure is logged with the provider and the exception
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable
 
 import msgspec
@@ -31,6 +40,7 @@ import msgspec
 from tinygw import errors, logs
 from tinygw.config.settings import Provider
 from tinygw.resilience.breaker import Circuit, State
+from tinygw.resilience.rows import Runs
 from tinygw.worker.gateway import Gateway
 from tinygw.worker.upstreams import Upstream
 
@@ -52,6 +62,25 @@ class _Listing(msgspec.Struct):
 
 
 _decode_listing = msgspec.json.Decoder(_Listing)
+_decode_ids = msgspec.json.Decoder(list[str])
+
+# The shared runs of discovery (tinygw.worker.gateway.shared_runs): "discovery", when each
+# round is next due (monotonic); "listed:PROVIDER", its last listing's version and models' count.
+LISTING_TURN, HEALTH_TURN = 0, 1
+
+
+def take_turn(shared: Runs, round_: int, now: float, seconds: float) -> bool:
+    """Is the round `round_` (LISTING_TURN, HEALTH_TURN) this worker's to run now? It is when
+    it is due; it is then next due in `seconds`, for every worker."""
+    due = shared.run("discovery")
+    shared.lock()
+    try:
+        if now < due[round_]:
+            return False
+        due[round_] = now + seconds
+        return True
+    finally:
+        shared.unlock()
 
 
 def listing_path(provider: Provider) -> str:
@@ -94,20 +123,83 @@ async def _get(gateway: Gateway, upstream: Upstream, path: str) -> bytes:
 
 
 async def list_models(gateway: Gateway, name: str) -> None:
-    """One listing of provider `name`: its entry in `gateway.listings` is replaced or removed."""
+    """One listing of provider `name`, for the gateway: its result is published to every
+    worker (`publish`), and its entry in `gateway.listings` replaced or removed."""
     upstream = gateway.upstreams[name]
     try:
         body = await _get(gateway, upstream, listing_path(upstream.provider))
         ids = list(dict.fromkeys(e.id for e in _decode_listing.decode(body).data if e.id))
     except (errors.UpstreamError, msgspec.DecodeError, _ErrorStatus) as e:
-        gateway.listings.pop(name, None)
-        gateway.metrics.set_listing_up(name, False)
-        gateway.board.publish_listing(name, None)
+        publish(gateway, name, None)
         logs.log(logging.WARNING, "provider listing failed", provider=name, **_why(e))
         return
-    gateway.listings[name] = ids
-    gateway.metrics.set_listing_up(name, True)
-    gateway.board.publish_listing(name, len(ids))
+    publish(gateway, name, ids)
+
+
+def _listing_file(gateway: Gateway, name: str) -> str | None:
+    directory = gateway.run_directory
+    return (
+        None if directory is None else os.path.join(directory, f"listing-{sorted(gateway.upstreams).index(name)}.json")
+    )
+
+
+def publish(gateway: Gateway, name: str, ids: list[str] | None) -> None:
+    """The gateway's listing of provider `name` is `ids` (None: it failed): its models in the
+    run's directory (written whole, then renamed), then its count and a new version."""
+    path = _listing_file(gateway, name)
+    if path is not None and ids is not None:
+        with open(path + ".new", "wb") as f:
+            f.write(msgspec.json.encode(ids))
+        os.replace(path + ".new", path)
+    listed, shared = gateway.shared.run(f"listed:{name}"), gateway.shared
+    shared.lock()
+    try:
+        listed[0] += 1
+        listed[1] = -1.0 if ids is None else float(len(ids))
+        gateway.listed_versions[name] = listed[0]
+    finally:
+        shared.unlock()
+    _take(gateway, name, ids)
+
+
+def _take(gateway: Gateway, name: str, ids: list[str] | None) -> None:
+    if ids is None:
+        gateway.listings.pop(name, None)
+    else:
+        gateway.listings[name] = ids
+
+
+def listed(gateway: Gateway, name: str) -> int | None:
+    """The models the gateway's last listing of `name` found; None before one, or when it failed."""
+    version, count = gateway.shared.run(f"listed:{name}")
+    return int(count) if version and count >= 0 else None
+
+
+def listings_up(gateway: Gateway) -> dict[str, bool]:
+    """Whether the gateway's last listing of each provider that had one succeeded (tinygw_listing_up)."""
+    return {name: listed(gateway, name) is not None for name in gateway.settings.providers if _version(gateway, name)}
+
+
+def _version(gateway: Gateway, name: str) -> float:
+    return float(gateway.shared.run(f"listed:{name}")[0])
+
+
+def synced(gateway: Gateway) -> dict[str, list[str]]:
+    """`gateway.listings`, brought up to the gateway's last listings (another worker may have run them)."""
+    for name, version in gateway.listed_versions.items():
+        current = gateway.shared.run(f"listed:{name}")[0]
+        if current == version:
+            continue
+        gateway.listed_versions[name] = current
+        path = _listing_file(gateway, name)
+        try:
+            if path is None or listed(gateway, name) is None:
+                raise OSError
+            with open(path, "rb") as f:
+                _take(gateway, name, _decode_ids.decode(f.read()))
+        except (OSError, msgspec.DecodeError):
+            _take(gateway, name, None)
+    return gateway.listings
 
 
 def lists_models(provider: Provider) -> bool:
@@ -134,8 +226,7 @@ async def check_health(gateway: Gateway, name: str, circuits: list[Circuit]) -> 
         logs.log(logging.INFO, "provider health check failed", provider=name, **_why(e))
         return
     for circuit, generation in generations:
-        if circuit.generation == generation:  # else it moved during the check: not ours to move
-            circuit.health_ok()
+        circuit.health_ok(generation)  # only if it has not moved during the check
 
 
 async def check_all(gateway: Gateway) -> None:
@@ -161,13 +252,17 @@ async def _guarded(name: str, work: Awaitable[None]) -> None:
         logs.log(logging.WARNING, "provider discovery raised", provider=name, error=type(e).__name__)
 
 
-async def _every(seconds: float, round_: Callable[[Gateway], Awaitable[None]], gateway: Gateway, *, now: bool) -> None:
-    """Run `round_` every `seconds` (the first at once if `now`) until cancelled."""
+async def _every(
+    seconds: float, round_: Callable[[Gateway], Awaitable[None]], turn: int, gateway: Gateway, *, now: bool
+) -> None:
+    """Run `round_` every `seconds` (the first at once if `now`) until cancelled, when this
+    worker takes the gateway's turn (`take_turn`)."""
     if not now:
         await asyncio.sleep(seconds)
     while True:
         try:
-            await round_(gateway)
+            if take_turn(gateway.shared, turn, gateway.clock(), seconds):
+                await round_(gateway)
         except Exception as e:
             logs.log(logging.WARNING, "discovery round raised", round=round_.__name__, error=type(e).__name__)
         await asyncio.sleep(seconds)
@@ -179,9 +274,11 @@ def start(gateway: Gateway) -> list[asyncio.Task]:
     s = gateway.settings
     tasks = []
     if s.listing_seconds > 0 and any(lists_models(p) for p in s.providers.values()):
-        tasks.append(asyncio.create_task(_every(s.listing_seconds, list_all, gateway, now=True), name="listing"))
+        listing = _every(s.listing_seconds, list_all, LISTING_TURN, gateway, now=True)
+        tasks.append(asyncio.create_task(listing, name="listing"))
     if s.health_check_seconds > 0 and s.breaker.failures > 0:
-        tasks.append(asyncio.create_task(_every(s.health_check_seconds, check_all, gateway, now=False), name="health"))
+        health = _every(s.health_check_seconds, check_all, HEALTH_TURN, gateway, now=False)
+        tasks.append(asyncio.create_task(health, name="health"))
     return tasks
 
 

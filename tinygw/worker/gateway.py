@@ -19,12 +19,16 @@ from typing import TYPE_CHECKING
 from tinygw import __version__, logs
 from tinygw.config.settings import DEFAULT_CLIENT, Client, Settings
 from tinygw.observe.board import Board
+from tinygw.observe.circuittable import CircuitTable
 from tinygw.observe.clienttable import ClientTable
 from tinygw.observe.metrics import Metrics
 from tinygw.observe.metricstore import FileStore
+from tinygw.observe.shared import SharedRuns
 from tinygw.protocol.routing import WILDCARD, Resolver
 from tinygw.protocol.wire import RequestIds
-from tinygw.resilience.breaker import Breakers, Circuit, Clock, State
+from tinygw.resilience import strategy
+from tinygw.resilience.breaker import Circuit, Clock, State
+from tinygw.resilience.breakers import Breakers
 from tinygw.resilience.strategy import Strategies
 from tinygw.trust.attestation import artifact_digests
 from tinygw.trust.auth import InboundAuth
@@ -52,10 +56,16 @@ def _configured_circuits(settings: Settings) -> list[tuple[str, str]]:
     )
 
 
-def _open_until(circuit: Circuit) -> float:
-    """tinygw_circuit_open's value for `circuit`: when its pause ends while it is open, else 0."""
-    state, _, pause, opened_at, _ = circuit.snapshot()
-    return (opened_at or 0.0) + pause if state is State.OPEN else 0.0
+def shared_runs(settings: Settings) -> dict[str, int]:
+    """The gateway's small shared numbers (tinygw.observe.shared): each provider's keys'
+    rests (tinygw.resilience.keys), the spreading strategies' counters, and discovery's
+    turns and listings (tinygw.worker.discovery)."""
+    return {
+        **{f"keys:{name}": max(1, len(p.keys)) for name, p in settings.providers.items()},
+        **strategy.runs(settings),
+        "discovery": 2,
+        **{f"listed:{name}": 2 for name in settings.providers},
+    }
 
 
 class Gateway:
@@ -84,9 +94,15 @@ class Gateway:
         # What the status page shows of this worker, in the shared store; wall clock for display only.
         self.started_at = time.time()
         self.board = Board(self.metrics.store, self.started_at)
-        self.breakers = Breakers(settings.breaker, clock, self._on_transition, configured, self._on_change)
-        for provider, provider_model in configured:  # a series per circuit from the start
-            self.metrics.set_circuit_open_until(provider, provider_model, 0.0)
+        # The gateway's circuits, one whatever the number of workers (docs/design.md section 4)
+        by_provider: dict[str, list[str]] = {name: [] for name in settings.providers}
+        for provider, provider_model in configured:
+            by_provider.setdefault(provider, []).append(provider_model)
+        self.circuit_table = CircuitTable(settings.breaker, by_provider, shared, store.slot)
+        self.run_directory = shared
+        self.shared = SharedRuns(shared_runs(settings), shared)
+        self.listed_versions = {name: 0.0 for name in settings.providers}  # tinygw.worker.discovery.synced
+        self.breakers = Breakers(settings.breaker, clock, self._on_transition, configured, table=self.circuit_table)
         self.pid = os.getpid()
         # The worker's loop, handed to what schedules on it (docs/performance.md, speed choices)
         try:
@@ -122,7 +138,7 @@ class Gateway:
                 store.slot,
                 settings.workers,
             )
-        self.strategies = Strategies(settings)
+        self.strategies = Strategies(settings, shared=self.shared)
         self.resolver = Resolver(settings)  # a request's route and model to its targets
         # provider -> model ids of its last successful listing, absent before one (tinygw.worker.discovery)
         self.listings: dict[str, list[str]] = {}
@@ -142,6 +158,7 @@ class Gateway:
                 functools.partial(self.board.publish_key_rest, name),  # for the status page
                 clock,
                 wall_clock,
+                self.shared.run(f"keys:{name}"),
             )
             for name, p in settings.providers.items()
         }
@@ -172,15 +189,9 @@ class Gateway:
 
         return waiting
 
-    def _on_change(self, circuit: Circuit) -> None:
-        """What the status page shows of `circuit` changed (or it was forgotten: then its
-        gauge is 0, as for a circuit that is not open; or it is shown by a new name while
-        open, breaker._show_as: the gauge of that name follows)."""
-        self.board.publish_circuit(circuit)
-        if circuit.forgotten:
-            self.metrics.set_circuit_open_until(circuit.provider, circuit.label, 0.0)
-        elif circuit.snapshot()[0] is State.OPEN:
-            self.metrics.set_circuit_open_until(circuit.provider, circuit.label, _open_until(circuit))
+    def circuits_open_until(self) -> dict[tuple[str, str], float]:
+        """tinygw_circuit_open's values, read from the gateway's circuit table."""
+        return self.circuit_table.open_until()
 
     def _on_redacted(self, provider: str) -> Callable[[int], None]:
         """What follows a secret of `provider` found in its answer: counted, and a warning
@@ -196,8 +207,8 @@ class Gateway:
         return found
 
     def _on_transition(self, circuit: Circuit, old: State, new: State) -> None:
+        """Told once per transition of the gateway's circuit, by the worker that made it."""
         self.metrics.count_transition(circuit.provider, circuit.label, new.value)
-        self.metrics.set_circuit_open_until(circuit.provider, circuit.label, _open_until(circuit))
         if new is State.OPEN:
             logs.log(
                 logging.WARNING,
@@ -241,5 +252,7 @@ class Gateway:
                 await upstream.token_pool.aclose()
         if self.clients is not None:
             self.clients.close()
+        self.circuit_table.close()
+        self.shared.close()
         if self.confidential is not None:
             self.confidential.close()

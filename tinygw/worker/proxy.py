@@ -28,7 +28,8 @@ from tinygw.protocol.wire import (
     retry_after_seconds,
 )
 from tinygw.resilience import outcome
-from tinygw.resilience.breaker import Breakers, Circuit, Outcome, Ticket
+from tinygw.resilience.breaker import Circuit, Outcome, Ticket
+from tinygw.resilience.breakers import Breakers
 from tinygw.upstream.pool import Response
 from tinygw.worker import answers, frames
 from tinygw.worker.gateway import Gateway

@@ -18,7 +18,7 @@ from msgspec import Struct
 from tinygw.config.settings import DEFAULT_CLIENT, Target
 from tinygw.protocol import usage
 from tinygw.protocol.routing import Route
-from tinygw.resilience.breaker import Breakers
+from tinygw.resilience.breakers import Breakers
 from tinygw.resilience.outcome import CLIENT_LEFT, Judgement
 from tinygw.upstream.pool import Response
 

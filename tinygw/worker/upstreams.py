@@ -21,6 +21,7 @@ from tinygw.protocol.request import rewrite_model
 from tinygw.protocol.wire import NOT_FORWARDED, forward_headers
 from tinygw.resilience.breaker import Clock
 from tinygw.resilience.keys import KeyRing
+from tinygw.resilience.rows import Floats
 from tinygw.secret import Secret
 from tinygw.trust.redact import Redactor
 from tinygw.upstream.pool import Authorize, Pool, Timeouts, UpstreamRequest
@@ -170,7 +171,9 @@ def make_upstream(
     on_rest: Callable[[int, float], None],
     clock: Clock = time.monotonic,
     wall_clock: Clock = time.time,
+    rest_until: Floats | None = None,
 ) -> Upstream:
+    """`rest_until`: its keys' rests, shared by the gateway's workers (tinygw.resilience.keys)."""
     authorize, token_pool = _credentials(p, context, loop, clock, wall_clock)
     pool = Pool(
         p.origin,
@@ -196,7 +199,7 @@ def make_upstream(
     return Upstream(
         provider=p,
         pool=pool,
-        keys=KeyRing(len(p.keys), on_rest, p.doc.affinity),
+        keys=KeyRing(len(p.keys), on_rest, p.doc.affinity, rest_until),
         redactor=Redactor(_secrets(p), on_redacted),
         query=query,
         query_names=frozenset(k.lower().encode() for k in p.query),
