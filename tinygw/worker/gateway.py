@@ -77,44 +77,67 @@ class Gateway:
         clock: Clock = time.monotonic,
         wall_clock: Clock = time.time,  # what AWS and Google check a signature's time against
     ) -> None:
+        """The worker's parts, in the order they need each other: who may call and what
+        is counted, the gateway's circuits and shared numbers, what this worker serves of
+        itself (attestation, TLS, EHBP and receipts), and the providers."""
         self.settings = settings
         self.clock = clock
-        clients = settings.clients or {DEFAULT_CLIENT: Client(name=DEFAULT_CLIENT, keys=settings.api_keys)}
-        self.auth = InboundAuth({c.name: c.keys for c in clients.values()}, DEFAULT_CLIENT)
-        self.request_ids = RequestIds()
-        self.metrics = Metrics(__version__, artifact_sha256, settings.metrics_dir)
-        # Each client's counts, shared with the other workers where the metrics are (docs/design.md section 16)
-        store = self.metrics.store
-        shared = store.directory if isinstance(store, FileStore) else None
-        # None without configured clients (`clients` names none, and sets no limit on the
-        # default one): a request then counts no client, and pays for none
-        named = any(c.name != DEFAULT_CLIENT or c.limited for c in clients.values())
-        self.clients = ClientTable(clients, shared, store.slot) if named else None
-        configured = _configured_circuits(settings)
-        # What the status page shows of this worker, in the shared store; wall clock for display only.
-        self.started_at = time.time()
-        self.board = Board(self.metrics.store, self.started_at)
-        # The gateway's circuits, one whatever the number of workers (docs/design.md section 4)
-        by_provider: dict[str, list[str]] = {name: [] for name in settings.providers}
-        for provider, provider_model in configured:
-            by_provider.setdefault(provider, []).append(provider_model)
-        self.circuit_table = CircuitTable(settings.breaker, by_provider, shared, store.slot)
-        self.run_directory = shared
-        self.shared = SharedRuns(shared_runs(settings), shared)
-        self.listed_versions = {name: 0.0 for name in settings.providers}  # tinygw.worker.discovery.synced
-        self.breakers = Breakers(settings.breaker, clock, self._on_transition, configured, table=self.circuit_table)
         self.pid = os.getpid()
         # The worker's loop, handed to what schedules on it (docs/performance.md, speed choices)
         try:
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:  # built outside a loop (tests): looked up where needed
             self.loop = None
-        # /attestation: the executable's digests, computed once; one quote at a time, the others queued
-        self.artifact_digests: tuple[str | None, str | None] | None = None
-        self.evidence_queue = EvidenceQueue()
+        self.request_ids = RequestIds()
+        self.metrics = Metrics(__version__, artifact_sha256, settings.metrics_dir)
+        store = self.metrics.store
+        # The run's directory, where the workers share what they count (None: this worker alone)
+        self.run_directory = store.directory if isinstance(store, FileStore) else None
+        # What the status page shows of this worker, in the shared store; wall clock for display only.
+        self.started_at = time.time()
+        self.board = Board(store, self.started_at)
+        self._callers(settings)
+        self._circuits(settings, clock)
+        self._served(settings)
+        self._providers(settings, clock, wall_clock)
+
+    def _callers(self, settings: Settings) -> None:
+        """Who may call (the gateway keys, by client), and each named client's counts,
+        shared with the other workers (docs/design.md section 16)."""
+        clients = settings.clients or {DEFAULT_CLIENT: Client(name=DEFAULT_CLIENT, keys=settings.api_keys)}
+        self.auth = InboundAuth({c.name: c.keys for c in clients.values()}, DEFAULT_CLIENT)
+        # None without configured clients (`clients` names none, and sets no limit on the
+        # default one): a request then counts no client, and pays for none
+        named = any(c.name != DEFAULT_CLIENT or c.limited for c in clients.values())
+        self.clients = ClientTable(clients, self.run_directory, self.metrics.store.slot) if named else None
+
+    def _circuits(self, settings: Settings, clock: Clock) -> None:
+        """The gateway's circuits, one whatever the number of workers (docs/design.md section
+        4), its shared numbers (key rests, strategies' counters, discovery's turns), and
+        what orders and resolves a request's targets."""
+        configured = _configured_circuits(settings)
+        by_provider: dict[str, list[str]] = {name: [] for name in settings.providers}
+        for provider, provider_model in configured:
+            by_provider.setdefault(provider, []).append(provider_model)
+        shared, slot = self.run_directory, self.metrics.store.slot
+        self.circuit_table = CircuitTable(settings.breaker, by_provider, shared, slot)
+        self.shared = SharedRuns(shared_runs(settings), shared)
+        self.listed_versions = {name: 0.0 for name in settings.providers}  # tinygw.worker.discovery.synced
+        self.breakers = Breakers(settings.breaker, clock, self._on_transition, configured, table=self.circuit_table)
+        self.strategies = Strategies(settings, shared=self.shared)
+        self.resolver = Resolver(settings)  # a request's route and model to its targets
+        # provider -> model ids of its last successful listing, absent before one (tinygw.worker.discovery)
+        self.listings: dict[str, list[str]] = {}
+        self.timeouts = model_timeouts(settings)  # (Resolution.model, provider) -> the exchange's bounds
+
+    def _served(self, settings: Settings) -> None:
+        """What this worker serves of itself: /attestation's digests and queue, the
+        certificate it serves (docs/design.md section 9), and EHBP's key, the receipt key
+        and its receipts (docs/confidential.md; None with both off)."""
+        self.artifact_digests: tuple[str | None, str | None] | None = None  # computed once
+        self.evidence_queue = EvidenceQueue()  # one quote at a time, the others queued
         self.attestation_refusals = RateLimitedWarning()
-        # The certificate this worker serves, PEM, and its SPKI digest (docs/design.md section 9)
-        self.tls_certificate: str | None = None
+        self.tls_certificate: str | None = None  # PEM
         self.tls_spki_sha256: str | None = None
         if settings.served_cert and settings.served_spki_sha256:
             with open(settings.served_cert, "rb") as f:
@@ -124,7 +147,6 @@ class Gateway:
             self.tls_certificate, self.tls_spki_sha256 = pem.group().decode("ascii") + "\n", settings.served_spki_sha256
             if settings.served_not_after is not None:
                 self.metrics.set_tls_certificate_expiry(settings.served_not_after)
-        # EHBP's key, the receipt key and this worker's receipts (docs/confidential.md); None with both off
         self.confidential: Confidential | None = None
         if settings.ehbp != "off" or settings.receipts:
             from tinygw.trust.confidential import Confidential  # noqa: F811 -- cryptography only then
@@ -138,10 +160,9 @@ class Gateway:
                 store.slot,
                 settings.workers,
             )
-        self.strategies = Strategies(settings, shared=self.shared)
-        self.resolver = Resolver(settings)  # a request's route and model to its targets
-        # provider -> model ids of its last successful listing, absent before one (tinygw.worker.discovery)
-        self.listings: dict[str, list[str]] = {}
+
+    def _providers(self, settings: Settings, clock: Clock, wall_clock: Clock) -> None:
+        """Each provider as the proxy uses it: its pool, keys and fixed parts (tinygw.worker.upstreams)."""
         origins = [o for p in settings.providers.values() for o in (p.origin, p.token_origin) if o is not None]
         context = tls_context() if any(o.scheme == "https" for o in origins) else None
         # A provider's connections when its configuration does not bound them: what the
@@ -162,7 +183,6 @@ class Gateway:
             )
             for name, p in settings.providers.items()
         }
-        self.timeouts = model_timeouts(settings)  # (Resolution.model, provider) -> the exchange's bounds
 
     def _pool_watch(self, provider: str) -> Callable[[int, float | None], None]:
         """What the pool of `provider` tells of requests waiting for a connection: the
