@@ -25,17 +25,13 @@ from bisect import bisect_left
 from collections.abc import Mapping
 
 from tinygw import logs
-from tinygw.observe import process
-from tinygw.observe.metricstore import FileStore, Key, MemoryStore
+from tinygw.observe import scrape
+from tinygw.observe.metricstore import FileStore, MemoryStore
+from tinygw.observe.scrape import COUNTER, DURATION_BUCKETS, GATEWAY, HISTOGRAM, LIVE_SUM
 
-# Seconds; from a cached answer to a long generation (timeout_s defaults to 600).
-DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 # Each bucket's `le` label, and "+Inf" past the last: an observation's part, by bisect.
 _LE = (*(str(bucket) for bucket in DURATION_BUCKETS), "+Inf")
 
-COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
-LIVE_SUM = "live_sum"  # a gauge summed over live workers, shown without a `worker` label
-GATEWAY = "gateway"  # a gauge of the gateway's shared state, given to `render`: one series, no `worker` label
 
 # name -> (type, help, label names).
 FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -148,18 +144,6 @@ class _ProxiedSeries:
         self.prompt: int | None = None
         self.completion: int | None = None
         self.token_place_missing = True
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _labels(pairs) -> str:
-    return ",".join(f'{n}="{_escape(str(v))}"' for n, v in pairs)
-
-
-def _number(value: float) -> str:
-    return str(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)
 
 
 class Metrics:
@@ -361,75 +345,12 @@ class Metrics:
         circuits_open_until: Mapping[tuple[str, str], float] | None = None,
         listings_up: Mapping[str, bool] | None = None,
     ) -> bytes:
-        """The scrape, of every worker's store; `client_in_flight`: each client's requests in
-        flight over the live workers, as the clients table counts them (tinygw.observe.clienttable:
-        not counted twice); `circuits_open_until`: when each of the gateway's circuits' pause
-        ends while it is open, else 0 (tinygw.observe.circuittable), read against the clock
-        here, so a pause that ended shows 0 before any worker looks at the circuit again;
-        `listings_up`: whether the gateway's last listing of each provider that had one
-        succeeded (tinygw.worker.discovery)."""
-        now = time.monotonic()
-        gateway: dict[tuple[str, tuple[str, ...]], float] = {
-            ("tinygw_circuit_open", labels): 1.0 if until > now else 0.0
-            for labels, until in (circuits_open_until or {}).items()
-        }
-        gateway |= {("tinygw_listing_up", (name,)): 1.0 if up else 0.0 for name, up in (listings_up or {}).items()}
-        summed: dict[Key, float] = {
-            ("tinygw_client_in_flight", (client,), ""): float(n) for client, n in (client_in_flight or {}).items()
-        }
-        live: list[tuple[int, int]] = []  # (slot, pid) of the live workers
-        for pid, slot, alive, values in self.store.snapshot():
-            if alive:
-                live.append((slot, pid))
-            for (name, labels, part), value in values.items():
-                if name not in FAMILIES:
-                    continue  # written by another version of tinygw
-                kind = FAMILIES[name][0]
-                if kind == GATEWAY:
-                    continue  # given to render, not kept in the store
-                if kind == LIVE_SUM:
-                    if alive:
-                        summed[(name, labels, part)] = summed.get((name, labels, part), 0.0) + value
-                else:
-                    summed[(name, labels, part)] = summed.get((name, labels, part), 0.0) + value
-        lines = [
-            "# HELP tinygw_build_info The running build; always 1.",
-            "# TYPE tinygw_build_info gauge",
-            f"tinygw_build_info{{{_labels(self._build)}}} 1",
-        ]
-        if self._tls_not_after is not None:
-            lines += [
-                "# HELP tinygw_tls_certificate_expiry_seconds When the served TLS certificate expires (its notAfter), "
-                "Unix time.",
-                "# TYPE tinygw_tls_certificate_expiry_seconds gauge",
-                f"tinygw_tls_certificate_expiry_seconds {_number(self._tls_not_after)}",
-            ]
-        for name, (kind, help_text, label_names) in FAMILIES.items():
-            lines.append(f"# HELP {name} {help_text}")
-            lines.append(f"# TYPE {name} {GAUGE if kind in (LIVE_SUM, GATEWAY) else kind}")
-            if kind == GATEWAY:
-                for (family, labels), value in sorted(gateway.items()):
-                    if family == name:
-                        lines.append(f"{name}{{{_labels(zip(label_names, labels, strict=True))}}} {_number(value)}")
-            elif kind == LIVE_SUM and not label_names:
-                lines.append(f"{name} {_number(summed.get((name, (), ''), 0.0))}")
-            elif kind in (COUNTER, LIVE_SUM):
-                for (family, labels, _), value in sorted(summed.items()):
-                    if family == name:
-                        lines.append(f"{name}{{{_labels(zip(label_names, labels, strict=False))}}} {_number(value)}")
-            else:
-                self._render_histogram(lines, name, label_names, summed)
-        lines += process.render(sorted(live))
-        return ("\n".join(lines) + "\n").encode()
-
-    @staticmethod
-    def _render_histogram(lines: list[str], name: str, label_names: tuple[str, ...], summed: dict) -> None:
-        series = sorted({labels for (family, labels, _) in summed if family == name})
-        for labels in series:
-            base = list(zip(label_names, labels, strict=False))
-            cumulative = 0.0
-            for le in (*map(str, DURATION_BUCKETS), "+Inf"):
-                cumulative += summed.get((name, labels, le), 0.0)
-                lines.append(f"{name}_bucket{{{_labels([*base, ('le', le)])}}} {_number(cumulative)}")
-            lines.append(f"{name}_sum{{{_labels(base)}}} {_number(summed.get((name, labels, 'sum'), 0.0))}")
-            lines.append(f"{name}_count{{{_labels(base)}}} {_number(cumulative)}")
+        """The scrape, of every worker's store (tinygw.observe.scrape); `client_in_flight`:
+        each client's requests in flight over the live workers, as the clients table counts
+        them (tinygw.observe.clienttable: not counted twice); `circuits_open_until`: when
+        each of the gateway's circuits' pause ends while it is open, else 0
+        (tinygw.observe.circuittable); `listings_up`: whether the gateway's last listing of
+        each provider that had one succeeded (tinygw.worker.discovery)."""
+        gateway = scrape.gateway_gauges(circuits_open_until or {}, listings_up or {}, time.monotonic())
+        extra = {("tinygw_client_in_flight", (client,), ""): float(n) for client, n in (client_in_flight or {}).items()}
+        return scrape.render(self.store, FAMILIES, self._build, self._tls_not_after, gateway, extra)
