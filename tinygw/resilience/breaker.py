@@ -12,12 +12,9 @@ target until the pause ends (or a health check succeeds), then HALF_OPEN admits
 any probe failure reopens it with the pause doubled, capped at `max_open_seconds`. A
 probe without a verdict (NEUTRAL: client left, 4xx, 429) gives its slot back.
 
-Where the numbers live is not the breaker's: a circuit is handed a row (tinygw.resilience.rows)
-and reads and writes its state, generation, counts and pause there, under the row's lock
-for every change. Alone (the unit tests) the row is its own; in the gateway it is a row
-of the table its workers share (tinygw.observe.circuittable), so that they decide as one
-(docs/design.md section 4, "One circuit for the gateway").
-
+Where the numbers live is not the breaker's: a circuit is handed a row (tinygw.resilience.rows),
+its own alone (the unit tests), in the gateway a row of the table its workers share
+(tinygw.observe.circuittable, docs/design.md section 4), changed under the row's lock.
 Metrics, logs and the status page show a circuit by its `shown` name: its upstream model,
 or `*#h` once a sealed request named it (docs/confidential.md).
 """
