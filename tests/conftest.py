@@ -292,7 +292,8 @@ class Gateway:
             return False
 
     def logs(self) -> str:
-        self._log.flush()
+        if not self._log.closed:  # stopped: all of it is in the file
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def log_records(self) -> list[dict]:
