@@ -57,9 +57,10 @@ UNVERIFIED_TLS.verify_mode = ssl.CERT_NONE
 # A port picked by binding port 0 and closing the socket could be picked again, by another
 # suite, before the gateway binds it: the two gateways would then share its connections.
 # So the socket that picked a port stays open, bound and never listening, as long as the
-# port is the test's. The kernel gives port 0's binds only ports where nothing is bound,
-# and a gateway binds beside it: both have SO_REUSEADDR, and it does not listen (nor does a
-# gateway's own check that the port is free, docs/design.md "One port, one gateway").
+# port is the test's. The kernel gives a bind to port 0 only a port where no socket is
+# bound (while one is left), nor does a connect() take it as its own port; a gateway binds
+# beside it: both have SO_REUSEADDR, and it does not listen (nor does a gateway's own check
+# that the port is free, docs/design.md "One port, one gateway").
 
 
 def reserve_port() -> socket.socket:
