@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -51,15 +52,55 @@ UNVERIFIED_TLS.check_hostname = False
 UNVERIFIED_TLS.verify_mode = ssl.CERT_NONE
 
 
+# Ports: other test suites may run on this host at the same time, and a gateway binds its
+# port with SO_REUSEPORT (Granian), which lets another process of this user bind it too.
+# A port picked by binding port 0 and closing the socket could be picked again, by another
+# suite, before the gateway binds it: the two gateways would then share its connections.
+# So the socket that picked a port stays open, bound and never listening, as long as the
+# port is the test's. The kernel gives a bind to port 0 only a port where no socket is
+# bound (while one is left), nor does a connect() take it as its own port; a gateway binds
+# beside it: both have SO_REUSEADDR, and it does not listen (nor does a gateway's own check
+# that the port is free, docs/design.md "One port, one gateway").
+
+
+def reserve_port() -> socket.socket:
+    """A socket that holds a loopback port for a gateway the caller starts there (its
+    `getsockname()[1]`) until it is closed."""
+    reservation = socket.socket()
+    reservation.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    reservation.bind(("127.0.0.1", 0))
+    return reservation
+
+
+HELD_PORTS: list[socket.socket] = []  # free_port()'s reservations, closed after each test
+
+
+@pytest.fixture(autouse=True)
+def _held_ports():
+    """The ports free_port() gave this test, held until its end."""
+    yield
+    while HELD_PORTS:
+        HELD_PORTS.pop().close()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port for a process this test starts there: nothing else on the host
+    (another suite's gateway) gets it until the test ends."""
+    HELD_PORTS.append(reserve_port())
+    return HELD_PORTS[-1].getsockname()[1]
+
+
+@functools.cache
+def _never_listening() -> socket.socket:
+    bound = socket.socket()  # without SO_REUSEADDR: no other socket can bind there at all
+    bound.bind(("127.0.0.1", 0))
+    return bound
 
 
 def closed_port() -> int:
-    """A loopback port nothing listens on: connecting to it is refused."""
-    return free_port()
+    """A loopback port nothing listens on, for the whole session: connecting to it is
+    refused (the kernel answers a SYN to a socket that does not listen with a reset)."""
+    return _never_listening().getsockname()[1]
 
 
 def wait_until(predicate, seconds: float = 5.0, what: str = "condition"):
@@ -201,7 +242,9 @@ class Gateway:
         prefix: list[str] | None = None,
         port: int | None = None,
     ) -> None:
-        self.port = port or free_port()
+        # held until stop(): a gateway started again on this port (port=) finds it still ours
+        self._reservation = None if port else reserve_port()
+        self.port = port or self._reservation.getsockname()[1]
         self.log_path = log_path
         self.env = {
             "PATH": os.environ.get("PATH", ""),
@@ -250,7 +293,8 @@ class Gateway:
             return False
 
     def logs(self) -> str:
-        self._log.flush()
+        if not self._log.closed:  # stopped: all of it is in the file
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def log_records(self) -> list[dict]:
@@ -263,6 +307,20 @@ class Gateway:
                 records.append(json.loads(line))
         return records
 
+    def held_directories(self, prefix: str) -> set[Path]:
+        """The directories named `prefix`* that the gateway's process holds open: the ones
+        it made (tinygw.lifecycle locks each for the process's life), whatever other
+        gateways on the host make meanwhile."""
+        held = set()
+        for fd in Path(f"/proc/{self.process.pid}/fd").iterdir():
+            try:
+                target = Path(os.readlink(fd))
+            except OSError:  # closed meanwhile
+                continue
+            if target.name.startswith(prefix) and target.is_dir():
+                held.add(target)
+        return held
+
     def stop(self, sig=signal.SIGTERM, seconds: float = 15) -> int:
         if self.process.poll() is None:
             self.process.send_signal(sig)
@@ -272,6 +330,8 @@ class Gateway:
                 self.process.kill()
                 self.process.wait()
         self._log.close()
+        if self._reservation is not None:
+            self._reservation.close()
         return self.process.returncode
 
 

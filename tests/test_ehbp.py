@@ -454,19 +454,11 @@ def test_a_receipt_is_proven_only_by_an_attestation_that_verify_verified_and_sav
 
 def test_the_private_keys_are_in_a_private_memory_directory_removed_at_exit(fake, start_gateway):
     config = {"providers": {"fake": provider(fake)}, "models": {"m": {"targets": ["fake:m"]}}}
-    before = {
-        p
-        for parent in ("/dev/shm", "/run", os.environ.get("TMPDIR") or "/tmp")
-        for p in Path(parent).glob("tinygw-keys-*")
-    }
     gateway = start_gateway(config, TINYGW_EHBP="on", TINYGW_RECEIPTS="on")
-    made = {
-        p
-        for parent in ("/dev/shm", "/run", os.environ.get("TMPDIR") or "/tmp")
-        for p in Path(parent).glob("tinygw-keys-*")
-    } - before
+    made = gateway.held_directories("tinygw-keys-")
     assert len(made) == 1, made
     (directory,) = made
+    assert str(directory.parent) in ("/dev/shm", "/run", os.environ.get("TMPDIR") or "/tmp")  # noqa: S108
     assert directory.stat().st_mode & 0o777 == 0o700
     files = {p.name: p.stat().st_mode & 0o777 for p in directory.iterdir()}
     assert files == {"hpke.key": 0o600, "names.key": 0o600, "receipt.key": 0o600}

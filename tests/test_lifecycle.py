@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import fcntl
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from conftest import ROOT, call, wait_until
 
@@ -51,21 +54,28 @@ def assert_all_die_within_a_second(pids: set[int]) -> None:
     wait_until(lambda: not any(alive(pid) for pid in pids), 1.0, f"all of {sorted(pids)} to die")
 
 
-def metrics_directories(temporary: Path) -> set[str]:
-    """Where serve makes them: /dev/shm, else the temporary directory."""
-    return {str(path) for parent in (Path("/dev/shm"), temporary) for path in parent.glob("tinygw-metrics-*")}  # noqa: S108
+def private_shm_or_skip(directory: Path) -> list[str]:
+    """A prefix that runs a gateway with `directory` as its /dev/shm, in a mount namespace of
+    its own: a gateway that another test suite on the host starts meanwhile removes what
+    a dead gateway left in the host's /dev/shm, before the one under test could."""
+    shm = ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount --bind "$0" /dev/shm && exec "$@"']
+    probe = subprocess.run([*shm, str(directory), "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot give a gateway a /dev/shm of its own here: {probe.stderr.strip()[:200]}")
+    return [*shm, str(directory)]
 
 
 def test_workers_die_with_a_killed_gateway_and_the_port_serves_again(start_gateway, tmp_path):
     """...and the next start, at once, removes the killed one's directories: its own are
     locked before they bear their names, so no wait tells they are dead (docs/design.md
     section 13)."""
-    temporary = tmp_path / "tmp"
+    temporary, shm = tmp_path / "tmp", tmp_path / "shm"
     temporary.mkdir()
-    before = metrics_directories(temporary)
-    gateway = start_gateway(CONFIG, TINYGW_WORKERS="2", TMPDIR=str(temporary))
+    shm.mkdir()
+    prefix = private_shm_or_skip(shm)
+    gateway = start_gateway(CONFIG, prefix=prefix, TINYGW_WORKERS="2", TMPDIR=str(temporary))
     workers = wait_until(lambda: at_least(2, descendants(gateway.process.pid)), 10, "both workers")
-    (its_own,) = metrics_directories(temporary) - before
+    (its_own,) = shm.glob("tinygw-metrics-*")  # made where its /dev/shm is
     unpacked = list(temporary.glob("_MEI*"))  # frozen: the bootloader's (none from source)
     assert len(unpacked) == (1 if os.environ.get("TINYGW_BINARY") else 0)
     gateway.process.kill()
@@ -74,11 +84,11 @@ def test_workers_die_with_a_killed_gateway_and_the_port_serves_again(start_gatew
     for path in unpacked:  # the bootloader's takes no lock: a young one is left alone (GRACE_SECONDS)
         old = time.time() - 3600
         os.utime(path, (old, old))
-    again = start_gateway(CONFIG, port=gateway.port, TINYGW_WORKERS="2", TMPDIR=str(temporary))
+    again = start_gateway(CONFIG, prefix=prefix, port=gateway.port, TINYGW_WORKERS="2", TMPDIR=str(temporary))
     assert call("GET", f"{again.url}/healthz")[0] == 200
-    assert not os.path.exists(its_own) and not [p for p in unpacked if p.exists()]
+    assert not its_own.exists() and not [p for p in unpacked if p.exists()]
     removed = [r["path"] for r in again.log_records() if r.get("msg") == "removed what a dead gateway left"]
-    assert its_own in removed and all(str(p) in removed for p in unpacked)
+    assert f"/dev/shm/{its_own.name}" in removed and all(str(p) in removed for p in unpacked)
 
 
 # Stands in for the frozen binary's bootloader: a parent that runs the Python process

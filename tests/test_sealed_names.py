@@ -13,13 +13,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import re
-from pathlib import Path
 
 import httpx
 import pytest
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from ehbp import EHBPTransport, ServerIdentity
 
 from conftest import call, metric_in, provider, wait_until
@@ -38,23 +35,10 @@ PLAIN = "plain-model-77aa"  # sent in the clear as `p/plain-model-77aa`
 SHOWN = re.compile(r"^\*#[0-9a-f]{12}$")
 
 
-def _key_directories() -> set[Path]:
-    parents = ("/dev/shm", "/run", os.environ.get("TMPDIR") or "/tmp")
-    return {p for parent in parents for p in Path(parent).glob("tinygw-keys-*")}
-
-
-def _names_key(directories: set[Path], key_config: bytes) -> bytes:
-    """The names key of the gateway that serves `key_config`: its directory is the one whose
-    HPKE key is that one (other gateways may start on the machine meanwhile)."""
-    public = ServerIdentity.unmarshal_public_config(key_config).public_key_bytes()
-    for directory in directories:
-        try:
-            private = X25519PrivateKey.from_private_bytes((directory / "hpke.key").read_bytes())
-        except OSError:  # another gateway's, gone already, or with no HPKE key
-            continue
-        if private.public_key().public_bytes_raw() == public:
-            return (directory / "names.key").read_bytes()
-    raise AssertionError(f"no keys directory holds the served key among {directories}")
+def _names_key(gateway) -> bytes:
+    """The names key of `gateway`: in the keys directory its process holds."""
+    (directory,) = gateway.held_directories("tinygw-keys-")
+    return (directory / "names.key").read_bytes()
 
 
 def _script(fake):
@@ -92,7 +76,6 @@ def test_a_sealed_bodys_names_are_concealed_in_metrics_logs_and_status(fake, sta
         "models": {"m": {"targets": ["p:m"]}, "cl-*": {"targets": ["p:*"]}},
         "routing": {"debug": True},
     }
-    before = _key_directories()
     gateway = start_gateway(
         config, TINYGW_EHBP="on", TINYGW_WORKERS="2", TINYGW_API_KEYS=KEY, PROVIDER_BREAKER_FAILURES="2"
     )
@@ -122,7 +105,7 @@ def test_a_sealed_bodys_names_are_concealed_in_metrics_logs_and_status(fake, sta
     assert PLAIN in metrics and PLAIN in page  # a name sent in the clear is shown as before
 
     # Each sealed name as `*#` and 12 hex digits of HMAC-SHA256 under the key the workers share.
-    names_key = _names_key(_key_directories() - before, key_config)  # read here to check the digits
+    names_key = _names_key(gateway)  # read here to check the digits
     failing, cut = (
         "*#" + hmac.new(names_key, name.encode(), hashlib.sha256).hexdigest()[:12] for name in (FAILING, CUT)
     )

@@ -28,11 +28,14 @@ START_SECONDS = 20.0
 OPEN_SECONDS = 2  # the demo's pause, so that the probe comes quickly
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+def _reserve_port() -> socket.socket:
+    """A socket bound to a free loopback port, never listening, kept open while the demo's
+    gateway serves there: no other program's bind to port 0 is given that port meanwhile
+    (the gateway binds it beside this one: both with SO_REUSEADDR, this one not listening)."""
+    reservation = socket.socket()
+    reservation.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    reservation.bind(("127.0.0.1", 0))
+    return reservation
 
 
 def _gateway_command() -> list[str]:
@@ -197,7 +200,8 @@ def _outage(url: str, primary: FakeUpstream, timeline: Timeline) -> None:
 def main(argv: list[str]) -> int:
     primary = FakeUpstream(well_behaved("primary")).start_in_thread()
     backup = FakeUpstream(well_behaved("backup")).start_in_thread()
-    port = _free_port()
+    reservation = _reserve_port()
+    port = reservation.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     timeline = Timeline()
     print(f"tinygw demo: gateway on {url}; fake providers primary ({primary.url}) and backup ({backup.url})")
@@ -222,6 +226,7 @@ def main(argv: list[str]) -> int:
             gateway.wait(15)
         except subprocess.TimeoutExpired:
             gateway.kill()
+        reservation.close()
         primary.stop_thread()
         backup.stop_thread()
     story = ["fallback", "opened", "bedrock", "503", "half_open", "probe", "closed"]
