@@ -28,7 +28,8 @@ demo: $(STAMP)
 	$(PY) -m tinygw demo
 
 # tests/test_frozen.py runs against build/dist/tinygw, which may predate the sources: `make test-frozen`.
-test: $(STAMP)
+# The tinygw command is in .venv too: docs' shell snippets are run as a newcomer runs them.
+test: $(STAMP) $(PROJECT)
 	$(PY) -m pytest -q --ignore=tests/test_frozen.py
 
 # Linters: ruff's checks and format, mypy on tinygw/, and the import layers of pyproject.toml.
