@@ -82,7 +82,7 @@ release-check:
 	sh build/buildroot.sh check $(RELEASE)
 
 # Build, then test the executable: its own tests, then every suite against it (TINYGW_BINARY).
-test-frozen: build $(STAMP)
+test-frozen: build $(STAMP) $(PROJECT)
 	$(PY) -m pytest -q tests/test_frozen.py
 	TINYGW_BINARY=$(CURDIR)/build/dist/tinygw $(PY) -m pytest -q --ignore=tests/test_frozen.py
 
