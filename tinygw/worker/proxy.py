@@ -22,7 +22,7 @@ from msgspec.structs import replace
 
 from tinygw import errors, logs
 from tinygw.config.settings import Model, Target
-from tinygw.protocol import clouds, eventstream
+from tinygw.protocol import clouds, eventstream, sse
 from tinygw.protocol.clouds import cloud_request
 from tinygw.protocol.routing import Resolution, Route
 from tinygw.protocol.wire import (
@@ -263,11 +263,12 @@ async def _attempt(
     elapsed = gateway.clock() - started
     if inbound.stream and response.status == 200:
         content_type = header(response.headers, b"content-type") or b""
+        shape = sse.shape_of(inbound.route.api, inbound.route.upstream_path)  # its events' API
         if content_type.startswith(b"text/event-stream"):
-            return await _relay(gateway, upstream, response, send, record, target, elapsed, inbound.usage_asked)
+            return await _relay(gateway, upstream, response, send, record, target, elapsed, inbound.usage_asked, shape)
         if content_type.startswith(eventstream.CONTENT_TYPE):  # Bedrock's frames, read as events
             events = frames.Unwrapped(response, keep_frames=inbound.route.api == "bedrock")
-            return await _relay(gateway, upstream, response, send, record, target, elapsed, False, events)
+            return await _relay(gateway, upstream, response, send, record, target, elapsed, False, shape, events)
     first_byte: float | None = elapsed  # observed with the attempt's count (_make_attempt), or now
     data = response.whole_body(HOLD_BYTES)  # the usual answer: all of it came with its head, taken without a wait
     rest = None  # the answer still to be read, when it is not held whole
@@ -311,18 +312,20 @@ async def _relay(
     target: Target,
     first_byte_seconds: float,
     drop_usage: bool,
+    shape: sse.Shape,
     unwrapped: frames.Unwrapped | None = None,
 ) -> Attempt:
     """A stream's attempt: relayed as it comes (tinygw.worker.relay). Its first byte is
-    observed now, since the attempt ends much later. `unwrapped`: Bedrock's frames, read
-    as server-sent events (tinygw.worker.frames), and sent on as frames when it keeps them."""
+    observed now, since the attempt ends much later. `shape`: the API of its events (the
+    markers its scan looks for). `unwrapped`: Bedrock's frames, read as server-sent events
+    (tinygw.worker.frames), and sent on as frames when it keeps them."""
     gateway.metrics.observe_first_byte(target.provider, first_byte_seconds)
     loop = gateway.loop or asyncio.get_running_loop()
     events: Events = response if unwrapped is None else unwrapped
     if unwrapped is not None and unwrapped.keep_frames:
         send = frames.rewrapped(send, unwrapped)
     try:
-        relay = Relay(events, record.timed(send, loop), record, target, loop, upstream.redactor, drop_usage)
+        relay = Relay(events, record.timed(send, loop), record, target, loop, upstream.redactor, drop_usage, shape)
         return await relay.run()
     finally:
         await response.aclose()
