@@ -258,12 +258,12 @@ class Answer:
         return buffer
 
     def _chunked_body(self) -> bytes | None:
-        buffer = self._buffer
+        buffer, state = self._buffer, self._state
+        if state is _Reading.LINE and buffer == b"\r\n" or state is _Reading.DATA and not buffer:
+            return b""  # all was taken (but the CRLF that ends the last chunk): more must be fed
         out: list[bytes] = []
         pos = 0
-        if self._state in _IN_CHUNKS:
-            if not buffer:  # all was taken: more must be fed
-                return b""
+        if state in _IN_CHUNKS:
             pos = self._chunks(buffer, out)
         if self._state not in _IN_CHUNKS:
             buffer, pos = self._after_last_chunk(buffer, pos)
@@ -281,7 +281,7 @@ class Answer:
         step by step by the careful one."""
         if self._state is _Reading.LINE and not self._line_checked:
             pos, state = self._quick(buffer, out)
-            if state is not _Reading.LINE:
+            if state is not _Reading.LINE or pos == len(buffer) - 2 and buffer.endswith(b"\r\n"):  # the usual end
                 self._state = state
                 return pos
             return self._careful(buffer, pos, out)
