@@ -96,9 +96,16 @@ def suspects(block: bytes, end: int, start: int = 0, shape: Shape = ANY) -> list
     `[e for e in split(block[start:end])[0] if may_end_or_fail(e, shape) or b'"usage"' in e]`,
     and any where a match begins that spans into the next event (a false alarm: kind() tells).
     One search of the bytes for the shape's markers finds them (the usual read holds none),
-    instead of a look at each event; each hit's event is cut out around it, and the search
-    goes on from its end."""
-    patterns = shape.suspect
+    instead of a look at each event."""
+    for pattern in shape.suspect:
+        if pattern.search(block, start, end) is not None:
+            return _cut_out(block, start, end, shape.suspect)
+    return []
+
+
+def _cut_out(block: bytes, start: int, end: int, patterns: tuple[re.Pattern[bytes], ...]) -> list[bytes]:
+    """suspects(), where a marker is: each hit's event, cut out around it; the search goes
+    on from its end."""
     found = []
     while (hit := _first_hit(block, start, end, patterns)) >= 0:
         boundary = _EVENT_END.search(block, hit, end)
