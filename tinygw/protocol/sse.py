@@ -4,7 +4,8 @@ The gateway holds back a stream's leading events until one carries model output
 (docs/design.md section 4), so that an error that comes first can still fall back. `kind()`
 tells the three apart for OpenAI (chat and completions chunks, the Responses API) and
 Anthropic events; an event it does not know counts as output, so nothing unknown is
-ever held back.
+ever held back. Once output is sent, a stream's reads are searched for the markers of its
+API alone (`Shape`, a table per API), and only the events that hold one are judged.
 """
 
 from __future__ import annotations
