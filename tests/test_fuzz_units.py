@@ -43,7 +43,7 @@ from fuzz_strategies import (
     stack_depth,
 )
 from tinygw.fake import events as fake
-from tinygw.protocol import eventstream, sse, wire
+from tinygw.protocol import eventstream, sse, usage, wire
 
 # ---- request bodies: the head, the model rewrite ------------------------------------------
 
@@ -329,6 +329,8 @@ def _regex_split(buffer: bytes) -> tuple[list[bytes], bytes]:
 SCAN_PIECES = [
     *SSE_PIECES,
     b'"usage"',
+    b'"usage": {"completion_tokens": 1}',
+    b'"usage":null',
     b'"finish_reason": "',
     b'"finish_reason":null',
     b'"stop_reason"\n:"',
@@ -360,7 +362,7 @@ def test_the_stream_scan_after_output_is_the_per_event_scan(stream):
     end = sse.last_end(stream)
     assert end == len(stream) - len(rest)
     found = sse.suspects(stream, end)
-    wanted = [e for e in events if sse.may_end_or_fail(e) or b'"usage"' in e]
+    wanted = [e for e in events if sse.may_end_or_fail(e) or usage.of_event(e) is not None]
     assert set(wanted) <= set(found) and all(e in events for e in found)
     remaining = iter(events)
     assert all(any(e == later for later in remaining) for e in found)  # in the stream's order
@@ -429,7 +431,16 @@ def test_a_shape_s_scan_finds_every_end_error_and_usage_of_its_api_s_events(name
     judged = [e for e in stream if sse.kind(e)[0] is sse.Kind.ERROR or sse.kind(e)[1]]
     assert judged, "a stream ends or fails"
     assert all(sse.may_end_or_fail(e, shape) for e in judged)
-    assert set(judged) | {e for e in stream if b'"usage"' in e} <= set(found) <= set(stream)
+    assert set(judged) | {e for e in stream if usage.of_event(e) is not None} <= set(found) <= set(stream)
+
+
+def test_a_chat_chunk_that_neither_finishes_nor_reports_usage_is_not_read():
+    """With `stream_options.include_usage` every chunk carries `"usage": null`: those that carry
+    text alone are not read, only the finish, the usage and `[DONE]`."""
+    stream = fake.openai_stream_events("m", ["a", " b"], include_usage=True)
+    data = b"".join(stream)
+    assert sse.suspects(data, len(data), 0, sse.CHAT) == stream[-3:]  # the finish, the usage, [DONE]
+    assert all(b'"usage": null' in e for e in stream[:-3])
 
 
 def test_each_streamed_route_s_shape_is_its_api_s():
@@ -463,7 +474,7 @@ def shaped_events(draw) -> tuple[str, bytes]:
     if draw(st.booleans()):
         value["error"] = draw(st.one_of(st.none(), st.text(max_size=8), st.just({"message": "x"})))
     if draw(st.booleans()):
-        value["usage"] = {"output_tokens": 1}
+        value["usage"] = draw(st.sampled_from([None, {"output_tokens": 1}]))
     separators = draw(st.sampled_from([(",", ":"), (", ", ": "), (",", " : ")]))
     data = json.dumps(value, separators=separators, ensure_ascii=draw(st.booleans())).encode()
     if name == "chat" and draw(st.booleans()):
@@ -484,5 +495,5 @@ def test_a_shape_s_scan_never_misses_an_end_or_an_error_of_its_api(drawn):
         kind, finished = sse.kind(event)
         if kind is sse.Kind.ERROR or finished:
             assert sse.may_end_or_fail(event, SHAPES[name]) and event in found, event
-        if b'"usage"' in event:
+        if usage.of_event(event) is not None:
             assert event in found, event

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 import msgspec
 from msgspec import Struct
 
+from tinygw.protocol import usage
+
 # Events end at a blank line; SSE allows \n, \r\n and \r line ends.
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 _LINE_ENDS = re.compile(rb"[\r\n]*")
@@ -33,24 +35,25 @@ _RESPONSES_END = {"response.completed", "response.incomplete"}
 _OUTPUT_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls", "function_call", "refusal")
 
 
-_USAGE = rb'"usage"'
+_USAGE = usage.USAGE_OBJECT.pattern  # an event that reports usage (`"usage": null` does not)
 _NOTHING = re.compile(rb"(?!)")
 
 
 class Shape(Struct, frozen=True):
     """The API whose events a stream carries, and its table: the bytes without which one of
     its events can neither end an answer nor report an error (`kind()` judges the events
-    that hold one), as regexes. After output, only events that hold a marker, or `"usage"`,
-    are read (docs/design.md section 4). Inside a JSON string a quote is escaped, so
-    `"error"` and `"finish_reason": "` are structure. The `quoted` markers begin with a
-    quote: they are one regex, whose search goes from quote to quote (a regex of other
-    alternatives tries every byte, a few µs an event); `plain` ones are looked for on their own."""
+    that hold one), as regexes. After output, only events that hold a marker, or a usage
+    object (`"usage": {`), are read (docs/design.md section 4). Inside a JSON string a
+    quote is escaped, so `"error"` and `"finish_reason": "` are structure. The `quoted`
+    markers begin with a quote: they are one regex, whose search goes from quote to quote
+    (one of other alternatives too tries every byte: three times as long over a chat chunk);
+    `plain` ones are looked for on their own."""
 
     name: str
     quoted: tuple[bytes, ...]
     plain: tuple[bytes, ...] = ()
     # Compiled once, when the shape is made (whatever is passed here is replaced): the
-    # suspects' searches (the quoted markers and `"usage"`; the plain ones), and the ends'
+    # suspects' searches (the quoted markers and a usage object; the plain ones), and the ends'
     # and failures' alone.
     suspect: tuple[re.Pattern[bytes], ...] = ()
     end_or_fail: re.Pattern[bytes] = _NOTHING
@@ -94,7 +97,7 @@ def may_end_or_fail(event: bytes, shape: Shape = ANY) -> bool:
 def suspects(block: bytes, end: int, start: int = 0, shape: Shape = ANY) -> list[bytes]:
     """The events of `block[start:end]` (complete events; `start` where one begins) that
     may end or fail the answer or report usage, for a stream of `shape`, in order: those of
-    `[e for e in split(block[start:end])[0] if may_end_or_fail(e, shape) or b'"usage"' in e]`,
+    `[e for e in split(block[start:end])[0] if may_end_or_fail(e, shape) or usage.of_event(e)]`,
     and any where a match begins that spans into the next event (a false alarm: kind() tells).
     One search of the bytes for the shape's markers finds them (the usual read holds none),
     instead of a look at each event."""
