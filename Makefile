@@ -146,7 +146,8 @@ bench-streams: $(STAMP)
 	$(PY) bench/streams.py
 
 # Granian's RSGI interface against its ASGI one on the streams workload: the same bare relay
-# (tinygw's upstream pool, a send per read) on each, C=1,000, 3 rounds in turn (~6 min).
+# (tinygw's upstream pool, a send per read) on each, and tinygw itself beside them, with the goal
+# of its CPU per event against the bare ASGI relay's; C=1,000, 3 rounds in turn (3 to 5 min).
 bench-interfaces: $(STAMP)
 	$(PY) bench/interfaces.py
 

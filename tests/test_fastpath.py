@@ -179,6 +179,11 @@ def mutate(raw: bytes, data) -> bytes:
 @example(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1;a\rb\r\nx\r\n1\t\r\ny\r\n0\r\n\r\n", [], False)
 @example(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + b"0" * 19 + b"1\r\nx\r\n000\r\n\r\n", [], False)
 @example(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1 x\r\nx\r\n0\r\n\r\n", [], False)
+# Read from the head's last CRLF: a blank line before the first size line is no footer.
+@example(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n\r\n2\r\nok\r\n0\r\n\r\n", [], False)
+# A chunk's data cut short, the last chunk's line at a read's end, a footer and a line in pieces.
+@example(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", [48, 57, 60], False)
+@example(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n3\r\nabc\r\n0\r\n\r\n", [53, 56], False)
 @example(b"HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\nconnection: x\r\ncontent-length: 0\r\n\r\n", [], False)
 def test_well_formed_and_odd_responses_agree(raw, cuts, eof):
     agree(raw, cuts, eof)

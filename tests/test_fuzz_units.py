@@ -42,7 +42,8 @@ from fuzz_strategies import (
     sse_streams,
     stack_depth,
 )
-from tinygw.protocol import request, sse, wire
+from tinygw.fake import events as fake
+from tinygw.protocol import eventstream, request, sse, usage, wire
 
 # ---- request bodies: the head, the model rewrite ------------------------------------------
 
@@ -328,6 +329,8 @@ def _regex_split(buffer: bytes) -> tuple[list[bytes], bytes]:
 SCAN_PIECES = [
     *SSE_PIECES,
     b'"usage"',
+    b'"usage": {"completion_tokens": 1}',
+    b'"usage":null',
     b'"finish_reason": "',
     b'"finish_reason":null',
     b'"stop_reason"\n:"',
@@ -359,7 +362,7 @@ def test_the_stream_scan_after_output_is_the_per_event_scan(stream):
     end = sse.last_end(stream)
     assert end == len(stream) - len(rest)
     found = sse.suspects(stream, end)
-    wanted = [e for e in events if sse.may_end_or_fail(e) or b'"usage"' in e]
+    wanted = [e for e in events if sse.may_end_or_fail(e) or usage.of_event(e) is not None]
     assert set(wanted) <= set(found) and all(e in events for e in found)
     remaining = iter(events)
     assert all(any(e == later for later in remaining) for e in found)  # in the stream's order
@@ -374,3 +377,123 @@ def test_an_events_fields_are_read_as_line_by_line(stream):
     reading does."""
     for event in [*sse.split(stream)[0], stream]:
         assert sse._fields(event) == sse._fields_line_by_line(event)
+
+
+# ---- each API's own scan: its markers alone ------------------------------------------------
+
+
+def _bedrock_events(frames: list[bytes]) -> list[bytes]:
+    """Bedrock's frames as the relay reads them: Anthropic's events (tinygw.worker.frames)."""
+    reader = eventstream.FrameReader()
+    return [eventstream.event_of(frame) for data in frames for frame in reader.feed(data)]
+
+
+_RESPONSES_ERRORS = [
+    b'event: response.failed\ndata: {"type":"response.failed","response":{"status":"failed","error":{"code":"x"}}}\n\n',
+    b'event: response.incomplete\ndata: {"type":"response.incomplete","response":{"status":"incomplete"}}\n\n',
+    b'event: error\ndata: {"type":"error","code":"server_error","message":"boom","param":null}\n\n',
+]
+SHAPED_STREAMS = {
+    "chat": [
+        fake.openai_stream_events("m", ["a", " b"], include_usage=True),
+        fake.completions_stream_events("m", ["a"], include_usage=True),
+        fake.openai_tool_chunks("m", "f", "{}"),
+        [*fake.openai_stream_events("m", ["a"])[:2], b'data: {"error": {"message": "boom", "type": "x"}}\n\n'],
+    ],
+    "responses": [
+        fake.responses_stream_events("m", ["a", " b"]),
+        fake.responses_tool_events("m", "f", "{}"),
+        *([*fake.responses_stream_events("m", ["a"])[:5], e] for e in _RESPONSES_ERRORS),
+    ],
+    "messages": [
+        fake.anthropic_stream_events("m", ["a", " b"]),
+        fake.anthropic_tool_events("m", "f", "{}"),
+        [*fake.anthropic_stream_events("m", ["a"])[:4], b'event: error\ndata: {"type":"error","error":{}}\n\n'],
+        _bedrock_events(
+            [
+                *fake.bedrock_frames(fake.anthropic_stream_events("m", ["a"])[:4]),
+                fake.bedrock_exception("throttlingException", "slow down"),
+            ]
+        ),
+    ],
+}
+SHAPES = {"chat": sse.CHAT, "responses": sse.RESPONSES, "messages": sse.MESSAGES}
+
+
+@pytest.mark.parametrize(("name", "stream"), [(n, s) for n, streams in SHAPED_STREAMS.items() for s in streams])
+def test_a_shape_s_scan_finds_every_end_error_and_usage_of_its_api_s_events(name, stream):
+    """Each API's streams (the fake provider's, and their error events) read with the markers
+    of that API alone: every event that kind() says ends or fails the answer, or that reports
+    usage, is found, and only events of the stream are."""
+    shape = SHAPES[name]
+    data = b"".join(stream)
+    found = sse.suspects(data, len(data), 0, shape)
+    judged = [e for e in stream if sse.kind(e)[0] is sse.Kind.ERROR or sse.kind(e)[1]]
+    assert judged, "a stream ends or fails"
+    assert all(sse.may_end_or_fail(e, shape) for e in judged)
+    assert set(judged) | {e for e in stream if usage.of_event(e) is not None} <= set(found) <= set(stream)
+
+
+def test_a_chat_chunk_that_neither_finishes_nor_reports_usage_is_not_read():
+    """With `stream_options.include_usage` every chunk carries `"usage": null`: those that carry
+    text alone are not read, only the finish, the usage and `[DONE]`."""
+    stream = fake.openai_stream_events("m", ["a", " b"], include_usage=True)
+    data = b"".join(stream)
+    assert sse.suspects(data, len(data), 0, sse.CHAT) == stream[-3:]  # the finish, the usage, [DONE]
+    assert all(b'"usage": null' in e for e in stream[:-3])
+
+
+def test_each_streamed_route_s_shape_is_its_api_s():
+    assert sse.shape_of("openai", "/chat/completions") is sse.CHAT
+    assert sse.shape_of("openai", "/completions") is sse.CHAT
+    assert sse.shape_of("openai", "/responses") is sse.RESPONSES
+    for api in ("anthropic", "bedrock", "vertex"):  # Bedrock's frames are read as Anthropic's events
+        assert sse.shape_of(api, "/v1/messages") is sse.MESSAGES
+
+
+@st.composite
+def shaped_events(draw) -> tuple[str, bytes]:
+    """An event of one API, its fields and white space drawn: (the API, the event)."""
+    name = draw(st.sampled_from(sorted(SHAPES)))
+    reason = st.sampled_from([None, "stop", "length", "tool_calls", "end_turn"])
+    value: dict = {}
+    if name == "chat":
+        value["choices"] = [{"delta": {"content": draw(st.text(max_size=8))}, "finish_reason": draw(reason)}]
+    elif name == "responses":
+        value["type"] = draw(
+            st.sampled_from(
+                ["response.created", "response.output_text.delta", "response.completed", "response.incomplete"]
+                + ["response.failed", "error"]
+            )
+        )
+    else:
+        value["type"] = draw(st.sampled_from(["message_start", "content_block_delta", "message_delta", "message_stop"]))
+        if value["type"] == "message_delta":
+            value["delta"] = {"stop_reason": draw(reason)}
+        value["type"] = draw(st.sampled_from([value["type"], "error"]))
+    if draw(st.booleans()):
+        value["error"] = draw(st.one_of(st.none(), st.text(max_size=8), st.just({"message": "x"})))
+    if draw(st.booleans()):
+        value["usage"] = draw(st.sampled_from([None, {"output_tokens": 1}]))
+    separators = draw(st.sampled_from([(",", ":"), (", ", ": "), (",", " : ")]))
+    data = json.dumps(value, separators=separators, ensure_ascii=draw(st.booleans())).encode()
+    if name == "chat" and draw(st.booleans()):
+        data = b"[DONE]"
+    named = b"" if name == "chat" else b"event: %s\n" % value["type"].encode()
+    return name, named + b"data: " + data + draw(st.sampled_from([b"\n\n", b"\r\n\r\n"]))
+
+
+@given(st.lists(shaped_events(), min_size=1, max_size=6))
+def test_a_shape_s_scan_never_misses_an_end_or_an_error_of_its_api(drawn):
+    """An API's events, drawn, in a stream of that API's: its scan finds those that end or
+    fail the answer or report usage."""
+    name = drawn[0][0]
+    stream = [event for api, event in drawn if api == name]
+    data = b"".join(stream)
+    found = sse.suspects(data, len(data), 0, SHAPES[name])
+    for event in stream:
+        kind, finished = sse.kind(event)
+        if kind is sse.Kind.ERROR or finished:
+            assert sse.may_end_or_fail(event, SHAPES[name]) and event in found, event
+        if usage.of_event(event) is not None:
+            assert event in found, event

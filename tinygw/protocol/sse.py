@@ -4,7 +4,8 @@ The gateway holds back a stream's leading events until one carries model output
 (docs/design.md section 4), so that an error that comes first can still fall back. `kind()`
 tells the three apart for OpenAI (chat and completions chunks, the Responses API) and
 Anthropic events; an event it does not know counts as output, so nothing unknown is
-ever held back.
+ever held back. Once output is sent, a stream's reads are searched for the markers of its
+API alone (`Shape`, a table per API), and only the events that hold one are judged.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import re
 from collections.abc import Iterator
 
 import msgspec
+from msgspec import Struct
+
+from tinygw.protocol import usage
 
 # Events end at a blank line; SSE allows \n, \r\n and \r line ends.
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
@@ -31,75 +35,98 @@ _RESPONSES_END = {"response.completed", "response.incomplete"}
 _OUTPUT_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls", "function_call", "refusal")
 
 
-# Bytes without which an event can neither end an answer nor report an error: after
-# output, only events that carry one of them are classified (docs/design.md section 4). Inside a
-# JSON string a quote is escaped, so `"error"` and `"finish_reason": "` are structure.
-# Plain bytes, then patterns, each a literal start and the regex that follows it.
-_END_OR_FAIL_BYTES = (b"[DONE]", b"message_stop", b'"error"')
-_END_OR_FAIL_PATTERNS = tuple(
-    (start, re.compile(re.escape(start) + rest))
-    for start, rest in (
-        (b'"finish_reason"', rb'\s*:\s*"'),
-        (b'"stop_reason"', rb'\s*:\s*"'),
-        (b"response.", rb"(?:completed|incomplete|failed|error)"),
-        (b"event:", rb"\s*error"),
-    )
+_USAGE = usage.USAGE_OBJECT.pattern  # an event that reports usage (`"usage": null` does not)
+_NOTHING = re.compile(rb"(?!)")
+
+
+class Shape(Struct, frozen=True):
+    """The API whose events a stream carries, and its table: the bytes without which one of
+    its events can neither end an answer nor report an error (`kind()` judges the events
+    that hold one), as regexes. After output, only events that hold a marker, or a usage
+    object (`"usage": {`), are read (docs/design.md section 4). Inside a JSON string a
+    quote is escaped, so `"error"` and `"finish_reason": "` are structure. The `quoted`
+    markers begin with a quote: they are one regex, whose search goes from quote to quote
+    (one of other alternatives too tries every byte: three times as long over a chat chunk);
+    `plain` ones are looked for on their own."""
+
+    name: str
+    quoted: tuple[bytes, ...]
+    plain: tuple[bytes, ...] = ()
+    # Compiled once, when the shape is made (whatever is passed here is replaced): the
+    # suspects' searches (the quoted markers and a usage object; the plain ones), and the ends'
+    # and failures' alone.
+    suspect: tuple[re.Pattern[bytes], ...] = ()
+    end_or_fail: re.Pattern[bytes] = _NOTHING
+
+    def __post_init__(self) -> None:
+        quoted = re.compile(b"|".join((*self.quoted, _USAGE)))
+        plain = (re.compile(b"|".join(self.plain)),) if self.plain else ()
+        msgspec.structs.force_setattr(self, "suspect", (quoted, *plain))
+        msgspec.structs.force_setattr(self, "end_or_fail", re.compile(b"|".join((*self.quoted, *self.plain))))
+
+
+_ERROR, _DONE = rb'"error"', rb"\[DONE\]"  # an error (a field, or a `type`); OpenAI's last event
+# OpenAI's chat completions and completions.
+CHAT = Shape("chat", (rb'"finish_reason"\s*:\s*"', _ERROR), (_DONE,))
+# OpenAI's Responses API and Anthropic's messages (Claude on Bedrock and Vertex too): an
+# error event of these carries `"type": "error"` in its data.
+RESPONSES = Shape("responses", (rb'"response\.(?:completed|incomplete|failed|error)"', _ERROR))
+MESSAGES = Shape("messages", (rb'"stop_reason"\s*:\s*"', rb'"message_stop"', _ERROR))
+# A stream of none known: the markers of all of them, and an `error` event whatever its data says.
+ANY = Shape(
+    "any",
+    tuple(dict.fromkeys(m for shape in (CHAT, RESPONSES, MESSAGES) for m in shape.quoted)),
+    (_DONE, rb"event:\s*error"),
 )
-_MAY_END_OR_FAIL = re.compile(
-    b"|".join([*map(re.escape, _END_OR_FAIL_BYTES), *(pattern.pattern for _, pattern in _END_OR_FAIL_PATTERNS)])
-)
 
 
-def may_end_or_fail(event: bytes) -> bool:
-    """False when `kind(event)` is surely (OUTPUT or PREAMBLE, not finished): the cheap
-    scan that streams use once output has been sent."""
-    return _MAY_END_OR_FAIL.search(event) is not None
+def shape_of(api: str, upstream_path: str) -> Shape:
+    """The shape of the streams of a route of `api` ("openai", "anthropic", "bedrock" or "vertex":
+    tinygw.protocol.routing.Route), whose upstream path is `upstream_path`."""
+    if api != "openai":
+        return MESSAGES  # Bedrock's frames are read as Anthropic's events (tinygw.worker.frames)
+    return RESPONSES if upstream_path == "/responses" else CHAT
 
 
-# What makes an event worth a look once output has been sent: it may end the answer or
-# fail it (above), or it reports usage. Each alternative looked for alone, with
-# bytes.find or its own regex: a few µs for a read of events, where the one regex of all
-# of them takes tens. A pattern's match begins with its literal start, so its regex runs
-# from where bytes.find finds that, and not at all where it finds none: most events hold
-# one pattern's start at most (an OpenAI chunk's `"finish_reason"`), and a regex that
-# finds nothing still reads every byte.
-_LITERAL_HITS = (*_END_OR_FAIL_BYTES, b'"usage"')
+def may_end_or_fail(event: bytes, shape: Shape = ANY) -> bool:
+    """False when `kind(event)` is surely (OUTPUT or PREAMBLE, not finished), for an event
+    of `shape`: the cheap scan that streams use once output has been sent."""
+    return shape.end_or_fail.search(event) is not None
 
 
-def _hits(block: bytes, end: int, start: int = 0) -> list[int]:
-    """Where in `block[start:end]` a match of _MAY_END_OR_FAIL or `"usage"` starts (each
-    position where one does, maybe more than once), sorted."""
-    hits = []
-    for literal in _LITERAL_HITS:
-        i = block.find(literal, start, end)
-        while i >= 0:
-            hits.append(i)
-            i = block.find(literal, i + 1, end)
-    for literal, pattern in _END_OR_FAIL_PATTERNS:
-        i = block.find(literal, start, end)
-        if i >= 0:
-            for match in pattern.finditer(block, i, end):
-                hits.append(match.start())
-    hits.sort()
-    return hits
-
-
-def suspects(block: bytes, end: int, start: int = 0) -> list[bytes]:
+def suspects(block: bytes, end: int, start: int = 0, shape: Shape = ANY) -> list[bytes]:
     """The events of `block[start:end]` (complete events; `start` where one begins) that
-    may end or fail the answer or report usage, in order: those of `[e for e in
-    split(block[start:end])[0] if may_end_or_fail(e) or b'"usage"' in e]`, and any
-    where a match begins that spans into the next event (a false alarm: kind() tells). One look at the bytes finds
-    them, instead of a look at each event; each hit's event is cut out around it."""
+    may end or fail the answer or report usage, for a stream of `shape`, in order: those of
+    `[e for e in split(block[start:end])[0] if may_end_or_fail(e, shape) or usage.of_event(e)]`,
+    and any where a match begins that spans into the next event (a false alarm: kind() tells).
+    One search of the bytes for the shape's markers finds them (the usual read holds none),
+    instead of a look at each event."""
+    for pattern in shape.suspect:
+        if pattern.search(block, start, end) is not None:
+            return _cut_out(block, start, end, shape.suspect)
+    return []
+
+
+def _cut_out(block: bytes, start: int, end: int, patterns: tuple[re.Pattern[bytes], ...]) -> list[bytes]:
+    """suspects(), where a marker is: each hit's event, cut out around it; the search goes
+    on from its end."""
     found = []
-    done = start
-    for hit in _hits(block, end, start):
-        if hit < done:
-            continue
-        begins = _event_start(block, hit)
+    while (hit := _first_hit(block, start, end, patterns)) >= 0:
         boundary = _EVENT_END.search(block, hit, end)
         done = boundary.end() if boundary is not None else end
-        found.append(block[begins:done])
+        found.append(block[_event_start(block, hit) : done])
+        start = done
     return found
+
+
+def _first_hit(block: bytes, start: int, end: int, patterns: tuple[re.Pattern[bytes], ...]) -> int:
+    """Where the first match of one of `patterns` in `block[start:end]` begins; -1 if none does."""
+    first = -1
+    for pattern in patterns:
+        match = pattern.search(block, start, end)
+        if match is not None and (first < 0 or match.start() < first):
+            first = match.start()
+    return first
 
 
 def last_end(buffer: bytes) -> int:

@@ -57,7 +57,9 @@ class _Event(Struct):
 # RecursionError) when it cannot be read so: the caller then judges `error` alone.
 decode_body = msgspec.json.Decoder(Body).decode
 _decode_event = msgspec.json.Decoder(_Event)
-_USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')  # not `"usage": null`, as OpenAI's chunks carry
+# A usage reported: not `"usage": null`, as OpenAI's chunks carry (a stream's scan looks
+# for it too: tinygw.protocol.sse).
+USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 
 
 def of_event(event: bytes) -> Usage | None:
@@ -65,7 +67,7 @@ def of_event(event: bytes) -> Usage | None:
     at = event.find(b'"usage"')
     if at < 0 or event[at + 7 : at + 14].lstrip(b": ").startswith(b"null"):  # OpenAI's chunks: `"usage":null`
         return None
-    if _USAGE_OBJECT.search(event, at) is None:
+    if USAGE_OBJECT.search(event, at) is None:
         return None
     data = b"\n".join(line[5:] for line in event.splitlines() if line.startswith(b"data:"))
     try:

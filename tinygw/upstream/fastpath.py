@@ -17,6 +17,7 @@ chunk header is allowed; a trailer section with fields is read by h11 itself.
 
 from __future__ import annotations
 
+import enum
 import operator
 import re
 from itertools import compress
@@ -57,26 +58,31 @@ _NAMES, _VALUES, _BETWEEN = slice(1, None, 3), slice(2, None, 3), slice(3, None,
 _VALUE_OF = operator.itemgetter(1)
 # A `connection` header's token `close`, among others.
 _CLOSE = re.compile(rb"(?:^|,)[ \t]*close[ \t]*(?:,|$)", re.IGNORECASE)
-_CHUNK_HEADER = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;.*+)?[ \t]*+")
-# A chunk-size line of a chunk that is not the last (its size, leading zeros aside, in
-# group 1; 1 to 20 hex digits in all), with its CRLF: where it matches, _CHUNK_HEADER
-# matches the same line. Where it does not, the chunk is read step by step. The next
-# one's: the CRLF that ends a chunk's data, then that line.
-_SIZE_LINE = rb"(?=[0-9A-Fa-f]{1,20}[; \t\r])0*([1-9A-Fa-f][0-9A-Fa-f]*)(?:;[^\r\n]*+)?[ \t]*+\r\n"
-_WHOLE_CHUNK_LINE, _NEXT_CHUNK_LINE = re.compile(_SIZE_LINE), re.compile(rb"\r\n" + _SIZE_LINE)
+# A chunk-size line with the CRLF before it, which ends the chunk before it (or the head, for
+# the first: a chunked body is read from the head's last CRLF): its size in group 1, 1 to 20
+# hex digits as h11 allows (more cannot match: what follows the digits is `;`, OWS or the
+# CRLF), an extension that runs to the line's end (any byte but the CRLF, as h11's `;.*`),
+# OWS. It never spans a CRLF, so where a line is complete it matches exactly that line, or
+# the line is malformed. The one pattern of both of `Answer._chunks`' loops.
+_SIZE_LINE = re.compile(rb"\r\n([0-9A-Fa-f]{1,20})(?:;[^\r\n]*+(?:\r(?!\n)[^\r\n]*+)*+)?[ \t]*+\r\n")
 _LENGTH = re.compile(rb"[0-9]{1,18}")  # a plain content-length; a longer one goes to h11 (which allows 20)
 
 # A response head (status line and headers) larger than this is a protocol error.
 # h11's own default is 16 KiB; providers add long rate-limit and trace headers.
 MAX_HEAD_BYTES = 64 * 1024
 
-# Where a chunked body's reading is (`Answer._state`): each read goes on from there.
-_SIZE = 0  # at a chunk-size line
-_DATA = 1  # inside a chunk's data (`_chunk_left` bytes to come)
-_FOOTER = 2  # at the CRLF after a chunk's data
-_TRAILER = 3  # after the last chunk: at the empty line that ends the body, or a trailer
-_FIELDS = 4  # in a trailer section with fields, which h11 reads (_TrailerReader)
-_END = 5  # the body has ended: what follows is past the answer
+
+class _Reading(enum.Enum):
+    """Where a chunked body's reading is (`Answer._state`): each read goes on from there."""
+
+    LINE = "line"  # at the CRLF that ends a chunk's data (or the head), then a chunk-size line
+    DATA = "data"  # inside a chunk's data (`_chunk_left` bytes to come)
+    TRAILER = "trailer"  # after the last chunk: at the empty line that ends the body, or a trailer
+    FIELDS = "fields"  # in a trailer section with fields, which h11 reads (_TrailerReader)
+    END = "end"  # the body has ended: what follows is past the answer
+
+
+_IN_CHUNKS = (_Reading.LINE, _Reading.DATA)  # the chunks are still being read
 
 
 class HandOff(Exception):
@@ -132,9 +138,9 @@ class Answer:
     _remaining = 0  # content-length bytes still to come
     _chunked = False
     _chunk_left = 0  # bytes of the current chunk still to come
-    _state = _SIZE  # chunked: where the body's reading is
-    # An unfinished chunk-size line at the buffer's start: how many of its bytes are known
-    # to hold no CRLF (a line trickled a byte a read is searched once, not once a read).
+    _state = _Reading.LINE  # chunked: where the body's reading is
+    # An unfinished chunk-size line at the buffer's start (after the CRLF before it): how
+    # many of its bytes are known to hold no CRLF (a line trickled a byte a read is searched once, not once a read).
     _line_checked = 0
     _trailer: _TrailerReader | None = None
     keep_alive = True
@@ -144,7 +150,7 @@ class Answer:
     def feed(self, data: bytes) -> None:
         if self._in_head:
             self._pieces().extend(data)
-        elif self._state == _FIELDS and self._trailer is not None:
+        elif self._state is _Reading.FIELDS and self._trailer is not None:
             self._trailer.feed(data)
         else:
             self._buffer = self._buffer + data if self._buffer else data
@@ -187,6 +193,7 @@ class Answer:
             if b"content-length" in fields or fields[b"transfer-encoding"] != b"chunked":
                 raise self._handing_off(received)
             self._chunked = True
+            end -= 2  # its body is read from the head's last CRLF, which comes before its first size line
         elif _LENGTH.fullmatch(length := fields.get(b"content-length", b"")):
             self._remaining = int(length)
         else:
@@ -251,14 +258,16 @@ class Answer:
         return buffer
 
     def _chunked_body(self) -> bytes | None:
-        buffer = self._buffer
-        if not buffer and self._state < _TRAILER:  # all was taken: more must be fed
-            return b""
+        buffer, state = self._buffer, self._state
+        if state is _Reading.LINE and buffer == b"\r\n" or state is _Reading.DATA and not buffer:
+            return b""  # all was taken (but the CRLF that ends the last chunk): more must be fed
         out: list[bytes] = []
-        pos = self._chunks(buffer, out) if self._state < _TRAILER else 0
-        if self._state >= _TRAILER:
+        pos = 0
+        if state in _IN_CHUNKS:
+            pos = self._chunks(buffer, out)
+        if self._state not in _IN_CHUNKS:
             buffer, pos = self._after_last_chunk(buffer, pos)
-            if self._state == _END and not out:  # the end is returned by the call after the data
+            if self._state is _Reading.END and not out:  # the end is returned by the call after the data
                 self._finish(buffer[pos:])
                 return None
         self._buffer = buffer[pos:]
@@ -266,88 +275,88 @@ class Answer:
 
     def _chunks(self, buffer: bytes, out: list[bytes]) -> int:
         """Take the chunks' data in `buffer` into `out`, up to the last chunk (then the
-        state is _TRAILER) or to where more must be fed; returns the position reached.
-        A whole chunk, the usual read of a stream, is one short step."""
-        find, size_line, crlf_at, append = buffer.find, _CHUNK_HEADER.fullmatch, buffer.startswith, out.append
-        pos, state, checked = 0, self._state, self._line_checked
-        if state == _SIZE and not checked:  # the usual read: whole chunks, each taken in one short step
-            # Each step matches a chunk's footer and the next one's size line at once
-            # (a chunk's data is taken once it is all here, its footer checked after it);
-            # the last footer reached is taken here when it is all there, as it is when
-            # a read brings one whole chunk, else by the steps below.
-            match, next_line, length = _WHOLE_CHUNK_LINE.match(buffer), _NEXT_CHUNK_LINE.match, len(buffer)
-            while match is not None:
-                start = match.end()
-                pos = start + int(match[1], 16)  # past the chunk's data
-                if pos > length:  # not all of it is here: the steps below take it, from its line
-                    pos = match.start()  # 0, or the footer of the chunk before
-                    break
-                append(buffer[start:pos])
-                match = next_line(buffer, pos)
-            if pos:
-                if crlf_at(b"\r\n", pos):
-                    pos += 2
-                else:
-                    state = _FOOTER
+        state is TRAILER) or to where more must be fed; returns the position reached.
+        Whole chunks, the usual read of a stream, are taken by the quick loop; what it
+        leaves (a line or a footer in pieces, the last chunk, a malformed line) is taken
+        step by step by the careful one."""
+        if self._state is _Reading.LINE and not self._line_checked:
+            pos, state = self._quick(buffer, out)
+            if state is not _Reading.LINE or pos == len(buffer) - 2 and buffer.endswith(b"\r\n"):  # the usual end
+                self._state = state
+                return pos
+            return self._careful(buffer, pos, out)
+        return self._careful(buffer, 0, out)
+
+    def _quick(self, buffer: bytes, out: list[bytes]) -> tuple[int, _Reading]:
+        """Whole chunks from the buffer's start, each a match of its footer and the next
+        one's size line at once, then its data: where that ends and the state there. A
+        chunk whose data is not all here is taken as far as it came (DATA); the loop
+        stops at a line it does not match whole (LINE), or after the last chunk's line
+        (TRAILER)."""
+        line, append, length = _SIZE_LINE.match, out.append, len(buffer)
+        match, pos = line(buffer), 0
+        while match is not None:
+            start = match.end()
+            pos = start + int(match[1], 16)  # past the chunk's data
+            if pos == start:  # the last chunk
+                return pos, _Reading.TRAILER
+            append(buffer[start:pos])  # its data, or as much of it as came
+            match = line(buffer, pos)  # None past the buffer's end
+        if pos > length:
+            self._chunk_left = pos - length
+            return length, _Reading.DATA
+        return pos, _Reading.LINE
+
+    def _careful(self, buffer: bytes, pos: int, out: list[bytes]) -> int:
+        """Take the chunks from `pos` step by step, as h11 does: a chunk's data as it
+        comes, its footer and the next size line each checked once all of it is here
+        (a line trickled a byte a read is searched for its end once, not once a read)."""
+        state, checked = self._state, self._line_checked
         while True:
-            if state == _SIZE:
-                line_end = find(b"\r\n", pos + checked)
-                if line_end < 0:
-                    if len(buffer) - pos > MAX_HEAD_BYTES:  # h11's bound on a line
-                        raise Malformed("a chunk-size line over the limit")
-                    self._line_checked = max(len(buffer) - pos - 1, 0)  # its last byte may be a CRLF's CR
-                    break
-                checked = self._line_checked = 0
-                if (match := size_line(buffer, pos, line_end)) is None:
-                    raise Malformed("illegal chunk header")
-                pos = line_end + 2
-                size = int(match[1], 16)
-                if not size:
-                    state = _TRAILER
-                    break
-                end = pos + size
-                if crlf_at(b"\r\n", end):  # the whole chunk is here
-                    append(buffer[pos:end])
-                    pos = end + 2
-                    continue
-                self._chunk_left, state = size, _DATA
-            if state == _DATA:
+            if state is _Reading.DATA:
                 data = buffer[pos : pos + self._chunk_left]
-                if data:
-                    append(data)
-                    pos += len(data)
-                    self._chunk_left -= len(data)
+                out.append(data)
+                pos += len(data)
+                self._chunk_left -= len(data)
                 if self._chunk_left:
                     break
-                state = _FOOTER
-            footer = buffer[pos : pos + 2]  # _FOOTER
+                state = _Reading.LINE
+            footer = buffer[pos : pos + 2]  # LINE: the CRLF that ends the chunk before
             if footer != b"\r\n"[: len(footer)]:
                 raise Malformed("malformed chunk footer")
-            if len(footer) < 2:
+            if buffer.find(b"\r\n", pos + 2 + checked) < 0:  # the line is not all here
+                if len(buffer) - pos - 2 > MAX_HEAD_BYTES:  # h11's bound on a line
+                    raise Malformed("a chunk-size line over the limit")
+                self._line_checked = max(len(buffer) - pos - 3, 0)  # its last byte may be a CRLF's CR
                 break
-            pos += 2
-            state = _SIZE
+            checked = self._line_checked = 0
+            if (match := _SIZE_LINE.match(buffer, pos)) is None:
+                raise Malformed("illegal chunk header")
+            pos, self._chunk_left = match.end(), int(match[1], 16)
+            state = _Reading.DATA if self._chunk_left else _Reading.TRAILER
+            if state is _Reading.TRAILER:
+                break
         self._state = state
         return pos
 
     def _after_last_chunk(self, buffer: bytes, pos: int) -> tuple[bytes, int]:
         """After the last chunk: the empty line, or a trailer section that h11 reads.
-        Returns what is left to read and where (past the end once the state is _END)."""
-        if self._state == _TRAILER:
+        Returns what is left to read and where (past the end once the state is END)."""
+        if self._state is _Reading.TRAILER:
             if len(buffer) - pos < 2:
                 return buffer, pos
             if buffer[pos : pos + 2] == b"\r\n":
-                self._state = _END
+                self._state = _Reading.END
                 return buffer, pos + 2
-            self._state = _FIELDS
+            self._state = _Reading.FIELDS
             self._trailer = _TrailerReader()
             self._trailer.feed(buffer[pos:])
             buffer, pos = b"", 0
-        if self._state == _FIELDS and self._trailer is not None:
+        if self._state is _Reading.FIELDS and self._trailer is not None:
             rest = self._trailer.end()
             if rest is None:
                 return buffer, pos
-            self._state = _END
+            self._state = _Reading.END
             return rest, 0
         return buffer, pos
 

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from tinygw import errors, logs
 from tinygw.config.settings import Model, Target
-from tinygw.protocol import clouds, eventstream
+from tinygw.protocol import clouds, eventstream, sse
 from tinygw.protocol.routing import Resolution
 from tinygw.protocol.wire import (
     carries_account_headers,
@@ -224,11 +224,12 @@ async def _attempt(
     gateway.metrics.observe_first_byte(target.provider, elapsed)  # its answer's head came
     if inbound.stream and response.status == 200:
         content_type = header(response.headers, b"content-type") or b""
+        shape = sse.shape_of(inbound.route.api, inbound.route.upstream_path)  # its events' API
         if content_type.startswith(b"text/event-stream"):
-            return await _relay(gateway, upstream, response, send, record, target, elapsed, inbound.usage_asked)
+            return await _relay(gateway, upstream, response, send, record, target, inbound.usage_asked, shape)
         if content_type.startswith(eventstream.CONTENT_TYPE):  # Bedrock's frames, read as events
             events = frames.Unwrapped(response, keep_frames=inbound.route.api == "bedrock")
-            return await _relay(gateway, upstream, response, send, record, target, elapsed, False, events)
+            return await _relay(gateway, upstream, response, send, record, target, False, shape, events)
     return await _held(gateway, upstream, inbound, target, response, elapsed, key_index, record)
 
 
@@ -282,19 +283,19 @@ async def _relay(
     send: Send,
     record: Record,
     target: Target,
-    first_byte_seconds: float,
     drop_usage: bool,
+    shape: sse.Shape,
     unwrapped: frames.Unwrapped | None = None,
 ) -> Attempt:
-    """A stream's attempt: relayed as it comes (tinygw.worker.relay). Its first byte is
-    observed now, since the attempt ends much later. `unwrapped`: Bedrock's frames, read
-    as server-sent events (tinygw.worker.frames), and sent on as frames when it keeps them."""
+    """A stream's attempt: relayed as it comes (tinygw.worker.relay), its events read as
+    `shape`'s API writes them. `unwrapped`: Bedrock's frames, read as server-sent events
+    (tinygw.worker.frames), and sent on as frames when it keeps them."""
     loop = gateway.loop or asyncio.get_running_loop()
     events: Events = response if unwrapped is None else unwrapped
     if unwrapped is not None and unwrapped.keep_frames:
         send = frames.rewrapped(send, unwrapped)
     try:
-        relay = Relay(events, record.timed(send, loop), record, target, loop, upstream.redactor, drop_usage)
+        relay = Relay(events, record.timed(send, loop), record, target, loop, upstream.redactor, drop_usage, shape)
         return await relay.run()
     finally:
         await response.aclose()

@@ -77,6 +77,7 @@ class Relay:
         "_finished",
         "_failed",
         "_drop_usage",
+        "_shape",
     )
 
     def __init__(
@@ -88,11 +89,14 @@ class Relay:
         loop: asyncio.AbstractEventLoop,
         redactor: Redactor,
         drop_usage: bool = False,
+        shape: sse.Shape = sse.ANY,
     ) -> None:
         """`drop_usage`: the gateway asked for the usage that the client did not (to charge
         its tokens), so the chunk that only reports it is not relayed: whole events are
-        sent, never a part of one."""
+        sent, never a part of one. `shape`: the API of the stream's events, whose markers
+        the scan after output looks for (sse.Shape; all known ones by default)."""
         self.state = State.HOLDING
+        self._shape = shape
         self._drop_usage = drop_usage
         self._redactor = redactor
         self._response = response
@@ -239,12 +243,13 @@ class Relay:
 
     def _scan(self, block: bytes, start: int = 0) -> None:
         """Read the events of `block[start:]` (complete events, sent on) that may end or fail
-        the answer or report usage: one look at the bytes finds them (sse.suspects)."""
-        for event in sse.suspects(block, len(block), start):
+        the answer or report usage: one search of the bytes for the markers of the stream's
+        shape finds them (sse.suspects)."""
+        for event in sse.suspects(block, len(block), start, self._shape):
             self._read(event)
 
     def _read(self, event: bytes) -> None:
-        if sse.may_end_or_fail(event):
+        if sse.may_end_or_fail(event, self._shape):
             kind, done = sse.kind(event)
             self._finished |= done
             self._failed |= kind is sse.Kind.ERROR
