@@ -44,7 +44,6 @@ process's memory alone.
 from __future__ import annotations
 
 import fcntl
-import mmap
 import os
 import struct
 import zlib
@@ -53,12 +52,11 @@ from hashlib import blake2b
 
 from tinygw.config.settings import Breaker as BreakerSettings
 from tinygw.observe.board import STATES, CircuitView
+from tinygw.observe.mapped import Mapped
 from tinygw.resilience import rows
 from tinygw.resilience.breaker import MAX_CIRCUITS_PER_PROVIDER, Circuit, State, forgettable, pause_ends
 
 _HEADER_FLOATS = 4
-_LAYOUT, _READY = 0, 1
-_READY_MARK = 7.0e15 + 38.0  # a marker no zeroed or half-written file holds
 MAX_HOLDS = 4096  # probes in flight at once, over every circuit: past this a probe is not let through
 _HOLD_FLOATS = 4  # slot (0: free), row, generation, spare
 NAME_BYTES = 320  # a model name is at most 256 bytes (tinygw.protocol.wire.MAX_MODEL_BYTES)
@@ -103,55 +101,27 @@ class CircuitTable:
         size = self._text + self._row_count * _TEXT_BYTES
         shape = "\n".join(f"{p}={','.join(sorted(set(configured[p])))}" for p in sorted(configured))
         self._layout = float(zlib.crc32(f"{shape}|{rows.ROW_FLOATS}|{MAX_HOLDS}|{_TEXT_BYTES}".encode()))
-        self._lock_fd = self._fd = -1
         self._given_back_at = -GIVE_BACK_SECONDS
+        self._file = Mapped(directory, (_FILE, _LOCK), size, self._layout, self._prepare)
+        self.values, self._map = self._file.values, self._file.map
+        self.lock, self.unlock = self._file.lock, self._file.unlock
         if directory:
-            self._lock_fd = os.open(os.path.join(directory, _LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            self._fd = os.open(os.path.join(directory, _FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             self.lock()
             try:
-                if os.fstat(self._fd).st_size != size:
-                    os.ftruncate(self._fd, 0)
-                    os.ftruncate(self._fd, size)
-                self._map = mmap.mmap(self._fd, size)
-                self._ready_values()
                 self._free_holds(lambda holder: holder == self.slot)  # a dead worker's, in this slot
             finally:
                 self.unlock()
-        else:
-            self._map = mmap.mmap(-1, size)
-            self._ready_values()
 
-    def _ready_values(self) -> None:
-        self.values = memoryview(self._map).cast("d")
-        v = self.values
-        if v[_LAYOUT] == self._layout and v[_READY] == _READY_MARK:
-            return  # made by another worker of this run: kept as it is
-        v[_READY] = 0.0
-        self._map[:] = bytes(len(self._map))
-        v[_LAYOUT] = self._layout
+    def _prepare(self, values) -> None:
+        """A new table: every circuit's pause the first one."""
         for start, size in self._regions.values():
             for row in range(start, start + size * rows.ROW_FLOATS, rows.ROW_FLOATS):
-                v[row + rows.PAUSE] = self.settings.open_seconds
-        v[_READY] = _READY_MARK
+                values[row + rows.PAUSE] = self.settings.open_seconds
 
     def close(self) -> None:
-        self.values.release()
-        self._map.close()
-        for fd in (self._fd, self._lock_fd):
-            if fd >= 0:
-                os.close(fd)
-        self._fd = self._lock_fd = -1
+        self._file.close()
 
     # ---- Rows -----------------------------------------------------------------------------
-
-    def lock(self) -> None:
-        if self._lock_fd >= 0:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-
-    def unlock(self) -> None:
-        if self._lock_fd >= 0:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def hold(self, at: int, generation: float) -> int:
         v = self.values
