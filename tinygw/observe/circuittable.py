@@ -43,8 +43,6 @@ process's memory alone.
 
 from __future__ import annotations
 
-import fcntl
-import os
 import struct
 import zlib
 from collections.abc import Mapping
@@ -53,6 +51,7 @@ from hashlib import blake2b
 from tinygw.config.settings import Breaker as BreakerSettings
 from tinygw.observe.board import STATES, CircuitView
 from tinygw.observe.mapped import Mapped
+from tinygw.observe.metricstore import slot_alive
 from tinygw.resilience import rows
 from tinygw.resilience.breaker import MAX_CIRCUITS_PER_PROVIDER, Circuit, State, forgettable, pause_ends
 
@@ -144,7 +143,7 @@ class CircuitTable:
 
         def is_dead(holder: float) -> bool:
             if holder not in dead:
-                dead[holder] = holder != self.slot and not _slot_alive(self.directory or "", int(holder))
+                dead[holder] = holder != self.slot and not slot_alive(self.directory or "", int(holder))
             return dead[holder]
 
         return self._free_holds(is_dead, at) > 0
@@ -302,18 +301,3 @@ class CircuitTable:
             (c.provider, c.provider_model): pause_ends(c.opened_at, c.pause_seconds) if c.state is State.OPEN else 0.0
             for c in self.view()
         }
-
-
-def _slot_alive(directory: str, slot: int) -> bool:
-    """Does a live worker hold slot `slot`'s lock (tinygw.observe.metricstore)?"""
-    try:
-        fd = os.open(os.path.join(directory, f"slot-{slot}.lock"), os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False

@@ -36,6 +36,7 @@ from msgspec import Struct
 
 from tinygw import logs
 from tinygw.config.settings import Client
+from tinygw.observe.metricstore import held
 from tinygw.resilience import limits
 from tinygw.resilience.limits import MINUTE_FLOATS, Floats, OverLimit
 
@@ -68,12 +69,7 @@ class _Peer(Struct):
     values: Floats
 
     def alive(self) -> bool:
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        return False
+        return held(self.fd)
 
 
 class ClientTable:

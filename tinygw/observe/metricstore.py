@@ -153,7 +153,7 @@ class FileStore:
             try:
                 pid, _, slot = (int(part) for part in name[len(_FILE_PREFIX) : -len(_FILE_SUFFIX)].split("-"))
                 with open(path, "rb") as f:
-                    alive = path == self.path or _locked(f.fileno())
+                    alive = path == self.path or held(f.fileno())
                     values = parse(f.read())
             except (ValueError, OSError, struct.error, msgspec.MsgspecError):
                 continue
@@ -201,8 +201,20 @@ def _take_slot(directory: str):
     raise OSError("no free metrics slot")
 
 
-def _locked(fd: int) -> bool:
-    """Does a live worker hold its file's lock?"""
+def slot_alive(directory: str, slot: int) -> bool:
+    """Does a live worker hold slot `slot`'s lock file in `directory`?"""
+    try:
+        fd = os.open(os.path.join(directory, f"slot-{slot}.lock"), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return held(fd)
+    finally:
+        os.close(fd)
+
+
+def held(fd: int) -> bool:
+    """Does a live worker hold the lock of the file `fd` is open on (its slot's, held while alive)?"""
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
