@@ -152,7 +152,8 @@ class Relay:
         return HeldAnswer(judged.status, headers, self._redactor.body(held))
 
     def _cloud_error(self, event: bytes) -> tuple[str, float, bytes] | None:
-        """A leading exception of Bedrock's frames (`event`), which names its error, and when it came."""
+        """A leading exception of Bedrock's frames (`event`), which names its error, and
+        when it came: since the request did, at least the attempt's own time."""
         events = self._response
         if isinstance(events, frames.Unwrapped) and events.exception_type is not None:
             return events.exception_type, self._loop.time() - self._record.started_at, event
@@ -204,7 +205,7 @@ class Relay:
         await self._send(record.head(200, self._headers(), "200"))
         held, rest = self._held, self._pending.peek()
         if self._drop_usage:  # whole events only: the rest goes with the event it begins
-            body = _without_usage_only(b"".join([*held, block]))
+            body = _without_usage_only(b"".join([*held, block]), self._shape)
         else:
             body = b"".join([*held, block, rest]) if held or rest else block  # no copy of a lone block
         self._held = []
@@ -230,8 +231,7 @@ class Relay:
         while (chunk := await next_chunk()) is not None:
             block = pending.feed(chunk)
             if block:
-                self._scan(block)
-                block = _without_usage_only(block)
+                block = self._scan_less_usage_only(block)
             if pending.size > MAX_HELD_BYTES:  # no event end in sight: stop looking
                 taken = pending.take()
                 self._read(taken)
@@ -247,6 +247,15 @@ class Relay:
         shape finds them (sse.suspects)."""
         for event in sse.suspects(block, len(block), start, self._shape):
             self._read(event)
+
+    def _scan_less_usage_only(self, block: bytes) -> bytes:
+        """`_scan`, for `drop_usage`, in the same one look: `block` less the chunk that only
+        reports the usage (which is read, and so counted, first)."""
+        for event in sse.suspects(block, len(block), 0, self._shape):
+            self._read(event)
+            if usage.usage_only(event):
+                block = block.replace(event, b"", 1)
+        return block
 
     def _read(self, event: bytes) -> None:
         if sse.may_end_or_fail(event, self._shape):
@@ -281,9 +290,10 @@ class Relay:
         return Attempt(judged, committed=True)
 
 
-def _without_usage_only(block: bytes) -> bytes:
-    """`block`, complete events, less the chunk that only reports the stream's usage."""
-    for event in sse.suspects(block, len(block)):
+def _without_usage_only(block: bytes, shape: sse.Shape) -> bytes:
+    """`block`, complete events of `shape`'s API (read already), less the chunk that only
+    reports the stream's usage."""
+    for event in sse.suspects(block, len(block), 0, shape):
         if usage.usage_only(event):
             block = block.replace(event, b"", 1)
     return block
