@@ -94,8 +94,8 @@ MAX_CIRCUITS_PER_PROVIDER = 256
 MAX_LABELS_PER_PROVIDER = 4 * MAX_CIRCUITS_PER_PROVIDER
 OTHER = "(other)"
 
-_SUCCESS, _NEUTRAL = Outcome.SUCCESS, Outcome.NEUTRAL  # one global lookup each, for the usual attempt
-_CLOSED_CODE = rows.CLOSED_CODE
+_SUCCESS, _NEUTRAL = Outcome.SUCCESS, Outcome.NEUTRAL  # and below, the row's fields the usual attempt reads
+_STATE, _GENERATION, _FAILURES, _CLOSED_CODE = rows.STATE, rows.GENERATION, rows.FAILURES, rows.CLOSED_CODE
 # A state's code in a row (tinygw.resilience.rows), and back.
 _CODES = {State.CLOSED: rows.CLOSED_CODE, State.OPEN: rows.OPEN_CODE, State.HALF_OPEN: rows.HALF_OPEN_CODE}
 _STATES = (State.CLOSED, State.OPEN, State.HALF_OPEN)
@@ -256,9 +256,9 @@ class Circuit:
     def allow(self) -> Ticket | None:
         """A ticket for one attempt, or None: skip this target as if it were open."""
         v, at = self._v, self._at
-        if v[at] == _CLOSED_CODE or not self.enabled:  # the usual answer: a read of the row, no clock, no lock
-            return Ticket(self, v[at + 1])  # rows.GENERATION
-        if v[at] == rows.OPEN_CODE and not self._pause_over(self._clock()):
+        if v[at + _STATE] == _CLOSED_CODE or not self.enabled:  # the usual answer: a read of the row, no clock, no lock
+            return Ticket(self, v[at + _GENERATION])
+        if v[at + _STATE] == rows.OPEN_CODE and not self._pause_over(self._clock()):
             return None
         return self._locked(self._admit)
 
@@ -281,7 +281,7 @@ class Circuit:
         through a CLOSED circuit that counts no failure, changes nothing: no lock."""
         v, at = self._v, self._at
         if outcome is _SUCCESS:
-            if v[at] == _CLOSED_CODE and not v[at + 2]:  # rows.FAILURES
+            if v[at + _STATE] == _CLOSED_CODE and not v[at + _FAILURES]:
                 return
         elif outcome is _NEUTRAL and not ticket.probe:
             return  # no verdict, no slot to give back: nothing changes
