@@ -53,7 +53,7 @@ _TOO_LONG = re.compile(rb"context_length_exceeded|prompt is too long|input is to
 
 class Judgement(Struct, frozen=True):
     """An attempt's ending, judged. `label` names it in x-tinygw-attempts, the access log
-    and the attempts metric (`tinygw_provider_attempts_total`'s `outcome`). `status` is
+    and the attempts metric (`tinygw_upstream_attempts_total`'s `outcome`). `status` is
     what the client gets should this attempt be the last: the provider's answer's (502
     for a 200 carrying an error), or that of the gateway's own answer when there is none.
     `error`, when set, replaces the answer: the client then gets the gateway's own error

@@ -174,8 +174,7 @@ async def _make_attempt(
     """One attempt at `target`, admitted by `ticket`; its verdict goes to the circuit,
     the record and the metrics, once, when it ends, whatever the client does. A success
     is sent here (a stream's, relayed as it came, was sent already): when its client
-    leaves as it goes out, the exchange that came is still counted, and its first byte
-    observed."""
+    leaves as it goes out, the exchange that came is still counted."""
     circuit = ticket.circuit
     record.aimed_at(target)
     attempt = None  # until the provider's answer came
