@@ -307,12 +307,22 @@ class Gateway:
                 records.append(json.loads(line))
         return records
 
+    @property
+    def server_pid(self) -> int:
+        """The gateway's own process, whose children are its workers: the process started,
+        or under a frozen build (`TINYGW_BINARY`) its only child: a PyInstaller onefile
+        executable unpacks itself and runs the program in a child it waits for."""
+        if not os.environ.get("TINYGW_BINARY"):
+            return self.process.pid
+        (pid,) = wait_until(lambda: children(self.process.pid), 10, "the frozen build's program")
+        return pid
+
     def held_directories(self, prefix: str) -> set[Path]:
         """The directories named `prefix`* that the gateway's process holds open: the ones
         it made (tinygw.lifecycle locks each for the process's life), whatever other
         gateways on the host make meanwhile."""
         held = set()
-        for fd in Path(f"/proc/{self.process.pid}/fd").iterdir():
+        for fd in Path(f"/proc/{self.server_pid}/fd").iterdir():
             try:
                 target = Path(os.readlink(fd))
             except OSError:  # closed meanwhile
@@ -480,14 +490,16 @@ def pytest_configure(config):
     adopt_orphans()
 
 
-def children() -> dict[int, str]:
-    """This process's children: pid -> state (R, S, Z ...) and command line."""
+def children(parent: int | None = None) -> dict[int, str]:
+    """The children of `parent` (this process by default): pid -> state (R, S, Z ...) and
+    command line."""
+    parent = os.getpid() if parent is None else parent
     found = {}
     for pid in os.listdir("/proc"):
         try:
             with open(f"/proc/{pid}/stat", "rb") as f:
                 fields = f.read().rpartition(b")")[2].split()
-            if int(fields[1]) == os.getpid():
+            if int(fields[1]) == parent:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     command = f.read().replace(bytes(1), b" ").decode(errors="replace")
                 found[int(pid)] = f"{fields[0].decode()} {command}"

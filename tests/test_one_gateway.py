@@ -13,7 +13,7 @@ import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import call, metric_value, provider, wait_until
+from conftest import call, children, metric_value, provider, wait_until
 from tinygw.fake.upstream import FakeRequest, Reply, json_reply, well_behaved
 
 CHAT = "/v1/chat/completions"
@@ -56,16 +56,7 @@ def serving_workers(gateway) -> set[int]:
 
 def worker_pids(gateway) -> set[int]:
     """The gateway's workers: the live children of its process."""
-    pids = set()
-    for name in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                fields = f.read().rpartition(b")")[2].split()
-        except (OSError, ValueError):
-            continue
-        if int(fields[1]) == gateway.process.pid and fields[0] != b"Z":
-            pids.add(int(name))
-    return pids
+    return {pid for pid, state in children(gateway.server_pid).items() if not state.startswith("Z")}
 
 
 def holder_of_connection_to(fake, pids: set[int]) -> int | None:
