@@ -250,11 +250,34 @@ def test_round_robin_spreads_the_gateways_requests(fake, start_gateway):
         TINYGW_WORKERS=str(WORKERS),
         **QUIET,
     )
-    for _ in range(24):  # one at a time, each on a new connection: any worker
-        assert call("POST", f"{gateway.url}{CHAT}", REQUEST)[0] == 200
-    assert len(serving_workers(gateway)) >= 2, "several workers must have served for this test to mean anything"
+    ids: list[str] = []
+    for _ in range(20):  # rounds of 24, one request at a time, each on a new connection: any worker
+        for _ in range(24):
+            status, headers, _ = call("POST", f"{gateway.url}{CHAT}", REQUEST)
+            assert status == 200
+            ids.append(headers["x-request-id"])
+        if _a_worker_saw_a_target_twice_running(gateway, ids, [r.json()["model"] for r in chats(fake)]):
+            break
+    else:
+        raise AssertionError("no worker's turns were interleaved with another's: the test means nothing yet")
     models = [r.json()["model"] for r in chats(fake)]
-    assert models == [models[0], {"x": "y", "y": "x"}[models[0]]] * 12  # per-worker turns would repeat
+    assert all(a != b for a, b in zip(models, models[1:], strict=False)), models  # the gateway's turns alternate
+
+
+def _a_worker_saw_a_target_twice_running(gateway, ids: list[str], models: list[str]) -> bool:
+    """Whether one worker's own requests (in order) went to one target twice running: another
+    worker took a turn between them, which turns of its own would not have done."""
+    worker_of = wait_until(
+        lambda: found if len(found := _workers_of(gateway)) >= len(ids) else None, what="every request's access line"
+    )
+    by_worker: dict[int, list[str]] = {}
+    for request_id, model in zip(ids, models, strict=True):
+        by_worker.setdefault(worker_of[request_id], []).append(model)
+    return any(a == b for seen in by_worker.values() for a, b in zip(seen, seen[1:], strict=False))
+
+
+def _workers_of(gateway) -> dict[str, int]:
+    return {r["request_id"]: r["worker"] for r in gateway.log_records() if r.get("msg") == "request"}
 
 
 def test_a_health_check_and_a_listing_run_once_per_interval_for_the_gateway(fake, start_gateway):
