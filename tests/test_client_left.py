@@ -65,7 +65,7 @@ def _proxied(fake, receive, send, content_length: bytes | None = None, env: dict
         return gateway
 
     original = logs.access
-    logs.access = lambda loop, path, query, agent, **fields: lines.append(fields)
+    logs.access = lambda loop, path, query, agent, fields: lines.append(fields)
     try:
         return asyncio.run(run()), lines
     finally:
