@@ -133,8 +133,14 @@ class Connection:
     async def receive_head(self, deadline: float, timeout: Timeout) -> tuple[int, list[tuple[bytes, bytes]]]:
         """Wait for the response head; informational (1xx) responses are skipped."""
         while (answer := self._answer) is not None:
-            data = await self._read(deadline, timeout)
-            if not data:
+            try:  # _read, inline: every exchange waits here for its answer (docs/performance.md)
+                data = await self._stream.receive(deadline)
+            except BaseException as e:
+                self._read_failed(e, timeout)
+                raise
+            if data:
+                self._heard = True
+            else:
                 self._no_answer()
                 self._hand_off(eof=True)
                 break
