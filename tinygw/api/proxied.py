@@ -60,9 +60,10 @@ async def handle(
     try:
         try:
             if gateway.clients is None or await _within_limits(gateway, send, record):
-                inbound, resolution, send = await _inbound(
-                    gateway, route, scope, receive, send, first, record, watch, exchange
-                )
+                body = await read_body(receive, first.get(b"content-length"), gateway.settings.max_body_bytes, watch)
+                if exchange is not None:  # opened (or refused) before anything reads it
+                    body = await exchange.open(body, record)
+                inbound, resolution, send = _inbound(gateway, route, scope, send, body, record, exchange)
                 await proxy.forward(gateway, inbound, resolution, send, record)
         finally:
             watch.stop()  # before any error answer
@@ -87,15 +88,12 @@ async def _within_limits(gateway: Gateway, send, record: Record) -> bool:
     return False
 
 
-async def _inbound(
-    gateway: Gateway, route: Route, scope, receive, send, first: dict, record: Record, watch: ClientWatch, exchange
+def _inbound(
+    gateway: Gateway, route: Route, scope, send, body: bytes, record: Record, exchange
 ) -> tuple[proxy.Inbound, Resolution, object]:
-    """What the gateway takes from the request: its body read (and opened when sealed),
+    """What the gateway takes from the request's `body` (read, and opened when sealed):
     its model resolved on `route`, and the `send` its answer goes through (counted, for a
-    client charged by its tokens). Refused (404, 408, 413) or BadBody when it cannot be."""
-    body = await read_body(receive, first.get(b"content-length"), gateway.settings.max_body_bytes, watch)
-    if exchange is not None:  # opened (or refused) before anything reads it
-        body = await exchange.open(body, record)
+    client charged by its tokens). Refused (404) or BadBody when it cannot be."""
     head = read_head(body, route.model_in(scope["path"]))  # a cloud shape's model is in its path
     model: str = head.model  # type: ignore[assignment]  # read_head refuses a body without one
     if exchange is not None:
