@@ -31,7 +31,14 @@ class ClientLeft(Refused):
         super().__init__(400, "the request body is incomplete or its chunked framing is malformed", "invalid_body")
 
 
-class Phase(enum.Enum):
+class _Key(enum.Enum):
+    """An enum whose pairs key TRANSITIONS, looked up as every request moves: a member is
+    hashed as the one object it is (docs/performance.md), as it compares."""
+
+    __hash__ = object.__hash__
+
+
+class Phase(_Key):
     """Where a ClientWatch is in its request's life."""
 
     BODY = "body"  # the body is being read; the first look has not come
@@ -44,7 +51,7 @@ class Phase(enum.Enum):
     STALLED = "stalled"  # a send waited past the client timeout: the request's task cancelled
 
 
-class Event(enum.Enum):
+class Event(_Key):
     LOOK = "look"  # the first look, or a later one while the body is read
     READ = "read"  # the body's last message came
     EXPIRED = "expired"  # a look found the client timeout passed during the body
