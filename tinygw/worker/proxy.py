@@ -254,7 +254,7 @@ async def _held(
             return Attempt(outcome.of_error(e))
         rest = None if ended else response
     held = None if rest else data
-    if upstream.provider.cloud:  # Bedrock's and Vertex's errors go by their names first
+    if upstream.cloud:  # Bedrock's and Vertex's errors go by their names first
         error_name = clouds.error_name(response.headers, held) if response.status >= 400 else None
         judged = outcome.of_cloud_answer(response.status, elapsed, held, error_name)
     else:

@@ -49,6 +49,7 @@ class Upstream(Struct, frozen=True):
     base_path: bytes = b""
     query_suffix: bytes = b""
     rotates_keys: bool = False  # more than one key: `keys.pick` moves the rotation on
+    cloud: bool = False  # the provider's `cloud`: Claude on Bedrock or Vertex
     lets_clients_choose_account: bool = False  # the provider's `client_account_headers`
     # A vertex provider's token endpoint (tinygw.worker.credentials): its own pool.
     token_pool: Pool | None = None
@@ -63,10 +64,9 @@ class Upstream(Struct, frozen=True):
         `key_index`: the client's body with the target's model (a cloud's whole path and
         body are the gateway's, the model in the path: tinygw.protocol.clouds), the
         client's headers less those never forwarded, the provider's own and the request id."""
-        provider = self.provider
-        if provider.cloud:
+        if self.cloud:
             route = inbound.route
-            path, body = cloud_request(provider.doc, route.api, inbound.body, inbound.stream, target.upstream_model)
+            path, body = cloud_request(self.provider.doc, route.api, inbound.body, inbound.stream, target.upstream_model)
         else:
             path = self.path(inbound.route.upstream_path, inbound.query)
             body = rewrite_model(inbound.body, inbound.model, target.upstream_model)
@@ -208,6 +208,7 @@ def make_upstream(
         base_path=p.origin.path.encode(),
         query_suffix=b"?" + query if query else b"",
         rotates_keys=len(p.keys) > 1,
+        cloud=p.cloud,
         lets_clients_choose_account=p.doc.client_account_headers,
         token_pool=token_pool,
     )
