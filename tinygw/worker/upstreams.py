@@ -65,8 +65,8 @@ class Upstream(Struct, frozen=True):
         body are the gateway's, the model in the path: tinygw.protocol.clouds), the
         client's headers less those never forwarded, the provider's own and the request id."""
         if self.cloud:
-            route = inbound.route
-            path, body = cloud_request(self.provider.doc, route.api, inbound.body, inbound.stream, target.upstream_model)
+            doc, api = self.provider.doc, inbound.route.api
+            path, body = cloud_request(doc, api, inbound.body, inbound.stream, target.upstream_model)
         else:
             path = self.path(inbound.route.upstream_path, inbound.query)
             body = rewrite_model(inbound.body, inbound.model, target.upstream_model)
