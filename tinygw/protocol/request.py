@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import TypeVar
 
 import msgspec
 
@@ -33,7 +34,15 @@ class RequestHead(msgspec.Struct):
     input: msgspec.Raw = _ABSENT  # the Responses API's: a string, or its items
 
 
+class _Model(msgspec.Struct):
+    """A body's `model` alone: what a rewritten body is checked by."""
+
+    model: str | None = None
+
+
 _decode_head = msgspec.json.Decoder(RequestHead)
+_decode_model = msgspec.json.Decoder(_Model)
+_Head = TypeVar("_Head", RequestHead, _Model)
 _decode_any = msgspec.json.Decoder()
 _encode = msgspec.json.Encoder()
 
@@ -58,11 +67,12 @@ class BadBody(ValueError):
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
-def _head_of(body: bytes) -> RequestHead:
-    """The fields the gateway reads, by msgspec (its errors raised as they are), or by
-    the standard library when msgspec refused a surrogate escape (BadBody then)."""
+def _head_of(body: bytes, decoder: msgspec.json.Decoder[_Head]) -> _Head:
+    """The fields of `body` that `decoder` reads (a RequestHead's, or a _Model's), by msgspec
+    (its errors raised as they are), or by the standard library when msgspec refused a
+    surrogate escape (BadBody then)."""
     try:
-        return _decode_head.decode(body)
+        return decoder.decode(body)
     except msgspec.ValidationError:
         raise
     except msgspec.DecodeError:
@@ -72,7 +82,7 @@ def _head_of(body: bytes) -> RequestHead:
     if not isinstance(document, dict):
         raise BadBody("invalid request body: Expected `object`")
     try:
-        head = msgspec.convert({k: document[k] for k in ("model", "stream") if k in document}, RequestHead)
+        head: _Head = msgspec.convert({k: document[k] for k in ("model", "stream") if k in document}, decoder.type)
     except msgspec.ValidationError as e:
         raise BadBody(f"invalid request body: {e}") from None
     except UnicodeError:  # a lone surrogate where a boolean belongs: msgspec cannot encode it to say so
@@ -104,7 +114,7 @@ def read_head(body: bytes, path_model: str | None = None) -> RequestHead:
     """The fields the gateway reads of a body that is a JSON object: its `model` (or
     `path_model`, a cloud shape's model, named by its path) and `stream`."""
     try:
-        head = _head_of(body)
+        head = _head_of(body, _decode_head)
     except msgspec.ValidationError as e:
         raise BadBody(f"invalid request body: {e}") from None
     except msgspec.DecodeError:
@@ -143,7 +153,7 @@ def rewrite_model(body: bytes, requested: str, upstream: str) -> bytes:
             and _MODEL_LETTER_ESCAPE.search(body) is None
         ):
             spliced = body[: match.start(1)] + _encode.encode(upstream) + body[match.end(1) :]
-            if _head_of(spliced).model == upstream:
+            if _head_of(spliced, _decode_model).model == upstream:
                 return spliced
         # Ambiguous (a nested "model" key, escapes): re-encode the whole document.
         document = _decode_any.decode(body)
