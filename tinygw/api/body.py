@@ -94,6 +94,7 @@ class ClientWatch:
 
     _loop: asyncio.AbstractEventLoop  # set by the first look
     _watcher: asyncio.Task | None = None
+    phase = Phase.BODY  # where every watch starts; each move sets its own
 
     def __init__(
         self,
@@ -104,7 +105,6 @@ class ClientWatch:
         timeout_seconds: float,
         every_seconds: float,
     ) -> None:
-        self.phase = Phase.BODY
         self._task = task
         self._record = record  # from its start; its `sending_since`: a send to the client waits since then
         self._timeout_seconds = timeout_seconds
