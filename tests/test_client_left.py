@@ -19,6 +19,8 @@ import asyncio
 import json
 import socket
 
+import msgspec
+
 from conftest import metric_in, provider, wait_until
 
 MODEL_BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -65,7 +67,7 @@ def _proxied(fake, receive, send, content_length: bytes | None = None, env: dict
         return gateway
 
     original = logs.access
-    logs.access = lambda loop, path, query, agent, fields: lines.append(fields)
+    logs.access = lambda loop, path, query, agent, line: lines.append(msgspec.structs.asdict(line))
     try:
         return asyncio.run(run()), lines
     finally:

@@ -16,6 +16,7 @@ from time import time
 from urllib.parse import unquote_plus
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 LOGGER_NAME = "tinygw"
 
@@ -93,28 +94,43 @@ _PIPE_BUF = select.PIPE_BUF
 _batch: list[bytes] = []
 
 
-def access(loop: asyncio.AbstractEventLoop, path: str, query: bytes, agent: bytes | None, fields: dict) -> None:
-    """The one `request` line a request writes, at level info: `fields` (a dict made for
-    it, passed as one: no keyword unpacking on the hot path), then what the
-    client asked, for "why did my agent get a 404": the `path` (with its `query` string,
-    as ASGI gives it, credential values redacted) and the `user_agent` (`agent`, its first
-    user-agent header, cut to MAX_USER_AGENT_BYTES).
+class RequestLine(msgspec.Struct, kw_only=True):
+    """The fields of the one `request` line a request writes, in their order: how it went
+    (a refused request's line has only the first five of them: the others are UNSET, left
+    out), then what the client asked (`access` sets these and the time)."""
+
+    ts: float = 0.0  # wall clock, as JsonFormatter: for people
+    level: str = "info"
+    logger: str = LOGGER_NAME
+    msg: str = "request"
+    route: str | None
+    model: str | None
+    status: int
+    worker: int
+    request_id: str
+    client: str | UnsetType = UNSET
+    target: str | None | UnsetType = UNSET
+    attempts: str | UnsetType = UNSET
+    cut: bool | UnsetType = UNSET
+    duration_ms: float | UnsetType = UNSET
+    tokens_estimated: bool | UnsetType = UNSET  # a client charged by its tokens: its answer's were estimated
+    path: str = ""
+    user_agent: str | None = None
+
+
+def access(loop: asyncio.AbstractEventLoop, path: str, query: bytes, agent: bytes | None, line: RequestLine) -> None:
+    """Write `line`, at level info, with what the client asked, for "why did my agent get
+    a 404": the `path` (with its `query` string, as ASGI gives it, credential values
+    redacted) and the `user_agent` (`agent`, its first user-agent header, cut to
+    MAX_USER_AGENT_BYTES).
     The hot path's log line, so it skips the logging module (a record, a formatter, a
     lock and a flush: about 30 µs) and goes to stderr with the other lines of this turn
     of `loop`. Same shape as the other lines."""
     if not _access_on:
         return
-    if query:
-        path = f"{path}?{_redacted(query.decode('latin-1'))}"
-    line = {
-        "ts": round(time(), 3),  # wall clock, as JsonFormatter: for people
-        "level": "info",
-        "logger": LOGGER_NAME,
-        "msg": "request",
-        **fields,
-        "path": path,
-        "user_agent": agent if agent is None else agent[:MAX_USER_AGENT_BYTES].decode("latin-1"),
-    }
+    line.ts = round(time(), 3)
+    line.path = f"{path}?{_redacted(query.decode('latin-1'))}" if query else path
+    line.user_agent = agent if agent is None else agent[:MAX_USER_AGENT_BYTES].decode("latin-1")
     if not _batch:  # the turn's first line: the batch is written when the turn is over
         loop.call_soon(flush)
     _batch.append(_encode.encode_lines((line,)))  # the line and its newline, in one call

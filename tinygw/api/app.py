@@ -145,13 +145,13 @@ async def _refuse(
         scope["path"],
         scope["query_string"],
         first.get(b"user-agent"),
-        {
-            "route": route.path if route is not None else None,
-            "model": None,
-            "status": status,
-            "worker": gateway.pid,
-            "request_id": request_id.decode(),
-        },
+        logs.RequestLine(
+            route=route.path if route is not None else None,
+            model=None,
+            status=status,
+            worker=gateway.pid,
+            request_id=request_id.decode(),
+        ),
     )
 
 

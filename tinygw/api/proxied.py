@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from msgspec import UNSET, UnsetType
 from msgspec.structs import replace
 
 from tinygw import logs
@@ -35,7 +36,6 @@ WATCH_AFTER_SECONDS = 0.05
 # The routes whose streams report their usage only when the body asks for it
 # (`stream_options.include_usage`): the gateway asks, for a client charged by its tokens.
 USAGE_ASKED_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
-_NO_FIELDS: dict = {}
 
 
 async def handle(
@@ -217,9 +217,9 @@ def _account(
         gateway.metrics.count_proxied(
             route.path, record.model, record.status, duration, target.provider, prompt, completion
         )
-    charged_fields = _NO_FIELDS
+    tokens_estimated: bool | UnsetType = UNSET
     if gateway.clients is not None:
-        charged_fields = _count_client(gateway, record, prompt, completion)
+        tokens_estimated = _count_client(gateway, record, prompt, completion)
     if record.first_output_at is not None:
         gateway.metrics.observe_first_token(record.model, record.first_output_at - record.started_at)
     logs.access(
@@ -227,32 +227,33 @@ def _account(
         scope["path"],
         scope["query_string"],
         first.get(b"user-agent"),
-        {
-            "route": route.path,
-            "model": record.model,
-            "status": record.status,
-            "worker": gateway.pid,
-            "request_id": record.request_id.decode(),
-            "client": record.client,
-            "target": target.name if target else None,
-            "attempts": ",".join(record.attempts),
-            "cut": record.cut,
-            "duration_ms": round(duration * 1000, 1),
-            **charged_fields,
-        },
+        logs.RequestLine(
+            route=route.path,
+            model=record.model,
+            status=record.status,
+            worker=gateway.pid,
+            request_id=record.request_id.decode(),
+            client=record.client,
+            target=target.name if target else None,
+            attempts=",".join(record.attempts),
+            cut=record.cut,
+            duration_ms=round(duration * 1000, 1),
+            tokens_estimated=tokens_estimated,
+        ),
     )
 
 
-def _count_client(gateway: Gateway, record: Record, prompt: int, completion: int) -> dict:
+def _count_client(gateway: Gateway, record: Record, prompt: int, completion: int) -> bool | UnsetType:
     """The request, counted for its named client: out of flight, its tokens charged to
     its minute (an estimate for an answer that reported none, when the client is charged
-    by its tokens), its metrics. The access line's fields that say how it was charged."""
-    estimated, charged_fields = (None, _NO_FIELDS) if record.charged_bytes is None else record.estimate()
+    by its tokens), its metrics. For the access line, whether its tokens were estimated
+    (UNSET: the client is not charged by its tokens)."""
+    estimated = record.estimate()
     if record.limited is not None:
         gateway.metrics.count_limited(record.client, record.limited)
-        return charged_fields
-    if record.admitted:
-        charged = prompt + completion if estimated is None else estimated
-        gateway.clients.finish(record.client, charged, gateway.clock())  # type: ignore[union-attr]
-    gateway.metrics.count_client(record.client, record.status, prompt, completion)
-    return charged_fields
+    else:
+        if record.admitted:
+            charged = prompt + completion if estimated is None else estimated
+            gateway.clients.finish(record.client, charged, gateway.clock())  # type: ignore[union-attr]
+        gateway.metrics.count_client(record.client, record.status, prompt, completion)
+    return UNSET if record.charged_bytes is None else estimated is not None

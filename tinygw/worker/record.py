@@ -132,16 +132,14 @@ class Record(Struct):
 
         return counted_send
 
-    def estimate(self) -> tuple[int | None, dict]:
+    def estimate(self) -> int | None:
         """For a client charged by its tokens: what an answer that reported no usage
-        costs, its bytes over 4 (docs/design.md section 16), or None when it is charged
-        what was reported (or nothing: no provider was asked); and the access log's
-        field that says which."""
-        estimated = None
+        costs, its bytes over 4 (docs/design.md section 16); None when it is charged
+        what was reported (or nothing: no provider was asked), or is not charged by its tokens."""
         if self.charged_bytes is not None and self.asked:
             if self.tokens is None or not self.tokens.reported:
-                estimated = -(-self.charged_bytes // 4)
-        return estimated, {"tokens_estimated": estimated is not None}
+                return -(-self.charged_bytes // 4)
+        return None
 
     def timed(self, send, loop: asyncio.AbstractEventLoop):
         """`send`, each of its waits marked in `sending_since`: for the answers whose
