@@ -368,7 +368,9 @@ def start_gateway(
         TINYGW_LOG_LEVEL=os.environ.get("BENCH_LOG_LEVEL", "info"),  # the product's default
         TINYGW_CONFIG=json.dumps(config),
         TINYGW_DRAIN_SECONDS="2",  # bounds the shutdown at the end
-        TINYGW_WORKERS="1",  # as the peers it is measured beside (the default is one per CPU)
+        # One, as the peers it is measured beside (the product's default is one per CPU); BENCH_WORKERS
+        # to compare builds at another count.
+        TINYGW_WORKERS=os.environ.get("BENCH_WORKERS", "1"),
         TINYGW_TLS="attested" if tls else "off",
     )
     env.update(extra_env or {})
